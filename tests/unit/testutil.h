@@ -1,0 +1,32 @@
+/* testutil.h: helpers shared by the Check suites: random inputs, float64
+ * comparisons and scratch directories. Test-only code. */
+#ifndef STARLING_TESTUTIL_H
+#define STARLING_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* Seed for random inputs: fresh per run unless ST_TEST_SEED is set, and
+ * printed once so that a failure can be replayed. */
+uint64_t tu_seed(void);
+
+/* Fills x[0..n) with uniform values in [lo, hi). */
+void tu_fill_uniform(st_rng_t* rng, float* x, size_t n, float lo, float hi);
+
+/* Returns the index of the first i with |ref[i] - got[i]| > atol +
+ * rtol * |ref[i]| (or a NaN mismatch), or -1 when all are close. */
+long tu_first_mismatch(const double* ref, const float* got, size_t n,
+                       double atol, double rtol);
+
+/* Creates a fresh directory under $TMPDIR (or /tmp) and writes its path
+ * into buf. Returns 0 or -errno. */
+int tu_mkdtemp(char* buf, size_t len);
+/* Removes a directory made by tu_mkdtemp and everything in it. */
+void tu_rmtree(const char* path);
+
+/* Writes len bytes to path (creating or truncating). Returns 0 or -errno. */
+int tu_write_file(const char* path, const void* data, size_t len);
+
+#endif
