@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels/kernels.h"
 #include "optimizer/optimizer.h"
@@ -168,6 +169,89 @@ const float* st_safetensors_tensor(const st_safetensors_t* st,
 /* Looks up a metadata value; NULL when absent. Borrowed from st. */
 const char* st_safetensors_meta(const st_safetensors_t* st, const char* key);
 size_t st_safetensors_count(const st_safetensors_t* st);
+
+/* ==== Training ================================================================ */
+
+typedef struct {
+  st_model_spec_t model;
+  st_opt_config_t opt;
+  st_schedule_t sched;  /* total_steps is filled in by st_trainer_init from
+                           epochs when it is 0 */
+  size_t batch;         /* rows per step */
+  uint32_t epochs;      /* epochs to run (the schedule spans them) */
+  uint64_t seed;        /* parameter initialization and shuffling */
+  uint32_t shard_k, shard_n; /* train on shard k of n (0/1: everything) */
+} st_train_config_t;
+
+/* Sensible defaults: batch 64, 10 epochs, SGD, lr 0.05 constant, seed 1,
+ * shard 0/1. The model must still be set. */
+void st_train_config_default(st_train_config_t* cfg);
+
+/* A model, its optimizer and schedule, and a shard of a dataset, stepped one
+ * batch at a time. An epoch is ceil(shard size / batch) steps over the
+ * shard in the order st_epoch_order gives for (seed, epoch); the last batch
+ * of an epoch may be smaller. */
+typedef struct {
+  st_backend_t* be;          /* borrowed */
+  const st_dataset_t* train; /* borrowed */
+  st_train_config_t cfg;
+  st_model_t model;
+  st_optim_t optim;
+  size_t* shard;             /* indices of this node's shard */
+  size_t shard_count;
+  size_t* order;             /* this epoch's order of the shard */
+  size_t steps_per_epoch;
+  uint64_t step;             /* updates applied so far */
+  uint64_t epoch;            /* current epoch, 0-based */
+  size_t pos;                /* steps done in the current epoch */
+  float* host_x;             /* staging for a batch (non-CPU backends) */
+  float* host_y;
+  double last_lr;
+} st_trainer_t;
+
+/* Checks that the data fits the model (features = inputs; classes within
+ * the outputs; regression data for linear models) and allocates
+ * everything on `be`. On failure err says what does not fit. */
+int st_trainer_init(st_trainer_t* t, st_backend_t* be,
+                    const st_dataset_t* train, const st_train_config_t* cfg,
+                    char* err, size_t err_len);
+void st_trainer_close(st_trainer_t* t);
+
+/* Runs one SGD step on the next batch. Writes the batch's mean loss into
+ * *loss when loss is non-NULL. Returns -EDOM (and applies nothing more)
+ * when the loss or the gradient is not finite. */
+int st_trainer_step(st_trainer_t* t, double* loss);
+
+/* True when the configured number of epochs has been run. */
+bool st_trainer_done(const st_trainer_t* t);
+
+/* Evaluates the current parameters on a whole dataset: mean loss, and for
+ * classifiers the accuracy (NaN for regression). */
+int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
+                        double* mean_loss, double* accuracy);
+
+/* Writes a checkpoint (safetensors): one tensor per layer weight and bias
+ * ("layers.L.weight", "layers.L.bias"), the optimizer state
+ * ("optimizer.momentum.layers.L.weight", ...), and metadata naming the
+ * model, the optimizer, and the position (step, epoch, pos, seed), so that
+ * st_trainer_load continues the same trajectory. `extra` metadata is added
+ * as given. Atomic, like st_safetensors_write. */
+int st_trainer_save(st_trainer_t* t, const char* path,
+                    const st_meta_kv_t* extra, size_t n_extra, char* err,
+                    size_t err_len);
+
+/* Loads a checkpoint written by st_trainer_save into an initialized
+ * trainer: refuses (naming both sides) a checkpoint whose model, batch,
+ * seed, shard or optimizer differ from the trainer's configuration, or
+ * whose tensors are missing, mis-shaped or not finite. */
+int st_trainer_load(st_trainer_t* t, const char* path, char* err,
+                    size_t err_len);
+
+/* ==== Output ================================================================== */
+
+/* Writes s to f as a JSON string literal (quoted, escaped), for the
+ * commands' --json output. Returns 0 or -EIO. */
+int st_json_write_string(FILE* f, const char* s);
 
 #ifdef __cplusplus
 }

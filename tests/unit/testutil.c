@@ -1,4 +1,5 @@
 /* testutil.c: helpers shared by the Check suites (see testutil.h). */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "tests/unit/testutil.h"
 
 #include <errno.h>
