@@ -134,34 +134,41 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
     return -EBADMSG;
   }
 
-  /* First pass: parse every field; a text field on the first line makes it
-   * a header. */
+  /* Parse every field. On the first line a text field anywhere makes the
+   * line a header (pandas writes an empty first name for the index column,
+   * so an empty field there must not be reported before the text is seen);
+   * otherwise the first bad field is the error. */
   char* p = line;
-  int header = 0;
+  char* bad = NULL;
+  size_t bad_i = 0;
+  field_kind_t bad_k = FIELD_OK;
   for (size_t i = 0; i < nf; i++) {
     char* end = strchr(p, ',');
     if (end == NULL)
       end = p + strlen(p);
     char* next = *end ? end + 1 : end;
     field_kind_t k = parse_field(p, end, &c->row[i]);
-    if (k == FIELD_TEXT && first) {
-      header = 1;
-      break;
-    }
-    if (k != FIELD_OK) {
-      const char* why = k == FIELD_EMPTY  ? "is empty"
-                        : k == FIELD_TEXT ? "is not a number"
-                                          : "is not a finite 32-bit number";
-      while (isspace((unsigned char) *p))
-        p++;
-      st__set_err(c->err, c->err_len, "%s:%zu: field %zu (\"%.40s\") %s",
-                  c->path, lineno, i + 1, p, why);
-      return -EBADMSG;
+    if (k == FIELD_TEXT && first)
+      return 0; /* a header */
+    if (k != FIELD_OK && bad == NULL) {
+      bad = p;
+      bad_i = i;
+      bad_k = k;
+      if (!first)
+        break;
     }
     p = next;
   }
-  if (header)
-    return 0;
+  if (bad != NULL) {
+    const char* why = bad_k == FIELD_EMPTY  ? "is empty"
+                      : bad_k == FIELD_TEXT ? "is not a number"
+                                            : "is not a finite 32-bit number";
+    while (isspace((unsigned char) *bad))
+      bad++;
+    st__set_err(c->err, c->err_len, "%s:%zu: field %zu (\"%.40s\") %s", c->path,
+                lineno, bad_i + 1, bad, why);
+    return -EBADMSG;
+  }
 
   double label = c->row[c->label_col];
   if (!c->regression) {

@@ -52,8 +52,9 @@ static long long read_upto(gzFile gz, unsigned char* buf, size_t len) {
   return (long long) got;
 }
 
-/* zlib's sentence for a failed or cut-short read, or NULL when the data just
- * ended. A gzip stream that stops before its trailer reports Z_BUF_ERROR. */
+/* zlib's sentence for a failed or cut-short read, or NULL when the data
+ * just ended. *truncated is set for a gzip stream that stops before its
+ * end (zlib reports Z_BUF_ERROR, and gzread returns the bytes it had). */
 static const char* gz_problem(gzFile gz, int* truncated) {
   int code = Z_OK;
   const char* msg = gzerror(gz, &code);
@@ -62,7 +63,7 @@ static const char* gz_problem(gzFile gz, int* truncated) {
     return NULL;
   if (code == Z_ERRNO)
     return strerror(errno);
-  return msg;
+  return msg != NULL && *msg != '\0' ? msg : "read error";
 }
 
 /* One opened IDX file after its header has been checked. */

@@ -184,16 +184,28 @@ static int check_entry(const char* path, const st__json_t* t, entry_t* e,
   /* The element count, capped as it grows so it cannot overflow: anything
    * over the buffer size is a mismatch anyway. */
   uint64_t n = 1, cap = buf_bytes / 4 + 1;
+  int over = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (dims[d] != 0 && n > cap / dims[d]) {
+      n = cap;
+      over = 1;
+    } else {
+      n *= dims[d];
+    }
+  }
   for (int d = 0; d < ndim; d++)
-    n = dims[d] == 0 ? 0 : (n > cap / dims[d] ? cap : n * dims[d]);
+    if (dims[d] == 0) {
+      n = 0; /* an empty tensor, whatever the other dimensions */
+      over = 0;
+    }
   if (n * 4 != off[1] - off[0]) {
-    st__set_err(
-        err, err_len,
-        "%s: tensor \"%s\": its shape holds %s%llu float32 values (%s%llu "
-        "bytes) but its data_offsets span %llu bytes",
-        path, name, n == cap ? "over " : "", (unsigned long long) n,
-        n == cap ? "over " : "", (unsigned long long) (n * 4),
-        (unsigned long long) (off[1] - off[0]));
+    const char* o = over ? "over " : "";
+    st__set_err(err, err_len,
+                "%s: tensor \"%s\": its shape holds %s%llu float32 values "
+                "(%s%llu bytes) but its data_offsets span %llu bytes",
+                path, name, o, (unsigned long long) n, o,
+                (unsigned long long) (n * 4),
+                (unsigned long long) (off[1] - off[0]));
     return -EBADMSG;
   }
   e->ndim = ndim;

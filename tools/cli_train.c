@@ -68,6 +68,8 @@ static void usage(FILE* f) {
 "  --checkpoint-every N also every N steps\n"
 "  --resume PATH        continue from a checkpoint written with the same\n"
 "                       --model, --batch, --seed, --shard and optimizer\n"
+"  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
+"                       written; the schedule still spans --epochs)\n"
 "  --log-every SECONDS  progress interval (default 1; 0: every step)\n"
 "  --json               print the results as one JSON object on stdout\n"
 "  -h, --help           this help\n"
@@ -82,7 +84,8 @@ enum {
   OPT_SHARD, OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_OPTIMIZER, OPT_MOMENTUM,
   OPT_BETA1, OPT_BETA2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_SCHEDULE, OPT_WARMUP,
   OPT_STEP_EVERY, OPT_GAMMA, OPT_MIN_LR, OPT_SEED, OPT_DEVICE, OPT_THREADS,
-  OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY, OPT_RESUME, OPT_LOG_EVERY, OPT_JSON
+  OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY, OPT_RESUME, OPT_LOG_EVERY, OPT_JSON,
+  OPT_STOP_AFTER
 };
 
 static const struct option long_opts[] = {
@@ -115,6 +118,7 @@ static const struct option long_opts[] = {
     {"resume", required_argument, NULL, OPT_RESUME},
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
     {"json", no_argument, NULL, OPT_JSON},
+    {"stop-after-steps", required_argument, NULL, OPT_STOP_AFTER},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -130,6 +134,7 @@ typedef struct {
   uint64_t checkpoint_every;
   const char* resume;
   double log_every;
+  uint64_t stop_after; /* 0: no limit */
   int json;
   int optimizer_given;
   int momentum_given;
@@ -253,6 +258,10 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         rc = st__parse_double(CMD, "--log-every", v, 0, 1e6, &a->log_every);
         break;
       case OPT_JSON: a->json = 1; break;
+      case OPT_STOP_AFTER:
+        rc = st__parse_u64(CMD, "--stop-after-steps", v, 1, UINT64_MAX,
+                           &a->stop_after);
+        break;
       case ':':
         fprintf(stderr, "starling train: %s needs a value\n", argv[optind - 1]);
         return 2;
@@ -360,6 +369,10 @@ int st__cmd_train(int argc, char** argv) {
   if (rc != 0) return rc < 0 ? 0 : rc;
   FILE* log = a.json ? stderr : stdout;
   setvbuf(log, NULL, _IOLBF, 0);
+  /* Handle SIGINT/SIGTERM from the start, so that an interruption while
+   * the data loads is also an orderly exit. */
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
   double t_start = st__now();
   char err[1024];
 
@@ -401,8 +414,6 @@ int st__cmd_train(int argc, char** argv) {
           t.shard_count, a.cfg.shard_k, a.cfg.shard_n, data.train.n,
           data.test.n, t.steps_per_epoch);
 
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
   progress_t p = {0};
   const st_dataset_t* eval_set = data.test.n ? &data.test : &data.train;
   const char* eval_name = data.test.n ? "test" : "train";
@@ -410,7 +421,8 @@ int st__cmd_train(int argc, char** argv) {
   uint64_t log_samples = 0;
   double log_loss = 0;
   size_t log_n = 0;
-  while (!st_trainer_done(&t) && !stop_signal) {
+  int stopped = 0;
+  while (!st_trainer_done(&t) && !stop_signal && !stopped) {
     uint64_t epoch_before = t.epoch;
     size_t rows = t.shard_count - t.pos * t.cfg.batch;
     if (rows > t.cfg.batch) rows = t.cfg.batch;
@@ -479,13 +491,16 @@ int st__cmd_train(int argc, char** argv) {
       }
       last_log = st__now();
     }
+    if (a.stop_after && t.step >= a.stop_after) stopped = 1;
   }
-  if (stop_signal) {
-    fprintf(stderr, "starling train: interrupted at step %" PRIu64, t.step);
+  if (stop_signal || stopped) {
+    fprintf(stderr, "starling train: %s at step %" PRIu64,
+            stop_signal ? "interrupted" : "stopped (--stop-after-steps)",
+            t.step);
     if (a.checkpoint && save(&a, &t, stderr) == 0)
       fprintf(stderr, "; continue with --resume %s", a.checkpoint);
     fprintf(stderr, "\n");
-    status = 130;
+    status = stop_signal ? 130 : 0;
     goto out;
   }
   if (!p.evaluated) {
