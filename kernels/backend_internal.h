@@ -35,19 +35,18 @@ typedef struct {
   void (*buf_free)(st_backend_t* be, float* buf);
   int (*copy_to_device)(st_backend_t* be, float* dst, const float* src,
                         size_t n);
-  int (*copy_to_host)(st_backend_t* be, float* dst, const float* src,
-                      size_t n);
+  int (*copy_to_host)(st_backend_t* be, float* dst, const float* src, size_t n);
   int (*copy)(st_backend_t* be, float* dst, const float* src, size_t n);
   int (*fill)(st_backend_t* be, float* x, size_t n, float value);
   int (*gemm)(st_backend_t* be, int trans_a, int trans_b, size_t m, size_t n,
-              size_t k, float alpha, const float* a, size_t lda,
-              const float* b, size_t ldb, float beta, float* c, size_t ldc);
+              size_t k, float alpha, const float* a, size_t lda, const float* b,
+              size_t ldb, float beta, float* c, size_t ldc);
   int (*bias_act_forward)(st_backend_t* be, float* y, const float* bias,
                           size_t rows, size_t cols, st_act_t act);
   int (*act_backward)(st_backend_t* be, float* dy, const float* y, size_t n,
                       st_act_t act);
-  int (*bias_grad)(st_backend_t* be, float* dbias, const float* dy,
-                   size_t rows, size_t cols);
+  int (*bias_grad)(st_backend_t* be, float* dbias, const float* dy, size_t rows,
+                   size_t cols);
   int (*axpby)(st_backend_t* be, size_t n, float a, const float* x, float b,
                float* y);
   int (*softmax_xent_forward)(st_backend_t* be, const float* logits,

@@ -44,7 +44,8 @@ static int cpu_sync(st_backend_t* be) {
 static int cpu_buf_alloc(st_backend_t* be, size_t n, float** out) {
   size_t bytes = n * sizeof(float);
   void* p = NULL;
-  if (bytes == 0) bytes = ALIGN_BYTES;
+  if (bytes == 0)
+    bytes = ALIGN_BYTES;
   if (posix_memalign(&p, ALIGN_BYTES, bytes) != 0) {
     st__backend_set_error(be, "st_buf_alloc: out of memory for %zu floats", n);
     return -ENOMEM;
@@ -65,22 +66,24 @@ static int cpu_copy(st_backend_t* be, float* dst, const float* src, size_t n) {
 
 static int cpu_fill(st_backend_t* be, float* restrict x, size_t n,
                     float value) {
-  for (size_t i = 0; i < n; i++) x[i] = value;
+  for (size_t i = 0; i < n; i++)
+    x[i] = value;
   return 0;
 }
 
 /* ---- Matrix products ---------------------------------------------------- */
 
 static int cpu_gemm(st_backend_t* be, int trans_a, int trans_b, size_t m,
-                    size_t n, size_t k, float alpha, const float* a,
-                    size_t lda, const float* b, size_t ldb, float beta,
-                    float* c, size_t ldc) {
+                    size_t n, size_t k, float alpha, const float* a, size_t lda,
+                    const float* b, size_t ldb, float beta, float* c,
+                    size_t ldc) {
   if (k == 0) {
     /* No products to add: C = beta * C, where beta == 0 overwrites (BLAS
      * semantics: C is not read, so NaN in it does not survive). */
     for (size_t i = 0; i < m; i++) {
       float* restrict row = c + i * ldc;
-      for (size_t j = 0; j < n; j++) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+      for (size_t j = 0; j < n; j++)
+        row[j] = beta == 0.0f ? 0.0f : beta * row[j];
     }
     return 0;
   }
@@ -105,7 +108,8 @@ static int cpu_bias_act_forward(st_backend_t* be, float* y, const float* bias,
         yr[c] = v < 0.0f ? 0.0f : v;
       }
     } else {
-      for (size_t c = 0; c < cols; c++) yr[c] += br[c];
+      for (size_t c = 0; c < cols; c++)
+        yr[c] += br[c];
     }
   }
   return 0;
@@ -114,7 +118,8 @@ static int cpu_bias_act_forward(st_backend_t* be, float* y, const float* bias,
 static int cpu_act_backward(st_backend_t* be, float* dy, const float* y,
                             size_t n, st_act_t act) {
   /* Only ReLU reaches here (backend.c skips ST_ACT_NONE). */
-  for (size_t i = 0; i < n; i++) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (size_t i = 0; i < n; i++)
+    dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
   return 0;
 }
 
@@ -122,10 +127,12 @@ static int cpu_bias_grad(st_backend_t* be, float* restrict dbias,
                          const float* restrict dy, size_t rows, size_t cols) {
   /* Row by row, so the inner loop runs along contiguous memory and
    * vectorizes; float accumulation, like the CUDA twin's per-column sum. */
-  for (size_t c = 0; c < cols; c++) dbias[c] = 0.0f;
+  for (size_t c = 0; c < cols; c++)
+    dbias[c] = 0.0f;
   for (size_t r = 0; r < rows; r++) {
     const float* restrict dr = dy + r * cols;
-    for (size_t c = 0; c < cols; c++) dbias[c] += dr[c];
+    for (size_t c = 0; c < cols; c++)
+      dbias[c] += dr[c];
   }
   return 0;
 }
@@ -133,7 +140,8 @@ static int cpu_bias_grad(st_backend_t* be, float* restrict dbias,
 static int cpu_axpby(st_backend_t* be, size_t n, float a, const float* x,
                      float b, float* y) {
   /* No restrict: x may equal y. */
-  for (size_t i = 0; i < n; i++) y[i] = a * x[i] + b * y[i];
+  for (size_t i = 0; i < n; i++)
+    y[i] = a * x[i] + b * y[i];
   return 0;
 }
 
@@ -143,7 +151,8 @@ static int cpu_axpby(st_backend_t* be, size_t n, float a, const float* x,
  * index (then the row's loss becomes NaN instead of reading out of
  * bounds). */
 static size_t label_index(float label, size_t cols) {
-  if (!(label >= 0.0f) || !(label < (float) cols)) return cols;
+  if (!(label >= 0.0f) || !(label < (float) cols))
+    return cols;
   size_t idx = (size_t) label;
   return idx < cols ? idx : cols;
 }
@@ -157,7 +166,8 @@ static int cpu_softmax_xent_forward(st_backend_t* be, const float* logits,
     const float* z = logits + r * cols;
     float* p = probs + r * cols;
     float zmax = z[0];
-    for (size_t c = 1; c < cols; c++) zmax = z[c] > zmax ? z[c] : zmax;
+    for (size_t c = 1; c < cols; c++)
+      zmax = z[c] > zmax ? z[c] : zmax;
     size_t lab = label_index(labels[r], cols);
     float zlab = lab < cols ? z[lab] : NAN;
     double sum = 0.0;
@@ -167,7 +177,8 @@ static int cpu_softmax_xent_forward(st_backend_t* be, const float* logits,
       sum += e;
     }
     float inv = (float) (1.0 / sum);
-    for (size_t c = 0; c < cols; c++) p[c] *= inv;
+    for (size_t c = 0; c < cols; c++)
+      p[c] *= inv;
     /* -log(e^(zlab - zmax) / sum), never through log(p) (p underflows). */
     loss[r] = (float) (log(sum) - ((double) zlab - (double) zmax));
   }
@@ -183,8 +194,10 @@ static int cpu_softmax_xent_backward(st_backend_t* be, float* dlogits,
     size_t lab = label_index(labels[r], cols);
     /* d may alias p: read p[lab] before the row is overwritten. */
     float plab = lab < cols ? p[lab] : 0.0f;
-    for (size_t c = 0; c < cols; c++) d[c] = scale * p[c];
-    if (lab < cols) d[lab] = scale * (plab - 1.0f);
+    for (size_t c = 0; c < cols; c++)
+      d[c] = scale * p[c];
+    if (lab < cols)
+      d[lab] = scale * (plab - 1.0f);
   }
   return 0;
 }
@@ -195,7 +208,8 @@ static int cpu_mse_forward_backward(st_backend_t* be, const float* pred,
   for (size_t r = 0; r < rows; r++) {
     float diff = pred[r] - target[r];
     loss[r] = 0.5f * diff * diff;
-    if (dpred != NULL) dpred[r] = scale * diff;
+    if (dpred != NULL)
+      dpred[r] = scale * diff;
   }
   return 0;
 }
@@ -208,7 +222,8 @@ static int cpu_argmax_correct(st_backend_t* be, const float* logits,
     const float* z = logits + r * cols;
     size_t best = 0;
     for (size_t c = 1; c < cols; c++)
-      if (z[c] > z[best]) best = c; /* strict: ties keep the lowest index */
+      if (z[c] > z[best])
+        best = c; /* strict: ties keep the lowest index */
     count += best == label_index(labels[r], cols);
   }
   *correct = count;
@@ -222,10 +237,13 @@ static int cpu_sum(st_backend_t* be, const float* restrict x, size_t n,
   double acc[LANES] = {0};
   size_t i = 0;
   for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
+    for (int j = 0; j < LANES; j++)
+      acc[j] += x[i + j];
   double s = 0.0;
-  for (; i < n; i++) s += x[i];
-  for (int j = 0; j < LANES; j++) s += acc[j];
+  for (; i < n; i++)
+    s += x[i];
+  for (int j = 0; j < LANES; j++)
+    s += acc[j];
   *out = s;
   return 0;
 }
@@ -240,8 +258,10 @@ static int cpu_sumsq(st_backend_t* be, const float* restrict x, size_t n,
       acc[j] += v * v;
     }
   double s = 0.0;
-  for (; i < n; i++) s += (double) x[i] * x[i];
-  for (int j = 0; j < LANES; j++) s += acc[j];
+  for (; i < n; i++)
+    s += (double) x[i] * x[i];
+  for (int j = 0; j < LANES; j++)
+    s += acc[j];
   *out = s;
   return 0;
 }
@@ -262,7 +282,8 @@ static int cpu_max_abs(st_backend_t* be, const float* restrict x, size_t n,
     float a = fabsf(x[i]);
     m = a > m ? a : m;
   }
-  for (int j = 0; j < LANES; j++) m = acc[j] > m ? acc[j] : m;
+  for (int j = 0; j < LANES; j++)
+    m = acc[j] > m ? acc[j] : m;
   *out = m;
   return 0;
 }
@@ -286,7 +307,8 @@ static int cpu_count_nonfinite(st_backend_t* be, const float* restrict x,
     memcpy(&u, &x[i], sizeof(u));
     count += (u & exp_mask) == exp_mask;
   }
-  for (int j = 0; j < LANES; j++) count += acc[j];
+  for (int j = 0; j < LANES; j++)
+    count += acc[j];
   *out = count;
   return 0;
 }
@@ -296,7 +318,8 @@ static int cpu_count_nonfinite(st_backend_t* be, const float* restrict x,
 static int cpu_sgd_update(st_backend_t* be, float* restrict p,
                           const float* restrict g, size_t n, float lr,
                           float wd) {
-  for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+  for (size_t i = 0; i < n; i++)
+    p[i] -= lr * (g[i] + wd * p[i]);
   return 0;
 }
 
@@ -381,7 +404,8 @@ int st__cpu_backend_open(int cpu_threads, st_backend_t** out, char* err,
   be->kind = ST_BACKEND_CPU;
   /* OpenBLAS's thread count is process-wide; the last backend opened with
    * an explicit count sets it. */
-  if (cpu_threads > 0) openblas_set_num_threads(cpu_threads);
+  if (cpu_threads > 0)
+    openblas_set_num_threads(cpu_threads);
   int threads = openblas_get_num_threads();
   snprintf(be->desc, sizeof(be->desc), "cpu (OpenBLAS, %d thread%s)", threads,
            threads == 1 ? "" : "s");

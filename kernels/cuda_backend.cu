@@ -22,14 +22,16 @@
 /* ---- Errors ------------------------------------------------------------- */
 
 int st__cuda_check(st_backend_t* be, cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return 0;
+  if (e == cudaSuccess)
+    return 0;
   st__backend_set_error(be, "%s failed: %s: %s", what, cudaGetErrorName(e),
                         cudaGetErrorString(e));
   return -EIO;
 }
 
 static int blas_check(st_backend_t* be, cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return 0;
   st__backend_set_error(be, "%s failed: %s", what, cublasGetStatusString(s));
   return -EIO;
 }
@@ -44,11 +46,16 @@ int st__cuda_enter(st_backend_t* be) {
 /* Releases whatever of cu has been created; safe on a half-open backend. */
 static void release(st__cuda_t* cu) {
   cudaSetDevice(cu->device);
-  if (cu->stream != NULL) cudaStreamSynchronize(cu->stream);
-  if (cu->blas != NULL) cublasDestroy(cu->blas);
-  if (cu->scratch != NULL) cudaFree(cu->scratch);
-  if (cu->host_result != NULL) cudaFreeHost(cu->host_result);
-  if (cu->stream != NULL) cudaStreamDestroy(cu->stream);
+  if (cu->stream != NULL)
+    cudaStreamSynchronize(cu->stream);
+  if (cu->blas != NULL)
+    cublasDestroy(cu->blas);
+  if (cu->scratch != NULL)
+    cudaFree(cu->scratch);
+  if (cu->host_result != NULL)
+    cudaFreeHost(cu->host_result);
+  if (cu->stream != NULL)
+    cudaStreamDestroy(cu->stream);
   free(cu);
 }
 
@@ -59,7 +66,8 @@ static void cuda_close(st_backend_t* be) {
 
 static int cuda_sync(st_backend_t* be) {
   int rc = st__cuda_enter(be);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   return st__cuda_check(be, cudaStreamSynchronize(st__cuda(be)->stream),
                         "cudaStreamSynchronize");
 }
@@ -69,7 +77,8 @@ static int cuda_buf_alloc(st_backend_t* be, size_t n, float** out) {
   size_t bytes = (n == 0 ? 1 : n) * sizeof(float);
   void* p = NULL;
   int rc = st__cuda_enter(be);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   cudaError_t e = cudaMalloc(&p, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError(); /* not sticky; clear it */
@@ -78,7 +87,8 @@ static int cuda_buf_alloc(st_backend_t* be, size_t n, float** out) {
     return -ENOMEM;
   }
   rc = st__cuda_check(be, e, "cudaMalloc");
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   rc = st__cuda_check(be, cudaMemsetAsync(p, 0, bytes, cu->stream),
                       "cudaMemsetAsync");
   if (rc != 0) {
@@ -90,7 +100,8 @@ static int cuda_buf_alloc(st_backend_t* be, size_t n, float** out) {
 }
 
 static void cuda_buf_free(st_backend_t* be, float* buf) {
-  if (st__cuda_enter(be) != 0) return;
+  if (st__cuda_enter(be) != 0)
+    return;
   st__cuda_check(be, cudaFree(buf), "cudaFree");
 }
 
@@ -100,10 +111,12 @@ static int copy_wait(st_backend_t* be, float* dst, const float* src, size_t n,
                      cudaMemcpyKind kind, const char* what) {
   st__cuda_t* cu = st__cuda(be);
   int rc = st__cuda_enter(be);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   rc = st__cuda_check(
       be, cudaMemcpyAsync(dst, src, n * sizeof(float), kind, cu->stream), what);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   return st__cuda_check(be, cudaStreamSynchronize(cu->stream),
                         "cudaStreamSynchronize");
 }
@@ -120,15 +133,15 @@ static int cuda_copy_to_host(st_backend_t* be, float* dst, const float* src,
                    "cudaMemcpyAsync (device to host)");
 }
 
-static int cuda_copy(st_backend_t* be, float* dst, const float* src,
-                     size_t n) {
+static int cuda_copy(st_backend_t* be, float* dst, const float* src, size_t n) {
   int rc = st__cuda_enter(be);
-  if (rc != 0) return rc;
-  return st__cuda_check(be,
-                        cudaMemcpyAsync(dst, src, n * sizeof(float),
-                                        cudaMemcpyDeviceToDevice,
-                                        st__cuda(be)->stream),
-                        "cudaMemcpyAsync (device to device)");
+  if (rc != 0)
+    return rc;
+  return st__cuda_check(
+      be,
+      cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                      st__cuda(be)->stream),
+      "cudaMemcpyAsync (device to device)");
 }
 
 /* ---- Matrix products ---------------------------------------------------- */
@@ -137,9 +150,11 @@ static int cuda_gemm(st_backend_t* be, int trans_a, int trans_b, size_t m,
                      size_t n, size_t k, float alpha, const float* a,
                      size_t lda, const float* b, size_t ldb, float beta,
                      float* c, size_t ldc) {
-  if (k == 0) return st__cuda_scale_matrix(be, c, m, n, ldc, beta);
+  if (k == 0)
+    return st__cuda_scale_matrix(be, c, m, n, ldc, beta);
   int rc = st__cuda_enter(be);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   /* C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m), column-major. */
   return blas_check(
       be,
@@ -254,7 +269,8 @@ extern "C" int st__cuda_backend_open(int device, int cpu_threads,
   }
   {
     cublasStatus_t s = cublasCreate(&cu->blas);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(cu->blas, cu->stream);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasSetStream(cu->blas, cu->stream);
     /* Plain FP32: no TF32 unless a later change asks for it and measures
      * the accuracy it costs. */
     if (s == CUBLAS_STATUS_SUCCESS)

@@ -31,10 +31,10 @@
 
 typedef struct {
   int device;
-  cudaStream_t stream;  /* every op of this backend runs on it, in order */
-  cublasHandle_t blas;  /* bound to stream */
-  void* scratch;        /* device, ST__CUDA_SCRATCH_BYTES */
-  void* host_result;    /* pinned host, 8 bytes: reduction results */
+  cudaStream_t stream; /* every op of this backend runs on it, in order */
+  cublasHandle_t blas; /* bound to stream */
+  void* scratch;       /* device, ST__CUDA_SCRATCH_BYTES */
+  void* host_result;   /* pinned host, 8 bytes: reduction results */
 } st__cuda_t;
 
 static inline st__cuda_t* st__cuda(st_backend_t* be) {
@@ -58,21 +58,21 @@ int st__cuda_scale_matrix(st_backend_t* be, float* c, size_t m, size_t n,
                           size_t ldc, float beta);
 int st__cuda_bias_act_forward(st_backend_t* be, float* y, const float* bias,
                               size_t rows, size_t cols, st_act_t act);
-int st__cuda_act_backward(st_backend_t* be, float* dy, const float* y,
-                          size_t n, st_act_t act);
+int st__cuda_act_backward(st_backend_t* be, float* dy, const float* y, size_t n,
+                          st_act_t act);
 int st__cuda_bias_grad(st_backend_t* be, float* dbias, const float* dy,
                        size_t rows, size_t cols);
-int st__cuda_axpby(st_backend_t* be, size_t n, float a, const float* x,
-                   float b, float* y);
+int st__cuda_axpby(st_backend_t* be, size_t n, float a, const float* x, float b,
+                   float* y);
 int st__cuda_softmax_xent_forward(st_backend_t* be, const float* logits,
-                                  const float* labels, size_t rows,
-                                  size_t cols, float* probs, float* loss);
+                                  const float* labels, size_t rows, size_t cols,
+                                  float* probs, float* loss);
 int st__cuda_softmax_xent_backward(st_backend_t* be, float* dlogits,
                                    const float* probs, const float* labels,
                                    size_t rows, size_t cols, float scale);
 int st__cuda_mse_forward_backward(st_backend_t* be, const float* pred,
-                                  const float* target, size_t rows,
-                                  float* loss, float* dpred, float scale);
+                                  const float* target, size_t rows, float* loss,
+                                  float* dpred, float scale);
 int st__cuda_argmax_correct(st_backend_t* be, const float* logits,
                             const float* labels, size_t rows, size_t cols,
                             size_t* correct);
@@ -86,9 +86,8 @@ int st__cuda_sgd_update(st_backend_t* be, float* p, const float* g, size_t n,
 int st__cuda_momentum_update(st_backend_t* be, float* p, const float* g,
                              float* v, size_t n, float lr, float mu, float wd,
                              int nesterov);
-int st__cuda_adamw_update(st_backend_t* be, float* p, const float* g,
-                          float* m, float* v, size_t n, float lr, float b1,
-                          float b2, float eps, float wd, float bc1,
-                          float bc2);
+int st__cuda_adamw_update(st_backend_t* be, float* p, const float* g, float* m,
+                          float* v, size_t n, float lr, float b1, float b2,
+                          float eps, float wd, float bc1, float bc2);
 
 #endif /* STARLING_KERNELS_CUDA_INTERNAL_CUH */

@@ -23,7 +23,7 @@
 #define MAX_BLOCKS 65535
 
 /* for (i over [0, n) assigned to this thread, grid-stride) */
-#define GRID_STRIDE(i, n)                                                    \
+#define GRID_STRIDE(i, n)                                                  \
   for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < (n); \
        i += (size_t) blockDim.x * gridDim.x)
 
@@ -46,7 +46,8 @@ static int launched(st_backend_t* be, const char* kernel) {
 /* The class index of a float label, cols when invalid (twin of
  * label_index in cpu_backend.c). */
 __device__ static size_t label_index(float label, size_t cols) {
-  if (!(label >= 0.0f) || !(label < (float) cols)) return cols;
+  if (!(label >= 0.0f) || !(label < (float) cols))
+    return cols;
   size_t idx = (size_t) label;
   return idx < cols ? idx : cols;
 }
@@ -60,7 +61,8 @@ __global__ static void fill_kernel(float* x, size_t n, float value) {
 int st__cuda_fill(st_backend_t* be, float* x, size_t n, float value) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   fill_kernel<<<grid_for(n), THREADS, 0, s>>>(x, n, value);
   return launched(be, "fill_kernel");
 }
@@ -77,7 +79,8 @@ int st__cuda_scale_matrix(st_backend_t* be, float* c, size_t m, size_t n,
                           size_t ldc, float beta) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   scale_matrix_kernel<<<grid_for(m * n), THREADS, 0, s>>>(c, m, n, ldc, beta);
   return launched(be, "scale_matrix_kernel");
 }
@@ -97,7 +100,8 @@ int st__cuda_bias_act_forward(st_backend_t* be, float* y, const float* bias,
                               size_t rows, size_t cols, st_act_t act) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   bias_act_forward_kernel<<<grid_for(rows * cols), THREADS, 0, s>>>(
       y, bias, rows, cols, act == ST_ACT_RELU);
   return launched(be, "bias_act_forward_kernel");
@@ -108,11 +112,12 @@ __global__ static void act_backward_kernel(float* dy, const float* y,
   GRID_STRIDE(i, n) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-int st__cuda_act_backward(st_backend_t* be, float* dy, const float* y,
-                          size_t n, st_act_t act) {
+int st__cuda_act_backward(st_backend_t* be, float* dy, const float* y, size_t n,
+                          st_act_t act) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   (void) act; /* only ReLU reaches here */
   act_backward_kernel<<<grid_for(n), THREADS, 0, s>>>(dy, y, n);
   return launched(be, "act_backward_kernel");
@@ -125,7 +130,8 @@ __global__ static void bias_grad_kernel(float* dbias, const float* dy,
                                         size_t rows, size_t cols) {
   GRID_STRIDE(c, cols) {
     float acc = 0.0f;
-    for (size_t r = 0; r < rows; r++) acc += dy[r * cols + c];
+    for (size_t r = 0; r < rows; r++)
+      acc += dy[r * cols + c];
     dbias[c] = acc;
   }
 }
@@ -134,7 +140,8 @@ int st__cuda_bias_grad(st_backend_t* be, float* dbias, const float* dy,
                        size_t rows, size_t cols) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   bias_grad_kernel<<<grid_for(cols), THREADS, 0, s>>>(dbias, dy, rows, cols);
   return launched(be, "bias_grad_kernel");
 }
@@ -144,11 +151,12 @@ __global__ static void axpby_kernel(size_t n, float a, const float* x, float b,
   GRID_STRIDE(i, n) y[i] = a * x[i] + b * y[i];
 }
 
-int st__cuda_axpby(st_backend_t* be, size_t n, float a, const float* x,
-                   float b, float* y) {
+int st__cuda_axpby(st_backend_t* be, size_t n, float a, const float* x, float b,
+                   float* y) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   axpby_kernel<<<grid_for(n), THREADS, 0, s>>>(n, a, x, b, y);
   return launched(be, "axpby_kernel");
 }
@@ -173,7 +181,8 @@ __global__ static void softmax_xent_forward_kernel(const float* logits,
     size_t lab = label_index(labels[r], cols);
     float zlab = lab < cols ? z[lab] : NAN;
     float zmax = -INFINITY;
-    for (size_t c = lane; c < cols; c += WARP) zmax = fmaxf(zmax, z[c]);
+    for (size_t c = lane; c < cols; c += WARP)
+      zmax = fmaxf(zmax, z[c]);
     for (int off = WARP / 2; off > 0; off /= 2)
       zmax = fmaxf(zmax, __shfl_xor_sync(full, zmax, off));
     __syncwarp();
@@ -186,23 +195,25 @@ __global__ static void softmax_xent_forward_kernel(const float* logits,
     for (int off = WARP / 2; off > 0; off /= 2)
       sum += __shfl_xor_sync(full, sum, off);
     float inv = (float) (1.0 / sum);
-    for (size_t c = lane; c < cols; c += WARP) p[c] *= inv;
-    if (lane == 0) loss[r] = (float) (log(sum) - ((double) zlab - zmax));
+    for (size_t c = lane; c < cols; c += WARP)
+      p[c] *= inv;
+    if (lane == 0)
+      loss[r] = (float) (log(sum) - ((double) zlab - zmax));
   }
 }
 
 int st__cuda_softmax_xent_forward(st_backend_t* be, const float* logits,
-                                  const float* labels, size_t rows,
-                                  size_t cols, float* probs, float* loss) {
+                                  const float* labels, size_t rows, size_t cols,
+                                  float* probs, float* loss) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   size_t rows_per_block = THREADS / WARP;
   size_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  softmax_xent_forward_kernel<<<(unsigned) (blocks < MAX_BLOCKS ? blocks
-                                                                : MAX_BLOCKS),
-                                THREADS, 0, s>>>(logits, labels, rows, cols,
-                                                 probs, loss);
+  softmax_xent_forward_kernel<<<
+      (unsigned) (blocks < MAX_BLOCKS ? blocks : MAX_BLOCKS), THREADS, 0, s>>>(
+      logits, labels, rows, cols, probs, loss);
   return launched(be, "softmax_xent_forward_kernel");
 }
 
@@ -223,7 +234,8 @@ int st__cuda_softmax_xent_backward(st_backend_t* be, float* dlogits,
                                    size_t rows, size_t cols, float scale) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   softmax_xent_backward_kernel<<<grid_for(rows * cols), THREADS, 0, s>>>(
       dlogits, probs, labels, rows, cols, scale);
   return launched(be, "softmax_xent_backward_kernel");
@@ -236,16 +248,18 @@ __global__ static void mse_forward_backward_kernel(const float* pred,
   GRID_STRIDE(r, rows) {
     float diff = pred[r] - target[r];
     loss[r] = 0.5f * diff * diff;
-    if (dpred != NULL) dpred[r] = scale * diff;
+    if (dpred != NULL)
+      dpred[r] = scale * diff;
   }
 }
 
 int st__cuda_mse_forward_backward(st_backend_t* be, const float* pred,
-                                  const float* target, size_t rows,
-                                  float* loss, float* dpred, float scale) {
+                                  const float* target, size_t rows, float* loss,
+                                  float* dpred, float scale) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   mse_forward_backward_kernel<<<grid_for(rows), THREADS, 0, s>>>(
       pred, target, rows, loss, dpred, scale);
   return launched(be, "mse_forward_backward_kernel");
@@ -262,10 +276,12 @@ __global__ static void argmax_correct_kernel(const float* logits,
     const float* z = logits + r * cols;
     size_t best = 0;
     for (size_t c = 1; c < cols; c++)
-      if (z[c] > z[best]) best = c; /* strict: ties keep the lowest index */
+      if (z[c] > z[best])
+        best = c; /* strict: ties keep the lowest index */
     count += best == label_index(labels[r], cols);
   }
-  if (count > 0) atomicAdd(correct, count);
+  if (count > 0)
+    atomicAdd(correct, count);
 }
 
 /* Copies one 8-byte result from scratch to the host and waits for it. */
@@ -275,7 +291,8 @@ static int fetch_result(st_backend_t* be, const void* dev) {
                           cudaMemcpyAsync(cu->host_result, dev, 8,
                                           cudaMemcpyDeviceToHost, cu->stream),
                           "cudaMemcpyAsync (result to host)");
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   return st__cuda_check(be, cudaStreamSynchronize(cu->stream),
                         "cudaStreamSynchronize");
 }
@@ -285,16 +302,20 @@ int st__cuda_argmax_correct(st_backend_t* be, const float* logits,
                             size_t* correct) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   unsigned long long* dev = (unsigned long long*) st__cuda(be)->scratch;
   rc = st__cuda_check(be, cudaMemsetAsync(dev, 0, sizeof(*dev), s),
                       "cudaMemsetAsync");
-  if (rc != 0) return rc;
-  argmax_correct_kernel<<<grid_for(rows), THREADS, 0, s>>>(logits, labels,
-                                                           rows, cols, dev);
-  if ((rc = launched(be, "argmax_correct_kernel")) != 0) return rc;
-  if ((rc = fetch_result(be, dev)) != 0) return rc;
-  *correct = (size_t) *(unsigned long long*) st__cuda(be)->host_result;
+  if (rc != 0)
+    return rc;
+  argmax_correct_kernel<<<grid_for(rows), THREADS, 0, s>>>(logits, labels, rows,
+                                                           cols, dev);
+  if ((rc = launched(be, "argmax_correct_kernel")) != 0)
+    return rc;
+  if ((rc = fetch_result(be, dev)) != 0)
+    return rc;
+  *correct = (size_t) * (unsigned long long*) st__cuda(be)->host_result;
   return 0;
 }
 
@@ -309,16 +330,20 @@ enum { RED_SUM, RED_SUMSQ, RED_MAX_ABS, RED_NONFINITE };
 
 template <int OP, typename T>
 __device__ static T red_leaf(float x) {
-  if (OP == RED_SUM) return (T) x;
-  if (OP == RED_SUMSQ) return (T) x * (T) x;
-  if (OP == RED_MAX_ABS) return (T) fabsf(x);
+  if (OP == RED_SUM)
+    return (T) x;
+  if (OP == RED_SUMSQ)
+    return (T) x * (T) x;
+  if (OP == RED_MAX_ABS)
+    return (T) fabsf(x);
   return (T) !isfinite(x);
 }
 
 template <int OP, typename T>
 __device__ static T red_combine(T a, T b) {
   /* For the max, a NaN never reaches here (b > a is false for NaN). */
-  if (OP == RED_MAX_ABS) return b > a ? b : a;
+  if (OP == RED_MAX_ABS)
+    return b > a ? b : a;
   return a + b;
 }
 
@@ -333,7 +358,8 @@ __device__ static void block_reduce_store(T acc, T* dst) {
           red_combine<OP, T>(buf[threadIdx.x], buf[threadIdx.x + half]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) *dst = buf[0];
+  if (threadIdx.x == 0)
+    *dst = buf[0];
 }
 
 template <int OP, typename T>
@@ -360,14 +386,18 @@ static int reduce(st_backend_t* be, const float* x, size_t n, T* out,
                   const char* name) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   T* partial = (T*) st__cuda(be)->scratch;
   unsigned blocks = grid_for(n);
-  if (blocks > ST__CUDA_REDUCE_BLOCKS) blocks = ST__CUDA_REDUCE_BLOCKS;
+  if (blocks > ST__CUDA_REDUCE_BLOCKS)
+    blocks = ST__CUDA_REDUCE_BLOCKS;
   reduce_partial_kernel<OP, T><<<blocks, THREADS, 0, s>>>(x, n, partial);
-  if ((rc = launched(be, name)) != 0) return rc;
+  if ((rc = launched(be, name)) != 0)
+    return rc;
   reduce_final_kernel<OP, T><<<1, THREADS, 0, s>>>(partial, blocks);
-  if ((rc = launched(be, name)) != 0) return rc;
+  if ((rc = launched(be, name)) != 0)
+    return rc;
   if ((rc = fetch_result(be, &partial[ST__CUDA_REDUCE_BLOCKS])) != 0)
     return rc;
   *out = *(T*) st__cuda(be)->host_result;
@@ -391,7 +421,8 @@ int st__cuda_count_nonfinite(st_backend_t* be, const float* x, size_t n,
   unsigned long long count = 0;
   int rc = reduce<RED_NONFINITE, unsigned long long>(
       be, x, n, &count, "reduce_kernel (count_nonfinite)");
-  if (rc == 0) *out = (size_t) count;
+  if (rc == 0)
+    *out = (size_t) count;
   return rc;
 }
 
@@ -406,7 +437,8 @@ int st__cuda_sgd_update(st_backend_t* be, float* p, const float* g, size_t n,
                         float lr, float wd) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   sgd_update_kernel<<<grid_for(n), THREADS, 0, s>>>(p, g, n, lr, wd);
   return launched(be, "sgd_update_kernel");
 }
@@ -428,9 +460,10 @@ int st__cuda_momentum_update(st_backend_t* be, float* p, const float* g,
                              int nesterov) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
-  momentum_update_kernel<<<grid_for(n), THREADS, 0, s>>>(p, g, v, n, lr, mu,
-                                                         wd, nesterov);
+  if (rc != 0)
+    return rc;
+  momentum_update_kernel<<<grid_for(n), THREADS, 0, s>>>(p, g, v, n, lr, mu, wd,
+                                                         nesterov);
   return launched(be, "momentum_update_kernel");
 }
 
@@ -449,13 +482,13 @@ __global__ static void adamw_update_kernel(float* p, const float* g, float* m,
   }
 }
 
-int st__cuda_adamw_update(st_backend_t* be, float* p, const float* g,
-                          float* m, float* v, size_t n, float lr, float b1,
-                          float b2, float eps, float wd, float bc1,
-                          float bc2) {
+int st__cuda_adamw_update(st_backend_t* be, float* p, const float* g, float* m,
+                          float* v, size_t n, float lr, float b1, float b2,
+                          float eps, float wd, float bc1, float bc2) {
   cudaStream_t s;
   int rc = begin(be, &s);
-  if (rc != 0) return rc;
+  if (rc != 0)
+    return rc;
   adamw_update_kernel<<<grid_for(n), THREADS, 0, s>>>(
       p, g, m, v, n, lr, b1, b2, eps, 1.0f - lr * wd, 1.0f / bc1, 1.0f / bc2);
   return launched(be, "adamw_update_kernel");

@@ -26,7 +26,8 @@ static uint64_t splitmix64(uint64_t* x) {
 
 void st_rng_seed(st_rng_t* rng, uint64_t seed) {
   uint64_t x = seed;
-  for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
+  for (int i = 0; i < 4; i++)
+    rng->s[i] = splitmix64(&x);
   /* splitmix64 is a bijection of distinct Weyl steps, so the four words are
    * never all zero (the one state xoshiro cannot leave). */
 }
@@ -51,7 +52,8 @@ double st_rng_uniform(st_rng_t* rng) {
 }
 
 uint64_t st_rng_below(st_rng_t* rng, uint64_t bound) {
-  if (bound <= 1) return 0;
+  if (bound <= 1)
+    return 0;
   /* Rejection: 2^64 mod bound values at the bottom of the range would make
    * the low residues more likely, so they are redrawn. threshold equals
    * (2^64 - bound) mod bound = 2^64 mod bound. At most half of all draws
@@ -59,7 +61,8 @@ uint64_t st_rng_below(st_rng_t* rng, uint64_t bound) {
   uint64_t threshold = (0 - bound) % bound;
   for (;;) {
     uint64_t r = st_rng_next(rng);
-    if (r >= threshold) return r % bound;
+    if (r >= threshold)
+      return r % bound;
   }
 }
 

@@ -334,10 +334,12 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
     fprintf(f, ", \"%s_accuracy\": %.6f", eval_name, p->test_accuracy);
   else
     fprintf(f, ", \"%s_accuracy\": null", eval_name);
+  const char* loss_key = strcmp(eval_name, "test") == 0 ? "test_loss"
+                                                         : "train_eval_loss";
   if (p->evaluated)
-    fprintf(f, ", \"%s_loss\": %.6f", eval_name, p->test_loss);
+    fprintf(f, ", \"%s\": %.6f", loss_key, p->test_loss);
   else
-    fprintf(f, ", \"%s_loss\": null", eval_name);
+    fprintf(f, ", \"%s\": null", loss_key);
   fprintf(f, ", \"train_loss\": %.6f",
           p->train_loss_n ? p->train_loss / (double) p->train_loss_n : 0.0);
   fprintf(f, ", \"samples_per_sec\": %.1f",
@@ -494,12 +496,11 @@ int st__cmd_train(int argc, char** argv) {
     if (a.stop_after && t.step >= a.stop_after) stopped = 1;
   }
   if (stop_signal || stopped) {
-    fprintf(stderr, "starling train: %s at step %" PRIu64,
+    int saved = a.checkpoint != NULL && save(&a, &t, log) == 0;
+    fprintf(stderr, "starling train: %s at step %" PRIu64 "%s%s\n",
             stop_signal ? "interrupted" : "stopped (--stop-after-steps)",
-            t.step);
-    if (a.checkpoint && save(&a, &t, stderr) == 0)
-      fprintf(stderr, "; continue with --resume %s", a.checkpoint);
-    fprintf(stderr, "\n");
+            t.step, saved ? "; continue with --resume " : "",
+            saved ? a.checkpoint : "");
     status = stop_signal ? 130 : 0;
     goto out;
   }

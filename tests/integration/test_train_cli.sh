@@ -100,6 +100,20 @@ grep -q "interrupted at step [0-9]*; continue with --resume" "$SCRATCH/c.log" ||
   >/dev/null || fail "SIGINT: checkpoint unreadable"
 pass "SIGINT stops in order, with a checkpoint"
 
+# --- CSV regression: a linear model recovers a linear target -----------------------
+awk 'BEGIN { srand(7); print "x1,x2,y";
+  for (i = 0; i < 500; i++) { a = rand() * 4 - 2; b = rand() * 4 - 2;
+    printf "%.6f,%.6f,%.6f\n", a, b, 2 * a - b + 0.5 + (rand() - 0.5) * 0.01 } }' \
+  >"$SCRATCH/reg.csv"
+"$STARLING" train --model linear:2-1 --data "csv:$SCRATCH/reg.csv" --epochs 40 \
+  --batch 16 --lr 0.05 --device cpu --json >"$SCRATCH/reg.json" 2>"$SCRATCH/reg.log" ||
+  fail "csv regression: $(cat "$SCRATCH/reg.log")"
+mse=$(json_field "$SCRATCH/reg.json" train_eval_loss)
+"$NUMPY_PY" -c "import sys; sys.exit(0 if $mse < 1e-3 else 1)" ||
+  fail "csv regression: loss $mse after 40 epochs"
+[ "$(json_field "$SCRATCH/reg.json" test_accuracy)" = None ] || fail "regression has no accuracy"
+pass "csv regression (0.5 * mse $mse)"
+
 # --- Resume refusals ----------------------------------------------------------------
 expect_fail "resume with another model" 1 "written with --model mlp:784-64-10 but this run has --model mlp:784-32-10" -- \
   "$STARLING" train --model mlp:784-32-10 --data fashion-mnist --shard 0/10 --batch 32 \

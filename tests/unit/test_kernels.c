@@ -80,17 +80,17 @@ static void dev_to(st_backend_t* be, float* host, const float* d, size_t n) {
 }
 
 static void expect_close(const char* what, const char* who, const double* ref,
-                         const float* got, size_t n, double atol,
-                         double rtol) {
+                         const float* got, size_t n, double atol, double rtol) {
   long i = tu_first_mismatch(ref, got, n, atol, rtol);
-  ck_assert_msg(i < 0, "%s on %s: element %ld of %zu: ref %.9g, got %.9g",
-                what, who, i, n, i < 0 ? 0.0 : ref[i],
-                i < 0 ? 0.0 : (double) got[i]);
+  ck_assert_msg(i < 0, "%s on %s: element %ld of %zu: ref %.9g, got %.9g", what,
+                who, i, n, i < 0 ? 0.0 : ref[i], i < 0 ? 0.0 : (double) got[i]);
 }
 
 static int near(double ref, double got, double atol, double rtol) {
-  if (isnan(ref) || isnan(got)) return isnan(ref) && isnan(got);
-  if (isinf(ref) || isinf(got)) return ref == got;
+  if (isnan(ref) || isnan(got))
+    return isnan(ref) && isnan(got);
+  if (isinf(ref) || isinf(got))
+    return ref == got;
   return fabs(ref - got) <= atol + rtol * fabs(ref);
 }
 
@@ -101,8 +101,8 @@ typedef void (*run_fn)(st_backend_t* be, const void* ctx, float* out);
 /* Runs the op on the backend under test and checks it against the float64
  * reference; on CUDA also runs it on the CPU twin and checks the two
  * results against each other (parity). */
-static void check_op(const char* what, const double* ref, size_t n,
-                     double atol, double rtol, run_fn run, const void* ctx) {
+static void check_op(const char* what, const double* ref, size_t n, double atol,
+                     double rtol, run_fn run, const void* ctx) {
   float* got = xmalloc(n * sizeof(float));
   run(g_be, ctx, got);
   expect_close(what, st_backend_describe(g_be), ref, got, n, atol, rtol);
@@ -110,7 +110,8 @@ static void check_op(const char* what, const double* ref, size_t n,
     float* cpu = xmalloc(n * sizeof(float));
     double* cpu_d = xmalloc(n * sizeof(double));
     run(g_twin, ctx, cpu);
-    for (size_t i = 0; i < n; i++) cpu_d[i] = cpu[i];
+    for (size_t i = 0; i < n; i++)
+      cpu_d[i] = cpu[i];
     expect_close(what, "cuda vs cpu", cpu_d, got, n, 2 * atol, 2 * rtol);
     free(cpu);
     free(cpu_d);
@@ -126,8 +127,8 @@ static const size_t sizes_1d[] = {0, 1, 7, 31, 257, 100003};
 /* rows x cols shapes for row ops. */
 static const struct {
   size_t rows, cols;
-} shapes[] = {{0, 5}, {5, 0}, {1, 1}, {7, 31}, {64, 10}, {64, 256}, {257, 3},
-              {3, 100003}};
+} shapes[] = {{0, 5},   {5, 0},    {1, 1},   {7, 31},
+              {64, 10}, {64, 256}, {257, 3}, {3, 100003}};
 #define N_SHAPES ((int) (sizeof(shapes) / sizeof(shapes[0])))
 
 /* ---- Matrix products ---------------------------------------------------- */
@@ -135,9 +136,9 @@ static const struct {
 static const struct {
   size_t m, n, k, pad; /* pad: extra columns in every leading dimension */
 } gemm_cases[] = {
-    {0, 0, 0, 0},   {0, 3, 4, 0},    {3, 0, 4, 0},    {3, 4, 0, 0},
-    {3, 4, 0, 2},   {1, 1, 1, 0},    {3, 5, 7, 0},    {3, 5, 7, 5},
-    {7, 1, 31, 0},  {61, 67, 71, 0}, {61, 67, 71, 3}, {64, 256, 784, 0},
+    {0, 0, 0, 0},     {0, 3, 4, 0},      {3, 0, 4, 0},    {3, 4, 0, 0},
+    {3, 4, 0, 2},     {1, 1, 1, 0},      {3, 5, 7, 0},    {3, 5, 7, 5},
+    {7, 1, 31, 0},    {61, 67, 71, 0},   {61, 67, 71, 3}, {64, 256, 784, 0},
     {64, 10, 128, 0}, {256, 784, 64, 0},
 };
 #define N_GEMM ((int) (sizeof(gemm_cases) / sizeof(gemm_cases[0])))
@@ -211,7 +212,8 @@ START_TEST(test_gemm_beta0_ignores_nan) {
     gemm_ctx_t g = {0, 0, 2, 2, k, 3, 2, 2, 6, 6, 1.0f, 0.0f, a, b, c};
     /* [1 2 3; 4 5 6] x [1 0; 0 1; 1 1] = [4 5; 10 11]. */
     double ref[4] = {4, 5, 10, 11};
-    if (k == 0) memset(ref, 0, sizeof(ref));
+    if (k == 0)
+      memset(ref, 0, sizeof(ref));
     check_op("gemm beta=0", ref, 4, 0, 0, run_gemm, &g);
   }
 }
@@ -230,8 +232,8 @@ static void run_bias_act(st_backend_t* be, const void* p, float* out) {
   size_t total = c->rows * c->cols;
   float* y = dev_from(be, c->y0, total);
   float* bias = dev_from(be, c->bias, c->cols);
-  ck_assert_int_eq(
-      st_bias_act_forward(be, y, bias, c->rows, c->cols, c->act), 0);
+  ck_assert_int_eq(st_bias_act_forward(be, y, bias, c->rows, c->cols, c->act),
+                   0);
   dev_to(be, out, y, total);
   st_buf_free(be, y);
   st_buf_free(be, bias);
@@ -278,7 +280,8 @@ START_TEST(test_act_backward) {
   size_t n = sizes_1d[_i];
   float* dy0 = host_rand(&rng, n, -1, 1);
   float* y = host_rand(&rng, n, -1, 1);
-  for (size_t i = 0; i < n; i += 5) y[i] = 0.0f; /* ReLU'(0) is 0 */
+  for (size_t i = 0; i < n; i += 5)
+    y[i] = 0.0f; /* ReLU'(0) is 0 */
   double* ref = xmalloc(n * sizeof(double));
   for (int act = ST_ACT_NONE; act <= ST_ACT_RELU; act++) {
     for (size_t i = 0; i < n; i++)
@@ -316,7 +319,8 @@ START_TEST(test_bias_grad) {
   double* ref = xmalloc(cols * sizeof(double));
   for (size_t c = 0; c < cols; c++) {
     ref[c] = 0.0; /* also when rows == 0 */
-    for (size_t r = 0; r < rows; r++) ref[c] += dy[r * cols + c];
+    for (size_t r = 0; r < rows; r++)
+      ref[c] += dy[r * cols + c];
   }
   bias_grad_ctx_t c = {dy, rows, cols};
   check_op("bias_grad", ref, cols, 1e-6 * (double) rows + 1e-7, 1e-5,
@@ -339,7 +343,8 @@ static void run_axpby(st_backend_t* be, const void* p, float* out) {
   float* x = c->alias ? y : dev_from(be, c->x, c->n);
   ck_assert_int_eq(st_axpby(be, c->n, c->a, x, c->b, y), 0);
   dev_to(be, out, y, c->n);
-  if (!c->alias) st_buf_free(be, x);
+  if (!c->alias)
+    st_buf_free(be, x);
   st_buf_free(be, y);
 }
 
@@ -389,13 +394,15 @@ static void run_xent_forward(st_backend_t* be, const void* p, float* out) {
   float* lab = dev_from(be, c->labels, c->rows);
   float* probs = z;
   float* loss = NULL;
-  if (!c->alias) ck_assert_int_eq(st_buf_alloc(be, total, &probs), 0);
+  if (!c->alias)
+    ck_assert_int_eq(st_buf_alloc(be, total, &probs), 0);
   ck_assert_int_eq(st_buf_alloc(be, c->rows, &loss), 0);
   ck_assert_int_eq(
       st_softmax_xent_forward(be, z, lab, c->rows, c->cols, probs, loss), 0);
   dev_to(be, out, probs, total);
   dev_to(be, out + total, loss, c->rows);
-  if (!c->alias) st_buf_free(be, probs);
+  if (!c->alias)
+    st_buf_free(be, probs);
   st_buf_free(be, z);
   st_buf_free(be, lab);
   st_buf_free(be, loss);
@@ -410,8 +417,10 @@ static void xent_forward_case(st_rng_t* rng, size_t rows, size_t cols,
   for (size_t r = 0; r < rows; r++) {
     const float* zr = z + r * cols;
     double zmax = -INFINITY, sum = 0.0;
-    for (size_t c = 0; c < cols; c++) zmax = fmax(zmax, zr[c]);
-    for (size_t c = 0; c < cols; c++) sum += exp(zr[c] - zmax);
+    for (size_t c = 0; c < cols; c++)
+      zmax = fmax(zmax, zr[c]);
+    for (size_t c = 0; c < cols; c++)
+      sum += exp(zr[c] - zmax);
     for (size_t c = 0; c < cols; c++)
       ref[r * cols + c] = exp(zr[c] - zmax) / sum;
     ref[total + r] = log(sum) - (zr[(size_t) labels[r]] - zmax);
@@ -468,12 +477,14 @@ static void run_xent_backward(st_backend_t* be, const void* p, float* out) {
   float* probs = dev_from(be, c->probs, total);
   float* lab = dev_from(be, c->labels, c->rows);
   float* d = probs;
-  if (!c->alias) ck_assert_int_eq(st_buf_alloc(be, total, &d), 0);
-  ck_assert_int_eq(st_softmax_xent_backward(be, d, probs, lab, c->rows,
-                                            c->cols, c->scale),
-                   0);
+  if (!c->alias)
+    ck_assert_int_eq(st_buf_alloc(be, total, &d), 0);
+  ck_assert_int_eq(
+      st_softmax_xent_backward(be, d, probs, lab, c->rows, c->cols, c->scale),
+      0);
   dev_to(be, out, d, total);
-  if (!c->alias) st_buf_free(be, d);
+  if (!c->alias)
+    st_buf_free(be, d);
   st_buf_free(be, probs);
   st_buf_free(be, lab);
 }
@@ -490,8 +501,8 @@ START_TEST(test_softmax_xent_backward) {
              (probs[i] - (i % cols == (size_t) labels[i / cols] ? 1.0 : 0.0));
   for (int alias = 0; alias <= 1; alias++) {
     xent_bwd_ctx_t c = {probs, labels, rows, cols, scale, alias};
-    check_op("softmax_xent_backward", ref, total, 1e-7, 1e-6,
-             run_xent_backward, &c);
+    check_op("softmax_xent_backward", ref, total, 1e-7, 1e-6, run_xent_backward,
+             &c);
   }
   free(probs);
   free(labels);
@@ -513,17 +524,20 @@ static void run_mse(st_backend_t* be, const void* p, float* out) {
   float* target = dev_from(be, c->target, c->rows);
   float *loss = NULL, *dpred = NULL;
   ck_assert_int_eq(st_buf_alloc(be, c->rows, &loss), 0);
-  if (c->mode == 1) ck_assert_int_eq(st_buf_alloc(be, c->rows, &dpred), 0);
-  if (c->mode == 2) dpred = pred;
-  ck_assert_int_eq(st_mse_forward_backward(be, pred, target, c->rows, loss,
-                                           dpred, c->scale),
-                   0);
+  if (c->mode == 1)
+    ck_assert_int_eq(st_buf_alloc(be, c->rows, &dpred), 0);
+  if (c->mode == 2)
+    dpred = pred;
+  ck_assert_int_eq(
+      st_mse_forward_backward(be, pred, target, c->rows, loss, dpred, c->scale),
+      0);
   dev_to(be, out, loss, c->rows);
   if (dpred != NULL)
     dev_to(be, out + c->rows, dpred, c->rows);
   else
     memset(out + c->rows, 0, c->rows * sizeof(float));
-  if (c->mode == 1) st_buf_free(be, dpred);
+  if (c->mode == 1)
+    st_buf_free(be, dpred);
   st_buf_free(be, pred);
   st_buf_free(be, target);
   st_buf_free(be, loss);
@@ -571,12 +585,16 @@ START_TEST(test_argmax_correct) {
   for (size_t r = 0; r < rows && cols > 0; r++) {
     float* zr = z + r * cols;
     if (r % 3 == 0) /* a tie everywhere: the lowest index wins */
-      for (size_t c = 0; c < cols; c++) zr[c] = 0.5f;
-    if (r % 3 == 1) labels[r] = 0; /* make some rows right */
+      for (size_t c = 0; c < cols; c++)
+        zr[c] = 0.5f;
+    if (r % 3 == 1)
+      labels[r] = 0; /* make some rows right */
     size_t best = 0;
     for (size_t c = 1; c < cols; c++)
-      if (zr[c] > zr[best]) best = c;
-    if (r % 3 == 1) labels[r] = (float) best;
+      if (zr[c] > zr[best])
+        best = c;
+    if (r % 3 == 1)
+      labels[r] = (float) best;
     ref += best == (size_t) labels[r];
   }
   size_t got = run_argmax(g_be, z, labels, rows, cols);
@@ -595,8 +613,7 @@ typedef struct {
   size_t nonfinite;
 } reductions_t;
 
-static reductions_t run_reductions(st_backend_t* be, const float* x,
-                                   size_t n) {
+static reductions_t run_reductions(st_backend_t* be, const float* x, size_t n) {
   reductions_t r;
   float* d = dev_from(be, x, n);
   ck_assert_int_eq(st_sum(be, d, n, &r.sum), 0);
@@ -619,8 +636,8 @@ static void expect_reductions(const reductions_t* ref, const float* x,
                   "sum on %s, n %zu: ref %.17g got %.17g", who, n, ref->sum,
                   got.sum);
     ck_assert_msg(near(ref->sumsq, got.sumsq, atol, rtol),
-                  "sumsq on %s, n %zu: ref %.17g got %.17g", who, n,
-                  ref->sumsq, got.sumsq);
+                  "sumsq on %s, n %zu: ref %.17g got %.17g", who, n, ref->sumsq,
+                  got.sumsq);
     ck_assert_msg(near(ref->max_abs, got.max_abs, 0, 0),
                   "max_abs on %s, n %zu: ref %.9g got %.9g", who, n,
                   ref->max_abs, got.max_abs);
@@ -635,7 +652,8 @@ static reductions_t reduce_ref(const float* x, size_t n) {
   for (size_t i = 0; i < n; i++) {
     r.sum += x[i];
     r.sumsq += (double) x[i] * x[i];
-    if (isfinite(x[i]) || isinf(x[i])) r.max_abs = fmax(r.max_abs, fabs(x[i]));
+    if (isfinite(x[i]) || isinf(x[i]))
+      r.max_abs = fmax(r.max_abs, fabs(x[i]));
     r.nonfinite += !isfinite(x[i]);
   }
   return r;
@@ -656,12 +674,14 @@ END_TEST
 START_TEST(test_reductions_nonfinite) {
   st_rng_t rng = rng_for(1100 + (uint64_t) _i);
   size_t n = sizes_1d[_i];
-  if (n == 0) return;
+  if (n == 0)
+    return;
   float* x = host_rand(&rng, n, -2, 2);
   static const float bad[] = {NAN, INFINITY, -INFINITY};
   for (int kind = 0; kind < 3; kind++) {
     size_t where[3] = {0, n / 2, n - 1};
-    for (int w = 0; w < 3; w++) x[where[w]] = bad[kind] * (w == 1 ? -1 : 1);
+    for (int w = 0; w < 3; w++)
+      x[where[w]] = bad[kind] * (w == 1 ? -1 : 1);
     reductions_t ref = reduce_ref(x, n);
     ck_assert(ref.nonfinite >= 1 && ref.nonfinite <= 3);
     expect_reductions(&ref, x, n);
@@ -682,13 +702,15 @@ START_TEST(test_memory) {
   ck_assert_int_eq(st_buf_alloc(g_be, n, &b), 0);
   ck_assert(a != NULL && b != NULL);
   dev_to(g_be, host, a, n); /* zero-filled */
-  for (size_t i = 0; i < n; i++) ref[i] = 0.0;
+  for (size_t i = 0; i < n; i++)
+    ref[i] = 0.0;
   expect_close("buf_alloc zero fill", "be", ref, host, n, 0, 0);
   ck_assert_int_eq(st_fill(g_be, a, n, -3.25f), 0);
   ck_assert_int_eq(st_copy(g_be, b, a, n), 0);
   ck_assert_int_eq(st_fill(g_be, a, n, 1.0f), 0); /* b is a real copy */
   dev_to(g_be, host, b, n);
-  for (size_t i = 0; i < n; i++) ref[i] = -3.25;
+  for (size_t i = 0; i < n; i++)
+    ref[i] = -3.25;
   expect_close("fill + copy", st_backend_describe(g_be), ref, host, n, 0, 0);
   ck_assert_int_eq(st_backend_sync(g_be), 0);
   st_buf_free(g_be, a);
@@ -698,3 +720,373 @@ START_TEST(test_memory) {
   free(ref);
 }
 END_TEST
+
+/* ---- Optimizer updates -------------------------------------------------- */
+
+enum { OPT_SGD, OPT_MOMENTUM, OPT_NESTEROV, OPT_ADAMW };
+#define OPT_STEPS 5
+
+typedef struct {
+  int kind;
+  size_t n;
+  const float *p0, *grads; /* grads: OPT_STEPS x n, one row per step */
+} opt_ctx_t;
+
+static const float lr = 0.05f, mu = 0.9f, wd = 0.01f;
+static const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+
+/* out = p, then v (momentum) or m and v (AdamW), after OPT_STEPS steps. */
+static void run_optimizer(st_backend_t* be, const void* ctx, float* out) {
+  const opt_ctx_t* c = ctx;
+  size_t n = c->n;
+  float* p = dev_from(be, c->p0, n);
+  float *g = NULL, *m = NULL, *v = NULL;
+  ck_assert_int_eq(st_buf_alloc(be, n, &g), 0);
+  ck_assert_int_eq(st_buf_alloc(be, n, &m), 0);
+  ck_assert_int_eq(st_buf_alloc(be, n, &v), 0);
+  for (int t = 1; t <= OPT_STEPS; t++) {
+    ck_assert_int_eq(st_copy_to_device(be, g, c->grads + (t - 1) * n, n), 0);
+    int rc = -1;
+    if (c->kind == OPT_SGD)
+      rc = st_sgd_update(be, p, g, n, lr, wd);
+    if (c->kind == OPT_MOMENTUM || c->kind == OPT_NESTEROV)
+      rc = st_momentum_update(be, p, g, v, n, lr, mu, wd,
+                              c->kind == OPT_NESTEROV);
+    if (c->kind == OPT_ADAMW)
+      rc = st_adamw_update(be, p, g, m, v, n, lr, b1, b2, eps, wd,
+                           1.0f - powf(b1, (float) t),
+                           1.0f - powf(b2, (float) t));
+    ck_assert_int_eq(rc, 0);
+  }
+  dev_to(be, out, p, n);
+  dev_to(be, out + n, m, n);
+  dev_to(be, out + 2 * n, v, n);
+  st_buf_free(be, p);
+  st_buf_free(be, g);
+  st_buf_free(be, m);
+  st_buf_free(be, v);
+}
+
+/* The float64 formulas of kernels.h, step by step. */
+static void optimizer_ref(const opt_ctx_t* c, double* ref) {
+  size_t n = c->n;
+  double *p = ref, *m = ref + n, *v = ref + 2 * n;
+  for (size_t i = 0; i < n; i++)
+    p[i] = c->p0[i], m[i] = 0, v[i] = 0;
+  for (int t = 1; t <= OPT_STEPS; t++) {
+    const float* g = c->grads + (t - 1) * n;
+    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+      double d = g[i] + (double) wd * p[i];
+      switch (c->kind) {
+        case OPT_SGD:
+          p[i] -= lr * d;
+          break;
+        case OPT_MOMENTUM:
+        case OPT_NESTEROV:
+          v[i] = mu * v[i] + d;
+          p[i] -= lr * (c->kind == OPT_NESTEROV ? d + mu * v[i] : v[i]);
+          break;
+        default:
+          p[i] -= (double) lr * wd * p[i];
+          m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+          v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+          p[i] -= lr * (m[i] / bc1) / (sqrt(v[i] / bc2) + eps);
+      }
+    }
+  }
+}
+
+START_TEST(test_optimizers) {
+  static const char* names[] = {"sgd_update", "momentum_update",
+                                "momentum_update (nesterov)", "adamw_update"};
+  st_rng_t rng = rng_for(1200 + (uint64_t) _i);
+  size_t n = sizes_1d[_i];
+  float* p0 = host_rand(&rng, n, -1, 1);
+  float* grads = host_rand(&rng, OPT_STEPS * n, -1, 1);
+  double* ref = xmalloc(3 * n * sizeof(double));
+  for (int kind = OPT_SGD; kind <= OPT_ADAMW; kind++) {
+    opt_ctx_t c = {kind, n, p0, grads};
+    optimizer_ref(&c, ref);
+    check_op(names[kind], ref, 3 * n, 2e-6, 1e-5, run_optimizer, &c);
+  }
+  free(p0);
+  free(grads);
+  free(ref);
+}
+END_TEST
+
+/* ---- Opening and argument checks ---------------------------------------- */
+
+START_TEST(test_open_bad_specs) {
+  static const char* bad[] = {
+      "gpu",     "cuda:x", "cuda:-1", "",      "cuda:",
+      "cuda:0x", "CPU",    "cpu:0",   " cuda", "cuda:99999999999999999999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    st_backend_t* be = (st_backend_t*) &be; /* must be reset to NULL */
+    char err[256] = "";
+    int rc = st_backend_open(&be, bad[i], 0, err, sizeof(err));
+    ck_assert_msg(rc == -EINVAL, "\"%s\": rc %d", bad[i], rc);
+    ck_assert_ptr_null(be);
+    /* The sentence names the bad spec and the valid forms. */
+    ck_assert_msg(strstr(err, bad[i]) != NULL && strstr(err, "cuda:N") != NULL,
+                  "\"%s\": err \"%s\"", bad[i], err);
+  }
+  st_backend_t* be = NULL;
+  char err[256];
+  ck_assert_int_eq(st_backend_open(&be, NULL, 0, err, sizeof(err)), -EINVAL);
+  ck_assert_int_eq(st_backend_open(NULL, "cpu", 0, err, sizeof(err)), -EINVAL);
+  ck_assert_int_eq(st_backend_open(&be, "cpu", -1, err, sizeof(err)), -EINVAL);
+  ck_assert_int_eq(st_backend_open(&be, "gpu", 0, NULL, 0), -EINVAL);
+  /* A short buffer gets a truncated, terminated sentence. */
+  char small[8];
+  memset(small, 'x', sizeof(small));
+  ck_assert_int_eq(st_backend_open(&be, "gpu", 0, small, sizeof(small)),
+                   -EINVAL);
+  ck_assert_uint_eq(strlen(small), sizeof(small) - 1);
+}
+END_TEST
+
+START_TEST(test_open_cuda) {
+  int count = st_cuda_device_count();
+  ck_assert_int_ge(count, 0);
+  char spec[32], err[256] = "";
+  st_backend_t* be = NULL;
+  int rc = st_backend_open(&be, "cuda", 0, err, sizeof(err));
+  if (count == 0) {
+    /* No GPU (or a build without CUDA): a clear error that points at the
+     * CPU. */
+    ck_assert_int_eq(rc, -ENODEV);
+    ck_assert_ptr_null(be);
+    ck_assert_msg(strstr(err, "--device cpu") != NULL, "err \"%s\"", err);
+  } else {
+    ck_assert_msg(rc == 0, "cuda: %s", err);
+    ck_assert_int_eq(st_backend_kind(be), ST_BACKEND_CUDA);
+    ck_assert(strncmp(st_backend_describe(be), "cuda:0 (", 8) == 0);
+    st_backend_close(be);
+  }
+  snprintf(spec, sizeof(spec), "cuda:%d", count); /* one past the last */
+  ck_assert_int_eq(st_backend_open(&be, spec, 0, err, sizeof(err)), -ENODEV);
+  ck_assert_msg(strstr(err, "--device cpu") != NULL, "err \"%s\"", err);
+}
+END_TEST
+
+START_TEST(test_open_cpu_and_auto) {
+  st_backend_t* be = NULL;
+  char err[256];
+  ck_assert_int_eq(st_backend_open(&be, "cpu", 1, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_backend_kind(be), ST_BACKEND_CPU);
+  ck_assert_str_eq(st_backend_describe(be), "cpu (OpenBLAS, 1 thread)");
+  ck_assert_str_eq(st_backend_last_error(be), "");
+  ck_assert_int_eq(st_backend_sync(be), 0);
+  st_backend_close(be);
+  ck_assert_int_eq(st_backend_open(&be, "auto", 0, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_backend_kind(be), st_cuda_device_count() > 0
+                                            ? ST_BACKEND_CUDA
+                                            : ST_BACKEND_CPU);
+  st_backend_close(be);
+  st_backend_close(NULL);
+}
+END_TEST
+
+/* NULL buffers with work to do are -EINVAL with a sentence; with no work
+ * they are fine. */
+START_TEST(test_argument_checks) {
+  st_backend_t* be = g_be;
+  float* x = NULL;
+  double d;
+  size_t z;
+  ck_assert_int_eq(st_buf_alloc(be, 4, &x), 0);
+  int rcs[] = {
+      st_copy_to_device(be, NULL, x, 1),
+      st_copy_to_host(be, x, NULL, 1),
+      st_copy(be, x, NULL, 1),
+      st_fill(be, NULL, 1, 0),
+      st_gemm(be, 0, 0, 1, 1, 1, 1, NULL, 1, x, 1, 0, x, 1),
+      st_gemm(be, 0, 0, 2, 2, 2, 1, x, 1, x, 2, 0, x, 2), /* lda < k */
+      st_gemm(be, 0, 1, 2, 2, 2, 1, x, 2, x, 1, 0, x, 2), /* ldb < k */
+      st_gemm(be, 0, 0, 2, 2, 1, 1, x, 1, x, 2, 0, x, 1), /* ldc < n */
+      st_bias_act_forward(be, x, NULL, 1, 1, ST_ACT_RELU),
+      st_bias_act_forward(be, x, x, 1, 1, (st_act_t) 7),
+      st_act_backward(be, NULL, x, 1, ST_ACT_RELU),
+      st_bias_grad(be, NULL, x, 1, 1),
+      st_axpby(be, 1, 1, NULL, 1, x),
+      st_softmax_xent_forward(be, x, NULL, 1, 1, x, x),
+      st_softmax_xent_backward(be, x, x, NULL, 1, 1, 1),
+      st_mse_forward_backward(be, x, x, 1, NULL, NULL, 1),
+      st_argmax_correct(be, NULL, x, 1, 1, &z),
+      st_sum(be, NULL, 1, &d),
+      st_sumsq(be, x, 1, NULL),
+      st_max_abs(be, NULL, 1, &d),
+      st_count_nonfinite(be, NULL, 1, &z),
+      st_sgd_update(be, x, NULL, 1, 1, 0),
+      st_momentum_update(be, x, x, NULL, 1, 1, 0, 0, 0),
+      st_adamw_update(be, x, x, x, NULL, 1, 1, b1, b2, eps, 0, 1, 1),
+      st_adamw_update(be, x, x, x, x, 1, 1, b1, b2, eps, 0, 0, 1),
+  };
+  for (size_t i = 0; i < sizeof(rcs) / sizeof(rcs[0]); i++)
+    ck_assert_msg(rcs[i] == -EINVAL, "check %zu: rc %d", i, rcs[i]);
+  ck_assert(strlen(st_backend_last_error(be)) > 0);
+  int zero[] = {
+      st_copy(be, NULL, NULL, 0),
+      st_fill(be, NULL, 0, 0),
+      st_gemm(be, 0, 0, 0, 5, 5, 1, NULL, 0, NULL, 0, 0, NULL, 0),
+      st_axpby(be, 0, 1, NULL, 1, NULL),
+      st_sum(be, NULL, 0, &d),
+      st_count_nonfinite(be, NULL, 0, &z),
+      st_act_backward(be, NULL, NULL, 5, ST_ACT_NONE),
+      st_adamw_update(be, NULL, NULL, NULL, NULL, 0, 1, b1, b2, eps, 0, 1, 1),
+  };
+  for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++)
+    ck_assert_msg(zero[i] == 0, "empty call %zu: rc %d", i, zero[i]);
+  ck_assert(d == 0.0 && z == 0);
+  st_buf_free(be, x);
+}
+END_TEST
+
+/* ---- Random numbers ----------------------------------------------------- */
+
+/* Known answers of xoshiro256** seeded through splitmix64, computed with an
+ * independent implementation of the reference code; they pin the stream
+ * that every node must draw. */
+START_TEST(test_rng_known_answers) {
+  static const struct {
+    uint64_t seed, first[4];
+  } kat[] = {
+      {0,
+       {UINT64_C(0x99ec5f36cb75f2b4), UINT64_C(0xbf6e1f784956452a),
+        UINT64_C(0x1a5f849d4933e6e0), UINT64_C(0x6aa594f1262d2d2c)}},
+      {42,
+       {UINT64_C(0x15780b2e0c2ec716), UINT64_C(0x6104d9866d113a7e),
+        UINT64_C(0xae17533239e499a1), UINT64_C(0xecb8ad4703b360a1)}},
+  };
+  for (size_t k = 0; k < sizeof(kat) / sizeof(kat[0]); k++) {
+    st_rng_t rng;
+    st_rng_seed(&rng, kat[k].seed);
+    for (int i = 0; i < 4; i++)
+      ck_assert_msg(st_rng_next(&rng) == kat[k].first[i], "seed %llu draw %d",
+                    (unsigned long long) kat[k].seed, i);
+  }
+}
+END_TEST
+
+START_TEST(test_rng_determinism) {
+  st_rng_t a, b, c;
+  st_rng_seed(&a, tu_seed());
+  st_rng_seed(&b, tu_seed());
+  st_rng_seed(&c, tu_seed() + 1);
+  int differs = 0;
+  for (int i = 0; i < 1000; i++) {
+    uint64_t x = st_rng_next(&a);
+    ck_assert(x == st_rng_next(&b));
+    differs += x != st_rng_next(&c);
+  }
+  ck_assert_int_gt(differs, 990);
+}
+END_TEST
+
+START_TEST(test_rng_below) {
+  st_rng_t rng = rng_for(1300);
+  static const uint64_t bounds[] = {
+      1, 2, 3, 7, 10, 1000003, (UINT64_C(1) << 63) + 1, UINT64_MAX};
+  for (size_t b = 0; b < sizeof(bounds) / sizeof(bounds[0]); b++)
+    for (int i = 0; i < 10000; i++)
+      ck_assert(st_rng_below(&rng, bounds[b]) < bounds[b]);
+  /* 100000 draws into 10 bins: 10000 each, standard deviation ~95; 600 is
+   * more than 6 of them. */
+  size_t bins[10] = {0};
+  for (int i = 0; i < 100000; i++)
+    bins[st_rng_below(&rng, 10)]++;
+  for (int i = 0; i < 10; i++)
+    ck_assert_msg(bins[i] > 9400 && bins[i] < 10600, "bin %d: %zu", i, bins[i]);
+}
+END_TEST
+
+START_TEST(test_rng_uniform_normal) {
+  st_rng_t rng = rng_for(1400);
+  const int n = 200000;
+  double su = 0, sn = 0, sn2 = 0;
+  for (int i = 0; i < n; i++) {
+    double u = st_rng_uniform(&rng), z = st_rng_normal(&rng);
+    ck_assert(u >= 0.0 && u < 1.0 && isfinite(z));
+    su += u, sn += z, sn2 += z * z;
+  }
+  /* Standard errors: uniform mean 0.00065, normal mean 0.0022, normal
+   * variance 0.0032; the bounds are 6 or more of them. */
+  ck_assert_double_lt(fabs(su / n - 0.5), 0.004);
+  ck_assert_double_lt(fabs(sn / n), 0.015);
+  ck_assert_double_lt(fabs(sn2 / n - 1.0), 0.02);
+}
+END_TEST
+
+/* ---- Suite -------------------------------------------------------------- */
+
+/* The op tests, run on one backend (CPU, or CUDA with the CPU as twin). */
+static void add_op_tests(TCase* tc) {
+  tcase_add_loop_test(tc, test_gemm, 0, N_GEMM);
+  tcase_add_test(tc, test_gemm_beta0_ignores_nan);
+  tcase_add_loop_test(tc, test_bias_act_forward, 0, N_SHAPES);
+  tcase_add_loop_test(tc, test_act_backward, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_bias_grad, 0, N_SHAPES);
+  tcase_add_loop_test(tc, test_axpby, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_softmax_xent_forward, 0, N_SHAPES);
+  tcase_add_test(tc, test_softmax_xent_bad_label);
+  tcase_add_loop_test(tc, test_softmax_xent_backward, 0, N_SHAPES);
+  tcase_add_loop_test(tc, test_mse, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_argmax_correct, 0, N_SHAPES);
+  tcase_add_loop_test(tc, test_reductions, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_reductions_nonfinite, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_memory, 0, N_SIZES_1D);
+  tcase_add_loop_test(tc, test_optimizers, 0, N_SIZES_1D);
+  tcase_add_test(tc, test_argument_checks);
+}
+
+static Suite* kernels_suite(void) {
+  Suite* s = suite_create("kernels");
+  TCase* tc = tcase_create("cpu");
+  tcase_add_checked_fixture(tc, setup_cpu, teardown);
+  tcase_set_timeout(tc, 120);
+  add_op_tests(tc);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("open");
+  tcase_add_test(tc, test_open_bad_specs);
+  tcase_add_test(tc, test_open_cuda);
+  tcase_add_test(tc, test_open_cpu_and_auto);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("rng");
+  tcase_add_test(tc, test_rng_known_answers);
+  tcase_add_test(tc, test_rng_determinism);
+  tcase_add_test(tc, test_rng_below);
+  tcase_add_test(tc, test_rng_uniform_normal);
+  suite_add_tcase(s, tc);
+
+  if (st_cuda_device_count() > 0) {
+    tc = tcase_create("cuda");
+    tcase_add_checked_fixture(tc, setup_cuda, teardown);
+    tcase_set_timeout(tc, 120);
+    add_op_tests(tc);
+    suite_add_tcase(s, tc);
+  } else {
+#ifdef ST_HAVE_CUDA
+    const char* built = "yes";
+#else
+    const char* built = "no";
+#endif
+    printf(
+        "test_kernels: CUDA parity tests skipped: no CUDA device (built with "
+        "CUDA: %s)\n",
+        built);
+  }
+  return s;
+}
+
+int main(void) {
+  tu_seed(); /* print the seed once, before Check forks */
+  SRunner* sr = srunner_create(kernels_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
