@@ -212,14 +212,17 @@ extern "C" int st__cuda_backend_open(int device, int cpu_threads,
   if (e != cudaSuccess) {
     cudaGetLastError();
     st__write_err(err, err_len,
-                  "no usable CUDA device: the CUDA runtime says \"%s\" (%s); "
-                  "use --device cpu",
-                  cudaGetErrorString(e), cudaGetErrorName(e));
+                  "cannot open cuda:%d: no usable CUDA device was found (the "
+                  "CUDA runtime says \"%s\", %s; is an NVIDIA GPU and driver "
+                  "present?); use --device cpu",
+                  device, cudaGetErrorString(e), cudaGetErrorName(e));
     return -ENODEV;
   }
   if (count == 0) {
     st__write_err(err, err_len,
-                  "no CUDA device found on this machine; use --device cpu");
+                  "cannot open cuda:%d: no CUDA device found on this "
+                  "machine; use --device cpu",
+                  device);
     return -ENODEV;
   }
   if (device >= count) {
@@ -283,7 +286,7 @@ extern "C" int st__cuda_backend_open(int device, int cpu_threads,
       return -EIO;
     }
   }
-  snprintf(be->desc, sizeof(be->desc), "cuda:%d (%s, %.0f GiB)", device,
+  snprintf(be->desc, sizeof(be->desc), "cuda:%d (%.100s, %.0f GiB)", device,
            prop.name, (double) prop.totalGlobalMem / (1024.0 * 1024 * 1024));
   *out = be;
   return 0;

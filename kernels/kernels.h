@@ -81,8 +81,7 @@ void st_buf_free(st_backend_t* be, float* buf);
 
 /* Host <-> device copies of n floats. `src`/`dst` on the host side are
  * borrowed for the duration of the call only. */
-int st_copy_to_device(st_backend_t* be, float* dst, const float* src,
-                      size_t n);
+int st_copy_to_device(st_backend_t* be, float* dst, const float* src, size_t n);
 int st_copy_to_host(st_backend_t* be, float* dst, const float* src, size_t n);
 /* Device-to-device copy of n floats; the ranges must not overlap. */
 int st_copy(st_backend_t* be, float* dst, const float* src, size_t n);
@@ -99,7 +98,8 @@ int st_gemm(st_backend_t* be, int trans_a, int trans_b, size_t m, size_t n,
             size_t k, float alpha, const float* a, size_t lda, const float* b,
             size_t ldb, float beta, float* c, size_t ldc);
 
-/* ---- Elementwise and row ops ---------------------------------------------- */
+/* ---- Elementwise and row ops ----------------------------------------------
+ */
 
 /* y[r, c] = act(y[r, c] + bias[c]) for a rows x cols matrix y. */
 int st_bias_act_forward(st_backend_t* be, float* y, const float* bias,
@@ -119,7 +119,8 @@ int st_bias_grad(st_backend_t* be, float* dbias, const float* dy, size_t rows,
 int st_axpby(st_backend_t* be, size_t n, float a, const float* x, float b,
              float* y);
 
-/* ---- Losses ---------------------------------------------------------------- */
+/* ---- Losses ----------------------------------------------------------------
+ */
 
 /* Softmax cross-entropy over a rows x cols matrix of logits. `labels` holds
  * one class index per row, stored as float (exact below 2^24); an index
@@ -161,10 +162,10 @@ int st_sumsq(st_backend_t* be, const float* x, size_t n, double* out);
  * to detect them). */
 int st_max_abs(st_backend_t* be, const float* x, size_t n, double* out);
 /* Number of entries that are NaN or +-Inf. */
-int st_count_nonfinite(st_backend_t* be, const float* x, size_t n,
-                       size_t* out);
+int st_count_nonfinite(st_backend_t* be, const float* x, size_t n, size_t* out);
 
-/* ---- Optimizer updates ---------------------------------------------------- */
+/* ---- Optimizer updates ----------------------------------------------------
+ */
 
 /* Plain SGD with L2 weight decay folded into the gradient:
  * p -= lr * (g + wd * p). */
@@ -182,10 +183,11 @@ int st_momentum_update(st_backend_t* be, float* p, const float* g, float* v,
  *   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps)
  * with bc1 = 1 - b1^t and bc2 = 1 - b2^t supplied by the caller (t >= 1). */
 int st_adamw_update(st_backend_t* be, float* p, const float* g, float* m,
-                    float* v, size_t n, float lr, float b1, float b2,
-                    float eps, float wd, float bc1, float bc2);
+                    float* v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, float bc1, float bc2);
 
-/* ---- Random numbers -------------------------------------------------------- */
+/* ---- Random numbers --------------------------------------------------------
+ */
 
 /* A small, fast, seedable generator (xoshiro256**, seeded through
  * splitmix64) so that every node that shares a seed draws the same numbers

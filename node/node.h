@@ -56,9 +56,9 @@ int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
                         const char* labels_path, char* err, size_t err_len);
 
 typedef struct {
-  int label_col;   /* column index of the label/target; -1 means the last */
-  int regression;  /* 0: labels are class indices (non-negative integers);
-                      1: the target is any finite real number */
+  int label_col;  /* column index of the label/target; -1 means the last */
+  int regression; /* 0: labels are class indices (non-negative integers);
+                     1: the target is any finite real number */
 } st_csv_options_t;
 
 /* Loads a numeric CSV file, one example per line, comma-separated. A first
@@ -67,8 +67,7 @@ typedef struct {
  * finite number, a row with a different number of columns, a label that is
  * not a non-negative integer (classification), no data rows. */
 int st_dataset_load_csv(st_dataset_t* ds, const char* path,
-                        const st_csv_options_t* opt, char* err,
-                        size_t err_len);
+                        const st_csv_options_t* opt, char* err, size_t err_len);
 
 /* A training set and an optional test set that share dim and classes. */
 typedef struct {
@@ -117,10 +116,11 @@ void st_epoch_order(const size_t* base, size_t count, uint64_t seed,
                     uint64_t epoch, size_t* order);
 
 /* Copies the examples idx[0..count) into x (count x dim) and y (count). */
-void st_dataset_gather(const st_dataset_t* ds, const size_t* idx,
-                       size_t count, float* x, float* y);
+void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
+                       float* x, float* y);
 
-/* ==== Checkpoints (safetensors) ============================================ */
+/* ==== Checkpoints (safetensors) ============================================
+ */
 
 #define ST_SAFETENSORS_MAX_DIMS 4
 /* The reader refuses headers larger than this (the format's own reference
@@ -162,24 +162,25 @@ void st_safetensors_free(st_safetensors_t* st);
 
 /* Looks up a tensor by name; NULL when absent. The data is borrowed from st.
  * n_elems, shape and ndim may be NULL. */
-const float* st_safetensors_tensor(const st_safetensors_t* st,
-                                   const char* name, size_t* n_elems,
+const float* st_safetensors_tensor(const st_safetensors_t* st, const char* name,
+                                   size_t* n_elems,
                                    size_t shape[ST_SAFETENSORS_MAX_DIMS],
                                    int* ndim);
 /* Looks up a metadata value; NULL when absent. Borrowed from st. */
 const char* st_safetensors_meta(const st_safetensors_t* st, const char* key);
 size_t st_safetensors_count(const st_safetensors_t* st);
 
-/* ==== Training ================================================================ */
+/* ==== Training
+ * ================================================================ */
 
 typedef struct {
   st_model_spec_t model;
   st_opt_config_t opt;
-  st_schedule_t sched;  /* total_steps is filled in by st_trainer_init from
-                           epochs when it is 0 */
-  size_t batch;         /* rows per step */
-  uint32_t epochs;      /* epochs to run (the schedule spans them) */
-  uint64_t seed;        /* parameter initialization and shuffling */
+  st_schedule_t sched;       /* total_steps is filled in by st_trainer_init from
+                                epochs when it is 0 */
+  size_t batch;              /* rows per step */
+  uint32_t epochs;           /* epochs to run (the schedule spans them) */
+  uint64_t seed;             /* parameter initialization and shuffling */
   uint32_t shard_k, shard_n; /* train on shard k of n (0/1: everything) */
 } st_train_config_t;
 
@@ -197,14 +198,14 @@ typedef struct {
   st_train_config_t cfg;
   st_model_t model;
   st_optim_t optim;
-  size_t* shard;             /* indices of this node's shard */
+  size_t* shard; /* indices of this node's shard */
   size_t shard_count;
-  size_t* order;             /* this epoch's order of the shard */
+  size_t* order; /* this epoch's order of the shard */
   size_t steps_per_epoch;
-  uint64_t step;             /* updates applied so far */
-  uint64_t epoch;            /* current epoch, 0-based */
-  size_t pos;                /* steps done in the current epoch */
-  float* host_x;             /* staging for a batch (non-CPU backends) */
+  uint64_t step;  /* updates applied so far */
+  uint64_t epoch; /* current epoch, 0-based */
+  size_t pos;     /* steps done in the current epoch */
+  float* host_x;  /* staging for a batch (non-CPU backends) */
   float* host_y;
   double last_lr;
 } st_trainer_t;
@@ -247,7 +248,8 @@ int st_trainer_save(st_trainer_t* t, const char* path,
 int st_trainer_load(st_trainer_t* t, const char* path, char* err,
                     size_t err_len);
 
-/* ==== Output ================================================================== */
+/* ==== Output
+ * ================================================================== */
 
 /* Writes s to f as a JSON string literal (quoted, escaped), for the
  * commands' --json output. Returns 0 or -EIO. */

@@ -47,9 +47,9 @@ typedef enum {
 
 typedef struct {
   st_model_kind_t kind;
-  int n_layers;                            /* dense layers, >= 1 */
-  size_t sizes[ST_MODEL_MAX_LAYERS + 1];   /* sizes[0] = inputs, ...,
-                                              sizes[n_layers] = outputs */
+  int n_layers;                          /* dense layers, >= 1 */
+  size_t sizes[ST_MODEL_MAX_LAYERS + 1]; /* sizes[0] = inputs, ...,
+                                            sizes[n_layers] = outputs */
 } st_model_spec_t;
 
 /* Parses "mlp:784-256-128-10", "softmax:784-10" or "linear:13-1". Every
@@ -66,21 +66,21 @@ size_t st_model_spec_param_count(const st_model_spec_t* spec);
 size_t st_model_spec_classes(const st_model_spec_t* spec);
 
 typedef struct {
-  st_backend_t* be;     /* borrowed; outlives the model */
+  st_backend_t* be; /* borrowed; outlives the model */
   st_model_spec_t spec;
   size_t n_params;
-  float* params;        /* device, n_params; owned */
-  float* grads;         /* device, n_params; owned */
+  float* params;                     /* device, n_params; owned */
+  float* grads;                      /* device, n_params; owned */
   size_t w_off[ST_MODEL_MAX_LAYERS]; /* offsets of W_l and b_l in params */
   size_t b_off[ST_MODEL_MAX_LAYERS];
   size_t max_batch;
   /* Workspace on the device, sized for max_batch rows. */
   float* acts[ST_MODEL_MAX_LAYERS + 1]; /* acts[0] = input batch,
                                            acts[l+1] = output of layer l */
-  float* dact;          /* max_batch x max layer width: backprop scratch */
+  float* dact; /* max_batch x max layer width: backprop scratch */
   float* dact2;
-  float* targets;       /* max_batch */
-  float* row_loss;      /* max_batch */
+  float* targets;  /* max_batch */
+  float* row_loss; /* max_batch */
 } st_model_t;
 
 /* Allocates the model on `be` for batches of up to max_batch rows and
@@ -109,7 +109,8 @@ int st_model_step(st_model_t* m, size_t rows, double* loss);
 int st_model_eval(st_model_t* m, size_t rows, double* loss_sum,
                   size_t* correct);
 
-/* ==== Optimizers ============================================================= */
+/* ==== Optimizers =============================================================
+ */
 
 typedef enum {
   ST_OPT_SGD = 0,
@@ -139,10 +140,10 @@ typedef struct {
   st_backend_t* be; /* borrowed */
   st_opt_config_t cfg;
   size_t n;
-  float* m;         /* momentum velocity, or AdamW first moment; NULL for
-                       SGD; device, owned */
-  float* v;         /* AdamW second moment; NULL otherwise */
-  uint64_t t;       /* updates applied so far */
+  float* m;   /* momentum velocity, or AdamW first moment; NULL for
+                 SGD; device, owned */
+  float* v;   /* AdamW second moment; NULL otherwise */
+  uint64_t t; /* updates applied so far */
 } st_optim_t;
 
 int st_optim_init(st_optim_t* o, st_backend_t* be, const st_opt_config_t* cfg,
@@ -156,7 +157,8 @@ void st_optim_close(st_optim_t* o);
 int st_optim_step(st_optim_t* o, float* params, float* grads, float lr,
                   double* grad_norm);
 
-/* ==== Learning-rate schedules ================================================== */
+/* ==== Learning-rate schedules
+ * ================================================== */
 
 typedef enum {
   ST_SCHED_CONSTANT = 0,

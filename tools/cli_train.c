@@ -29,62 +29,99 @@ static void on_signal(int sig) {
 }
 
 static void usage(FILE* f) {
-  fprintf(f,
-"usage: starling train --model SPEC --data SPEC [options]\n"
-"\n"
-"Trains a model on this machine and evaluates it after every epoch.\n"
-"\n"
-"Model and data:\n"
-"  --model SPEC         mlp:IN-H1-...-OUT, softmax:IN-OUT or linear:IN-1\n"
-"                       (e.g. mlp:784-256-128-10)\n"
-"  --data SPEC          fashion-mnist | idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]\n"
-"                       | csv:TRAIN[,TEST]\n"
-"  --label-col K        CSV column holding the label (default: the last)\n"
-"  --regression         CSV targets are real numbers (for linear models)\n"
-"  --no-normalize       do not standardize features\n"
-"  --shard K/N          train on shard K of N of the training set (default 0/1)\n"
-"\n"
-"Optimization:\n"
-"  --epochs N           passes over the shard (default 10)\n"
-"  --batch N            examples per step (default 64)\n"
-"  --lr X               base learning rate (default 0.05)\n"
-"  --optimizer NAME     sgd | momentum | nesterov | adamw (default sgd, or\n"
-"                       momentum when --momentum is given)\n"
-"  --momentum M         momentum coefficient (default 0.9 when used)\n"
-"  --beta1 B --beta2 B --eps E    AdamW (defaults 0.9, 0.999, 1e-8)\n"
-"  --weight-decay W     L2 for the SGD family, decoupled for AdamW (default 0)\n"
-"  --clip-norm C        clip the gradient's L2 norm to C (default: off)\n"
-"  --schedule NAME      constant | step | cosine (default constant)\n"
-"  --warmup N           linear warm-up over the first N steps (default 0)\n"
-"  --step-every N --gamma G   step schedule: multiply by G every N steps\n"
-"  --min-lr X           cosine floor (default 0)\n"
-"  --seed N             initialization and shuffling seed (default 1)\n"
-"\n"
-"Running:\n"
-"  --device D           auto | cpu | cuda | cuda:N (default auto)\n"
-"  --threads N          CPU BLAS threads (default: OpenBLAS's choice)\n"
-"  --checkpoint PATH    write a safetensors checkpoint after every epoch, at\n"
-"                       the end and when interrupted\n"
-"  --checkpoint-every N also every N steps\n"
-"  --resume PATH        continue from a checkpoint written with the same\n"
-"                       --model, --batch, --seed, --shard and optimizer\n"
-"  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
-"                       written; the schedule still spans --epochs)\n"
-"  --log-every SECONDS  progress interval (default 1; 0: every step)\n"
-"  --json               print the results as one JSON object on stdout\n"
-"  -h, --help           this help\n"
-"\n"
-"Example:\n"
-"  starling train --model mlp:784-256-128-10 --data fashion-mnist --epochs 10 \\\n"
-"      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n");
+  fprintf(
+      f,
+      "usage: starling train --model SPEC --data SPEC [options]\n"
+      "\n"
+      "Trains a model on this machine and evaluates it after every epoch.\n"
+      "\n"
+      "Model and data:\n"
+      "  --model SPEC         mlp:IN-H1-...-OUT, softmax:IN-OUT or "
+      "linear:IN-1\n"
+      "                       (e.g. mlp:784-256-128-10)\n"
+      "  --data SPEC          fashion-mnist | "
+      "idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]\n"
+      "                       | csv:TRAIN[,TEST]\n"
+      "  --label-col K        CSV column holding the label (default: the "
+      "last)\n"
+      "  --regression         CSV targets are real numbers (for linear "
+      "models)\n"
+      "  --no-normalize       do not standardize features\n"
+      "  --shard K/N          train on shard K of N of the training set "
+      "(default 0/1)\n"
+      "\n"
+      "Optimization:\n"
+      "  --epochs N           passes over the shard (default 10)\n"
+      "  --batch N            examples per step (default 64)\n"
+      "  --lr X               base learning rate (default 0.05)\n"
+      "  --optimizer NAME     sgd | momentum | nesterov | adamw (default sgd, "
+      "or\n"
+      "                       momentum when --momentum is given)\n"
+      "  --momentum M         momentum coefficient (default 0.9 when used)\n"
+      "  --beta1 B --beta2 B --eps E    AdamW (defaults 0.9, 0.999, 1e-8)\n"
+      "  --weight-decay W     L2 for the SGD family, decoupled for AdamW "
+      "(default 0)\n"
+      "  --clip-norm C        clip the gradient's L2 norm to C (default: off)\n"
+      "  --schedule NAME      constant | step | cosine (default constant)\n"
+      "  --warmup N           linear warm-up over the first N steps (default "
+      "0)\n"
+      "  --step-every N --gamma G   step schedule: multiply by G every N "
+      "steps\n"
+      "  --min-lr X           cosine floor (default 0)\n"
+      "  --seed N             initialization and shuffling seed (default 1)\n"
+      "\n"
+      "Running:\n"
+      "  --device D           auto | cpu | cuda | cuda:N (default auto)\n"
+      "  --threads N          CPU BLAS threads (default: OpenBLAS's choice)\n"
+      "  --checkpoint PATH    write a safetensors checkpoint after every "
+      "epoch, at\n"
+      "                       the end and when interrupted\n"
+      "  --checkpoint-every N also every N steps\n"
+      "  --resume PATH        continue from a checkpoint written with the "
+      "same\n"
+      "                       --model, --batch, --seed, --shard and optimizer\n"
+      "  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
+      "                       written; the schedule still spans --epochs)\n"
+      "  --log-every SECONDS  progress interval (default 1; 0: every step)\n"
+      "  --json               print the results as one JSON object on stdout\n"
+      "  -h, --help           this help\n"
+      "\n"
+      "Example:\n"
+      "  starling train --model mlp:784-256-128-10 --data fashion-mnist "
+      "--epochs 10 \\\n"
+      "      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n");
 }
 
 enum {
-  OPT_MODEL = 256, OPT_DATA, OPT_LABEL_COL, OPT_REGRESSION, OPT_NO_NORMALIZE,
-  OPT_SHARD, OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_OPTIMIZER, OPT_MOMENTUM,
-  OPT_BETA1, OPT_BETA2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_SCHEDULE, OPT_WARMUP,
-  OPT_STEP_EVERY, OPT_GAMMA, OPT_MIN_LR, OPT_SEED, OPT_DEVICE, OPT_THREADS,
-  OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY, OPT_RESUME, OPT_LOG_EVERY, OPT_JSON,
+  OPT_MODEL = 256,
+  OPT_DATA,
+  OPT_LABEL_COL,
+  OPT_REGRESSION,
+  OPT_NO_NORMALIZE,
+  OPT_SHARD,
+  OPT_EPOCHS,
+  OPT_BATCH,
+  OPT_LR,
+  OPT_OPTIMIZER,
+  OPT_MOMENTUM,
+  OPT_BETA1,
+  OPT_BETA2,
+  OPT_EPS,
+  OPT_WD,
+  OPT_CLIP,
+  OPT_SCHEDULE,
+  OPT_WARMUP,
+  OPT_STEP_EVERY,
+  OPT_GAMMA,
+  OPT_MIN_LR,
+  OPT_SEED,
+  OPT_DEVICE,
+  OPT_THREADS,
+  OPT_CHECKPOINT,
+  OPT_CHECKPOINT_EVERY,
+  OPT_RESUME,
+  OPT_LOG_EVERY,
+  OPT_JSON,
   OPT_STOP_AFTER
 };
 
@@ -161,18 +198,28 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
       case 'h':
         usage(stdout);
         return -1;
-      case OPT_MODEL: a->model = v; break;
-      case OPT_DATA: a->data = v; break;
+      case OPT_MODEL:
+        a->model = v;
+        break;
+      case OPT_DATA:
+        a->data = v;
+        break;
       case OPT_LABEL_COL:
         rc = st__parse_u64(CMD, "--label-col", v, 0, 1u << 20, &u);
         a->data_opt.csv.label_col = (int) u;
         break;
-      case OPT_REGRESSION: a->data_opt.csv.regression = 1; break;
-      case OPT_NO_NORMALIZE: a->data_opt.normalize = 0; break;
+      case OPT_REGRESSION:
+        a->data_opt.csv.regression = 1;
+        break;
+      case OPT_NO_NORMALIZE:
+        a->data_opt.normalize = 0;
+        break;
       case OPT_SHARD:
         if (st_shard_parse(v, &a->cfg.shard_k, &a->cfg.shard_n) != 0) {
-          fprintf(stderr, "starling train: --shard: '%s' is not K/N with "
-                  "0 <= K < N (e.g. 0/4)\n", v);
+          fprintf(stderr,
+                  "starling train: --shard: '%s' is not K/N with "
+                  "0 <= K < N (e.g. 0/4)\n",
+                  v);
           rc = -EINVAL;
         }
         break;
@@ -189,8 +236,10 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         break;
       case OPT_OPTIMIZER:
         if (st_opt_kind_parse(v, &a->cfg.opt.kind) != 0) {
-          fprintf(stderr, "starling train: --optimizer: '%s' is not one of "
-                  "sgd, momentum, nesterov, adamw\n", v);
+          fprintf(stderr,
+                  "starling train: --optimizer: '%s' is not one of "
+                  "sgd, momentum, nesterov, adamw\n",
+                  v);
           rc = -EINVAL;
         }
         a->optimizer_given = 1;
@@ -222,8 +271,10 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         break;
       case OPT_SCHEDULE:
         if (st_sched_kind_parse(v, &a->cfg.sched.kind) != 0) {
-          fprintf(stderr, "starling train: --schedule: '%s' is not one of "
-                  "constant, step, cosine\n", v);
+          fprintf(stderr,
+                  "starling train: --schedule: '%s' is not one of "
+                  "constant, step, cosine\n",
+                  v);
           rc = -EINVAL;
         }
         break;
@@ -244,20 +295,28 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
       case OPT_SEED:
         rc = st__parse_u64(CMD, "--seed", v, 0, UINT64_MAX, &a->cfg.seed);
         break;
-      case OPT_DEVICE: a->device = v; break;
+      case OPT_DEVICE:
+        a->device = v;
+        break;
       case OPT_THREADS:
         rc = st__parse_u64(CMD, "--threads", v, 1, 1024, &a->threads);
         break;
-      case OPT_CHECKPOINT: a->checkpoint = v; break;
+      case OPT_CHECKPOINT:
+        a->checkpoint = v;
+        break;
       case OPT_CHECKPOINT_EVERY:
         rc = st__parse_u64(CMD, "--checkpoint-every", v, 1, UINT64_MAX,
                            &a->checkpoint_every);
         break;
-      case OPT_RESUME: a->resume = v; break;
+      case OPT_RESUME:
+        a->resume = v;
+        break;
       case OPT_LOG_EVERY:
         rc = st__parse_double(CMD, "--log-every", v, 0, 1e6, &a->log_every);
         break;
-      case OPT_JSON: a->json = 1; break;
+      case OPT_JSON:
+        a->json = 1;
+        break;
       case OPT_STOP_AFTER:
         rc = st__parse_u64(CMD, "--stop-after-steps", v, 1, UINT64_MAX,
                            &a->stop_after);
@@ -266,20 +325,27 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         fprintf(stderr, "starling train: %s needs a value\n", argv[optind - 1]);
         return 2;
       default:
-        fprintf(stderr, "starling train: unknown option '%s'; see "
-                "'starling train --help'\n", argv[optind - 1]);
+        fprintf(stderr,
+                "starling train: unknown option '%s'; see "
+                "'starling train --help'\n",
+                argv[optind - 1]);
         return 2;
     }
-    if (rc != 0) return 2;
+    if (rc != 0)
+      return 2;
   }
   if (optind < argc) {
-    fprintf(stderr, "starling train: unexpected argument '%s'; see "
-            "'starling train --help'\n", argv[optind]);
+    fprintf(stderr,
+            "starling train: unexpected argument '%s'; see "
+            "'starling train --help'\n",
+            argv[optind]);
     return 2;
   }
   if (a->model == NULL || a->data == NULL) {
-    fprintf(stderr, "starling train: --model and --data are required, e.g.\n"
-            "  starling train --model mlp:784-256-128-10 --data fashion-mnist\n");
+    fprintf(
+        stderr,
+        "starling train: --model and --data are required, e.g.\n"
+        "  starling train --model mlp:784-256-128-10 --data fashion-mnist\n");
     return 2;
   }
   char err[512];
@@ -294,11 +360,13 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
     fprintf(stderr, "starling train: --schedule step needs --step-every N\n");
     return 2;
   }
-  if (a->cfg.model.kind == ST_MODEL_LINEAR) a->data_opt.csv.regression = 1;
+  if (a->cfg.model.kind == ST_MODEL_LINEAR)
+    a->data_opt.csv.regression = 1;
   return 0;
 }
 
-/* ---- Output ------------------------------------------------------------------- */
+/* ---- Output
+ * ------------------------------------------------------------------- */
 
 typedef struct {
   double train_loss; /* running mean over the current epoch */
@@ -324,8 +392,9 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
   fprintf(f, ", \"optimizer\": \"%s\", \"schedule\": \"%s\"",
           st_opt_kind_name(t->cfg.opt.kind),
           st_sched_kind_name(t->cfg.sched.kind));
-  fprintf(f, ", \"epochs\": %" PRIu64 ", \"steps\": %" PRIu64
-          ", \"batch\": %zu", t->epoch, t->step, t->cfg.batch);
+  fprintf(f,
+          ", \"epochs\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"batch\": %zu",
+          t->epoch, t->step, t->cfg.batch);
   /* Without a test set the evaluation ran on the training set: say so in
    * the key names rather than pass training accuracy off as test accuracy. */
   if (strcmp(eval_name, "test") != 0)
@@ -334,8 +403,8 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
     fprintf(f, ", \"%s_accuracy\": %.6f", eval_name, p->test_accuracy);
   else
     fprintf(f, ", \"%s_accuracy\": null", eval_name);
-  const char* loss_key = strcmp(eval_name, "test") == 0 ? "test_loss"
-                                                         : "train_eval_loss";
+  const char* loss_key =
+      strcmp(eval_name, "test") == 0 ? "test_loss" : "train_eval_loss";
   if (p->evaluated)
     fprintf(f, ", \"%s\": %.6f", loss_key, p->test_loss);
   else
@@ -363,12 +432,14 @@ static int save(const train_args_t* a, st_trainer_t* t, FILE* log) {
   return 0;
 }
 
-/* ---- Main loop ------------------------------------------------------------------ */
+/* ---- Main loop
+ * ------------------------------------------------------------------ */
 
 int st__cmd_train(int argc, char** argv) {
   train_args_t a;
   int rc = parse_args(argc, argv, &a);
-  if (rc != 0) return rc < 0 ? 0 : rc;
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
   FILE* log = a.json ? stderr : stdout;
   setvbuf(log, NULL, _IOLBF, 0);
   /* Handle SIGINT/SIGTERM from the start, so that an interruption while
@@ -410,7 +481,8 @@ int st__cmd_train(int argc, char** argv) {
   }
   char model[256];
   st_model_spec_format(&a.cfg.model, model, sizeof(model));
-  fprintf(log, "model %s (%zu parameters), %s, %zu training examples (shard "
+  fprintf(log,
+          "model %s (%zu parameters), %s, %zu training examples (shard "
           "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
           model, t.model.n_params, st_opt_kind_name(a.cfg.opt.kind),
           t.shard_count, a.cfg.shard_k, a.cfg.shard_n, data.train.n,
@@ -427,14 +499,17 @@ int st__cmd_train(int argc, char** argv) {
   while (!st_trainer_done(&t) && !stop_signal && !stopped) {
     uint64_t epoch_before = t.epoch;
     size_t rows = t.shard_count - t.pos * t.cfg.batch;
-    if (rows > t.cfg.batch) rows = t.cfg.batch;
+    if (rows > t.cfg.batch)
+      rows = t.cfg.batch;
     double loss = 0, t0 = st__now();
     rc = st_trainer_step(&t, &loss);
     double t1 = st__now();
     if (rc == -EDOM) {
-      fprintf(stderr, "starling train: training diverged at step %" PRIu64
+      fprintf(stderr,
+              "starling train: training diverged at step %" PRIu64
               ": the loss is %g; lower --lr, add --clip-norm, or check the "
-              "data (nothing was written for this step)\n", t.step, loss);
+              "data (nothing was written for this step)\n",
+              t.step, loss);
       goto out;
     }
     if (rc != 0) {
@@ -451,10 +526,12 @@ int st__cmd_train(int argc, char** argv) {
     log_loss += loss;
     log_n++;
     if (a.log_every == 0 || t1 - last_log >= a.log_every) {
-      fprintf(log, "epoch %" PRIu64 "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
-              "%.0f samples/s\n", epoch_before + 1, a.cfg.epochs,
-              t.pos ? t.pos : t.steps_per_epoch, t.steps_per_epoch,
-              log_loss / (double) log_n, t.last_lr,
+      fprintf(log,
+              "epoch %" PRIu64
+              "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
+              "%.0f samples/s\n",
+              epoch_before + 1, a.cfg.epochs, t.pos ? t.pos : t.steps_per_epoch,
+              t.steps_per_epoch, log_loss / (double) log_n, t.last_lr,
               (double) log_samples / (t1 - last_log));
       last_log = t1;
       log_samples = 0;
@@ -463,12 +540,13 @@ int st__cmd_train(int argc, char** argv) {
     }
     if (a.checkpoint && a.checkpoint_every &&
         t.step % a.checkpoint_every == 0 && t.epoch == epoch_before) {
-      if (save(&a, &t, log) != 0) goto out;
+      if (save(&a, &t, log) != 0)
+        goto out;
       ckpt_written = a.checkpoint;
     }
     if (t.epoch != epoch_before) {
-      if (st_trainer_evaluate(&t, eval_set, &p.test_loss,
-                              &p.test_accuracy) != 0) {
+      if (st_trainer_evaluate(&t, eval_set, &p.test_loss, &p.test_accuracy) !=
+          0) {
         fprintf(stderr, "starling train: evaluation failed: %s\n",
                 st_backend_last_error(be));
         goto out;
@@ -488,12 +566,14 @@ int st__cmd_train(int argc, char** argv) {
         p.train_loss_n = 0;
       }
       if (a.checkpoint) {
-        if (save(&a, &t, log) != 0) goto out;
+        if (save(&a, &t, log) != 0)
+          goto out;
         ckpt_written = a.checkpoint;
       }
       last_log = st__now();
     }
-    if (a.stop_after && t.step >= a.stop_after) stopped = 1;
+    if (a.stop_after && t.step >= a.stop_after)
+      stopped = 1;
   }
   if (stop_signal || stopped) {
     int saved = a.checkpoint != NULL && save(&a, &t, log) == 0;
@@ -510,12 +590,15 @@ int st__cmd_train(int argc, char** argv) {
       p.evaluated = 1;
   }
   double wall = st__now() - t_start;
-  fprintf(log, "done: %" PRIu64 " epochs, %" PRIu64 " steps, %s_accuracy "
-          "%.4f, %.0f samples/s, %.1f s\n", t.epoch, t.step, eval_name,
-          p.test_accuracy,
+  fprintf(log,
+          "done: %" PRIu64 " epochs, %" PRIu64
+          " steps, %s_accuracy "
+          "%.4f, %.0f samples/s, %.1f s\n",
+          t.epoch, t.step, eval_name, p.test_accuracy,
           p.train_seconds > 0 ? (double) p.samples / p.train_seconds : 0.0,
           wall);
-  if (a.json) print_json(stdout, &a, &t, be, &p, eval_name, wall, ckpt_written);
+  if (a.json)
+    print_json(stdout, &a, &t, be, &p, eval_name, wall, ckpt_written);
   status = 0;
 out:
   st_trainer_close(&t);

@@ -19,7 +19,8 @@ static st_backend_t* open_cpu(void) {
   return be;
 }
 
-/* ---- Specs ------------------------------------------------------------------ */
+/* ---- Specs ------------------------------------------------------------------
+ */
 
 static const struct {
   const char* text;
@@ -31,18 +32,18 @@ static const struct {
     {"softmax:784-10", 1, 1, 7850},
     {"linear:13-1", 1, 1, 14},
     {"mlp:2-3-2", 1, 2, 6 + 3 + 6 + 2},
-    {"mlp:784-10", 0, 0, 0},      /* no hidden layer */
-    {"mlp:4-3-1", 0, 0, 0},       /* one output */
-    {"softmax:4-3-2", 0, 0, 0},   /* too many sizes */
-    {"softmax:4-1", 0, 0, 0},     /* one class */
-    {"linear:4-2", 0, 0, 0},      /* regression has one output */
-    {"linear:4", 0, 0, 0},        /* no output */
-    {"cnn:4-2", 0, 0, 0},         /* unknown kind */
-    {"784-10", 0, 0, 0},          /* no kind */
-    {"mlp:784--10", 0, 0, 0},     /* empty size */
-    {"mlp:784-0-10", 0, 0, 0},    /* zero size */
-    {"mlp:784-256-10-", 0, 0, 0}, /* trailing dash */
-    {"mlp:784-25x-10", 0, 0, 0},  /* junk */
+    {"mlp:784-10", 0, 0, 0},                   /* no hidden layer */
+    {"mlp:4-3-1", 0, 0, 0},                    /* one output */
+    {"softmax:4-3-2", 0, 0, 0},                /* too many sizes */
+    {"softmax:4-1", 0, 0, 0},                  /* one class */
+    {"linear:4-2", 0, 0, 0},                   /* regression has one output */
+    {"linear:4", 0, 0, 0},                     /* no output */
+    {"cnn:4-2", 0, 0, 0},                      /* unknown kind */
+    {"784-10", 0, 0, 0},                       /* no kind */
+    {"mlp:784--10", 0, 0, 0},                  /* empty size */
+    {"mlp:784-0-10", 0, 0, 0},                 /* zero size */
+    {"mlp:784-256-10-", 0, 0, 0},              /* trailing dash */
+    {"mlp:784-25x-10", 0, 0, 0},               /* junk */
     {"mlp:99999999999999999999-2-2", 0, 0, 0}, /* overflow */
     {"mlp:", 0, 0, 0},
     {"mlp:1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-2", 0, 0, 0}, /* 17 layers */
@@ -69,7 +70,8 @@ START_TEST(test_spec_parse) {
 }
 END_TEST
 
-/* ---- Initialization -------------------------------------------------------------- */
+/* ---- Initialization
+ * -------------------------------------------------------------- */
 
 START_TEST(test_init_deterministic) {
   st_backend_t* be = open_cpu();
@@ -92,7 +94,8 @@ START_TEST(test_init_deterministic) {
       sumsq += w * w;
     }
     /* Uniform(-b, b) has variance b^2/3. */
-    ck_assert_double_eq_tol(sumsq / (double) n, bound * bound / 3, bound * bound / 6);
+    ck_assert_double_eq_tol(sumsq / (double) n, bound * bound / 3,
+                            bound * bound / 6);
   }
   /* Resetting draws the same values again. */
   a.params[3] = 99;
@@ -105,7 +108,8 @@ START_TEST(test_init_deterministic) {
 }
 END_TEST
 
-/* ---- Gradients against float64 finite differences ----------------------------------- */
+/* ---- Gradients against float64 finite differences
+ * ----------------------------------- */
 
 /* Mean loss of the model over a batch, in float64, from float64 params.
  * Also returns a hash of the ReLU pattern so that a finite difference that
@@ -115,13 +119,15 @@ static double ref_loss(const st_model_spec_t* s, const double* p,
                        uint64_t* relu_hash) {
   size_t widest = 0;
   for (int l = 0; l <= s->n_layers; l++)
-    if (s->sizes[l] > widest) widest = s->sizes[l];
+    if (s->sizes[l] > widest)
+      widest = s->sizes[l];
   double* a = malloc(widest * sizeof(double));
   double* z = malloc(widest * sizeof(double));
   double total = 0;
   uint64_t h = 1469598103934665603ull;
   for (size_t r = 0; r < rows; r++) {
-    for (size_t i = 0; i < s->sizes[0]; i++) a[i] = x[r * s->sizes[0] + i];
+    for (size_t i = 0; i < s->sizes[0]; i++)
+      a[i] = x[r * s->sizes[0] + i];
     size_t off = 0;
     for (int l = 0; l < s->n_layers; l++) {
       size_t in = s->sizes[l], out = s->sizes[l + 1];
@@ -130,7 +136,8 @@ static double ref_loss(const st_model_spec_t* s, const double* p,
       off += out * in + out;
       for (size_t o = 0; o < out; o++) {
         double acc = b[o];
-        for (size_t i = 0; i < in; i++) acc += w[o * in + i] * a[i];
+        for (size_t i = 0; i < in; i++)
+          acc += w[o * in + i] * a[i];
         if (l + 1 < s->n_layers) {
           h = (h ^ (acc > 0)) * 1099511628211ull;
           acc = acc > 0 ? acc : 0;
@@ -145,15 +152,18 @@ static double ref_loss(const st_model_spec_t* s, const double* p,
       total += 0.5 * d * d;
     } else {
       double mx = a[0];
-      for (size_t o = 1; o < out; o++) mx = a[o] > mx ? a[o] : mx;
+      for (size_t o = 1; o < out; o++)
+        mx = a[o] > mx ? a[o] : mx;
       double se = 0;
-      for (size_t o = 0; o < out; o++) se += exp(a[o] - mx);
+      for (size_t o = 0; o < out; o++)
+        se += exp(a[o] - mx);
       total += -(a[(size_t) y[r]] - mx - log(se));
     }
   }
   free(a);
   free(z);
-  if (relu_hash) *relu_hash = h;
+  if (relu_hash)
+    *relu_hash = h;
   return total / (double) rows;
 }
 
@@ -188,7 +198,8 @@ START_TEST(test_gradients_match_finite_differences) {
   double loss = 0;
   ck_assert_int_eq(st_model_step(&m, rows, &loss), 0);
   double* p = malloc(m.n_params * sizeof(double));
-  for (size_t i = 0; i < m.n_params; i++) p[i] = m.params[i];
+  for (size_t i = 0; i < m.n_params; i++)
+    p[i] = m.params[i];
   double ref = ref_loss(&spec, p, x, y, rows, NULL);
   ck_assert_msg(fabs(ref - loss) <= 1e-5 + 1e-5 * fabs(ref),
                 "loss %.9g vs float64 %.9g", loss, ref);
@@ -203,7 +214,8 @@ START_TEST(test_gradients_match_finite_differences) {
     p[i] = save - h;
     double lm = ref_loss(&spec, p, x, y, rows, &h_minus);
     p[i] = save;
-    if (h_plus != h_minus) continue; /* the difference crosses a ReLU kink */
+    if (h_plus != h_minus)
+      continue; /* the difference crosses a ReLU kink */
     double fd = (lp - lm) / (2 * h);
     double g = m.grads[i];
     ck_assert_msg(fabs(fd - g) <= 2e-5 + 2e-3 * fabs(fd),
@@ -218,7 +230,8 @@ START_TEST(test_gradients_match_finite_differences) {
 }
 END_TEST
 
-/* ---- Optimizers ---------------------------------------------------------------------- */
+/* ---- Optimizers
+ * ---------------------------------------------------------------------- */
 
 /* Runs three updates of `kind` on random params/grads and compares with a
  * float64 implementation of the same formulas (PyTorch's definitions). */
@@ -240,7 +253,8 @@ static void check_optimizer(st_opt_kind_t kind, float wd, float clip) {
   ck_assert_int_eq(st_buf_alloc(be, n, &g), 0);
   tu_fill_uniform(&rng, p, n, -1, 1);
   double rp[257], rm[257] = {0}, rv[257] = {0};
-  for (size_t i = 0; i < n; i++) rp[i] = p[i];
+  for (size_t i = 0; i < n; i++)
+    rp[i] = p[i];
   for (int t = 1; t <= 3; t++) {
     double lr = 0.1 * t;
     tu_fill_uniform(&rng, g, n, -1, 1);
@@ -251,7 +265,8 @@ static void check_optimizer(st_opt_kind_t kind, float wd, float clip) {
     }
     double norm = sqrt(ss), got_norm = 0;
     if (clip > 0 && norm > clip)
-      for (size_t i = 0; i < n; i++) rg[i] *= clip / norm;
+      for (size_t i = 0; i < n; i++)
+        rg[i] *= clip / norm;
     ck_assert_int_eq(st_optim_step(&o, p, g, (float) lr, &got_norm), 0);
     ck_assert_double_eq_tol(got_norm, norm, 1e-4 * norm);
     for (size_t i = 0; i < n; i++) {
@@ -290,10 +305,10 @@ static const struct {
   st_opt_kind_t kind;
   float wd, clip;
 } opt_cases[] = {
-    {ST_OPT_SGD, 0, 0},         {ST_OPT_SGD, 0.01f, 0},
-    {ST_OPT_MOMENTUM, 0, 0},    {ST_OPT_MOMENTUM, 0.05f, 1.0f},
-    {ST_OPT_NESTEROV, 0, 0},    {ST_OPT_NESTEROV, 0.01f, 2.0f},
-    {ST_OPT_ADAMW, 0, 0},       {ST_OPT_ADAMW, 0.1f, 0.5f},
+    {ST_OPT_SGD, 0, 0},       {ST_OPT_SGD, 0.01f, 0},
+    {ST_OPT_MOMENTUM, 0, 0},  {ST_OPT_MOMENTUM, 0.05f, 1.0f},
+    {ST_OPT_NESTEROV, 0, 0},  {ST_OPT_NESTEROV, 0.01f, 2.0f},
+    {ST_OPT_ADAMW, 0, 0},     {ST_OPT_ADAMW, 0.1f, 0.5f},
     {ST_OPT_SGD, 0, 1000.0f}, /* clip above the norm: no change */
 };
 
@@ -317,7 +332,8 @@ START_TEST(test_opt_names) {
 }
 END_TEST
 
-/* ---- Schedules ----------------------------------------------------------------------- */
+/* ---- Schedules
+ * ----------------------------------------------------------------------- */
 
 static const struct {
   st_schedule_t s;
@@ -337,7 +353,9 @@ static const struct {
     {{ST_SCHED_STEP, 1.0, 5, 0, 100, 0.5, 0}, 105, 0.5},
     {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0}, 0, 0.05},
     {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0}, 500, 0.025},
-    {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0}, 250, 0.05 * (1 + 0.70710678118654752) / 2},
+    {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0},
+     250,
+     0.05 * (1 + 0.70710678118654752) / 2},
     {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0}, 1000, 0.0},
     {{ST_SCHED_COSINE, 0.05, 0, 1000, 0, 0, 0.001}, 5000, 0.001},
     {{ST_SCHED_COSINE, 0.05, 100, 1100, 0, 0, 0}, 600, 0.025},
@@ -351,7 +369,8 @@ START_TEST(test_schedules) {
 }
 END_TEST
 
-/* ---- Convergence ----------------------------------------------------------------------- */
+/* ---- Convergence
+ * ----------------------------------------------------------------------- */
 
 /* Linear regression by SGD with momentum must reach the least-squares
  * solution computed in closed form (normal equations, float64). */
@@ -376,23 +395,27 @@ START_TEST(test_linear_regression_reaches_least_squares) {
   for (int r = 0; r < N; r++) {
     double a[D + 1] = {x[r * D], x[r * D + 1], x[r * D + 2], 1};
     for (int i = 0; i <= D; i++) {
-      for (int j = 0; j <= D; j++) ata[i][j] += a[i] * a[j];
+      for (int j = 0; j <= D; j++)
+        ata[i][j] += a[i] * a[j];
       ata[i][D + 1] += a[i] * y[r];
     }
   }
   for (int c = 0; c <= D; c++) {
     int piv = c;
     for (int r = c + 1; r <= D; r++)
-      if (fabs(ata[r][c]) > fabs(ata[piv][c])) piv = r;
+      if (fabs(ata[r][c]) > fabs(ata[piv][c]))
+        piv = r;
     for (int j = 0; j <= D + 1; j++) {
       double t = ata[c][j];
       ata[c][j] = ata[piv][j];
       ata[piv][j] = t;
     }
     for (int r = 0; r <= D; r++) {
-      if (r == c) continue;
+      if (r == c)
+        continue;
       double f = ata[r][c] / ata[c][c];
-      for (int j = 0; j <= D + 1; j++) ata[r][j] -= f * ata[c][j];
+      for (int j = 0; j <= D + 1; j++)
+        ata[r][j] -= f * ata[c][j];
     }
   }
   st_opt_config_t cfg;
@@ -407,8 +430,8 @@ START_TEST(test_linear_regression_reaches_least_squares) {
   }
   for (int i = 0; i <= D; i++) {
     double want = ata[i][D + 1] / ata[i][i];
-    ck_assert_msg(fabs(m.params[i] - want) < 1e-4, "w[%d] = %.6f, want %.6f",
-                  i, m.params[i], want);
+    ck_assert_msg(fabs(m.params[i] - want) < 1e-4, "w[%d] = %.6f, want %.6f", i,
+                  m.params[i], want);
   }
   st_optim_close(&o);
   st_model_close(&m);

@@ -42,20 +42,24 @@ long tu_first_mismatch(const double* ref, const float* got, size_t n,
   for (size_t i = 0; i < n; i++) {
     double g = got[i];
     if (isnan(ref[i]) || isnan(g)) {
-      if (isnan(ref[i]) && isnan(g)) continue;
+      if (isnan(ref[i]) && isnan(g))
+        continue;
       return (long) i;
     }
-    if (fabs(ref[i] - g) > atol + rtol * fabs(ref[i])) return (long) i;
+    if (fabs(ref[i] - g) > atol + rtol * fabs(ref[i]))
+      return (long) i;
   }
   return -1;
 }
 
 int tu_mkdtemp(char* buf, size_t len) {
   const char* tmp = getenv("TMPDIR");
-  if (tmp == NULL || *tmp == '\0') tmp = "/tmp";
+  if (tmp == NULL || *tmp == '\0')
+    tmp = "/tmp";
   if ((size_t) snprintf(buf, len, "%s/starling-test-XXXXXX", tmp) >= len)
     return -ENAMETOOLONG;
-  if (mkdtemp(buf) == NULL) return -errno;
+  if (mkdtemp(buf) == NULL)
+    return -errno;
   return 0;
 }
 
@@ -73,9 +77,11 @@ void tu_rmtree(const char* path) {
 
 int tu_write_file(const char* path, const void* data, size_t len) {
   FILE* f = fopen(path, "wb");
-  if (f == NULL) return -errno;
+  if (f == NULL)
+    return -errno;
   size_t w = fwrite(data, 1, len, f);
   int rc = (w == len) ? 0 : -EIO;
-  if (fclose(f) != 0 && rc == 0) rc = -errno;
+  if (fclose(f) != 0 && rc == 0)
+    rc = -errno;
   return rc;
 }
