@@ -82,7 +82,10 @@ static void usage(FILE* f) {
       "                       --model, --batch, --seed, --shard and optimizer\n"
       "  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
       "                       written; the schedule still spans --epochs)\n"
-      "  --log-every SECONDS  progress interval (default 1; 0: every step)\n"
+      "  --log-every SECONDS  at most this long between progress lines "
+      "(default\n"
+      "                       10; there are also four per epoch; 0: every "
+      "step)\n"
       "  --json               print the results as one JSON object on stdout\n"
       "  -h, --help           this help\n"
       "\n"
@@ -185,7 +188,7 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
   a->data_opt.csv.label_col = -1;
   a->data_opt.normalize = 1;
   a->device = "auto";
-  a->log_every = 1.0;
+  a->log_every = 10.0;
   uint64_t u;
   double d;
   optind = 1;
@@ -525,7 +528,10 @@ int st__cmd_train(int argc, char** argv) {
     log_samples += rows;
     log_loss += loss;
     log_n++;
-    if (a.log_every == 0 || t1 - last_log >= a.log_every) {
+    /* A progress line every quarter epoch, and at least every --log-every
+     * seconds when epochs are long. */
+    size_t quarter = (t.steps_per_epoch + 3) / 4;
+    if (a.log_every == 0 || t1 - last_log >= a.log_every || log_n >= quarter) {
       fprintf(log,
               "epoch %" PRIu64
               "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
@@ -571,6 +577,9 @@ int st__cmd_train(int argc, char** argv) {
         ckpt_written = a.checkpoint;
       }
       last_log = st__now();
+      log_samples = 0;
+      log_loss = 0;
+      log_n = 0;
     }
     if (a.stop_after && t.step >= a.stop_after)
       stopped = 1;

@@ -59,6 +59,8 @@ pass "checkpoint readable by NumPy"
 # a second run part-way through epoch 2, resume it, and compare bit for bit.
 "$STARLING" train "${common[@]}" --epochs 2 --checkpoint "$SCRATCH/b.safetensors" \
   --stop-after-steps 250 >"$SCRATCH/b.log" 2>&1 || fail "stopped run: $(cat "$SCRATCH/b.log")"
+grep -q "^epoch 1/2  step 47/188  loss [0-9.]*  lr [0-9.]*  [0-9]* samples/s" "$SCRATCH/b.log" ||
+  fail "default progress: no line every quarter epoch: $(cat "$SCRATCH/b.log")"
 grep -q "stopped (--stop-after-steps) at step 250; continue with --resume" "$SCRATCH/b.log" ||
   fail "no stop message: $(cat "$SCRATCH/b.log")"
 "$STARLING" train "${common[@]}" --epochs 2 --checkpoint "$SCRATCH/b.safetensors" \
