@@ -31,6 +31,20 @@
  * one. */
 #define ALIGN_BYTES 64
 
+/* The streaming loops (activations, bias, the optimizer updates, axpby) are
+ * compiled three times, for AVX-512, AVX2 + FMA and baseline x86-64, and
+ * the loader picks the best one the CPU has (GCC function multi-versioning
+ * through an ifunc). The baseline build alone is SSE2, 4 floats wide: the
+ * momentum update took 9% of an MLP training step at batch 64; see
+ * docs/benchmarks.md for the before and after. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* ---- Backend and memory ------------------------------------------------- */
 
 static void cpu_close(st_backend_t* be) {
@@ -96,8 +110,9 @@ static int cpu_gemm(st_backend_t* be, int trans_a, int trans_b, size_t m,
 
 /* ---- Elementwise and row ops -------------------------------------------- */
 
-static int cpu_bias_act_forward(st_backend_t* be, float* y, const float* bias,
-                                size_t rows, size_t cols, st_act_t act) {
+VECTOR_CLONES static int cpu_bias_act_forward(st_backend_t* be, float* y,
+                                              const float* bias, size_t rows,
+                                              size_t cols, st_act_t act) {
   for (size_t r = 0; r < rows; r++) {
     float* restrict yr = y + r * cols;
     const float* restrict br = bias;
@@ -115,16 +130,18 @@ static int cpu_bias_act_forward(st_backend_t* be, float* y, const float* bias,
   return 0;
 }
 
-static int cpu_act_backward(st_backend_t* be, float* dy, const float* y,
-                            size_t n, st_act_t act) {
+VECTOR_CLONES static int cpu_act_backward(st_backend_t* be, float* dy,
+                                          const float* y, size_t n,
+                                          st_act_t act) {
   /* Only ReLU reaches here (backend.c skips ST_ACT_NONE). */
   for (size_t i = 0; i < n; i++)
     dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
   return 0;
 }
 
-static int cpu_bias_grad(st_backend_t* be, float* restrict dbias,
-                         const float* restrict dy, size_t rows, size_t cols) {
+VECTOR_CLONES static int cpu_bias_grad(st_backend_t* be, float* restrict dbias,
+                                       const float* restrict dy, size_t rows,
+                                       size_t cols) {
   /* Row by row, so the inner loop runs along contiguous memory and
    * vectorizes; float accumulation, like the CUDA twin's per-column sum. */
   for (size_t c = 0; c < cols; c++)
@@ -137,8 +154,8 @@ static int cpu_bias_grad(st_backend_t* be, float* restrict dbias,
   return 0;
 }
 
-static int cpu_axpby(st_backend_t* be, size_t n, float a, const float* x,
-                     float b, float* y) {
+VECTOR_CLONES static int cpu_axpby(st_backend_t* be, size_t n, float a,
+                                   const float* x, float b, float* y) {
   /* No restrict: x may equal y. */
   for (size_t i = 0; i < n; i++)
     y[i] = a * x[i] + b * y[i];
@@ -315,18 +332,17 @@ static int cpu_count_nonfinite(st_backend_t* be, const float* restrict x,
 
 /* ---- Optimizer updates -------------------------------------------------- */
 
-static int cpu_sgd_update(st_backend_t* be, float* restrict p,
-                          const float* restrict g, size_t n, float lr,
-                          float wd) {
+VECTOR_CLONES static int cpu_sgd_update(st_backend_t* be, float* restrict p,
+                                        const float* restrict g, size_t n,
+                                        float lr, float wd) {
   for (size_t i = 0; i < n; i++)
     p[i] -= lr * (g[i] + wd * p[i]);
   return 0;
 }
 
-static int cpu_momentum_update(st_backend_t* be, float* restrict p,
-                               const float* restrict g, float* restrict v,
-                               size_t n, float lr, float mu, float wd,
-                               int nesterov) {
+VECTOR_CLONES static int cpu_momentum_update(
+    st_backend_t* be, float* restrict p, const float* restrict g,
+    float* restrict v, size_t n, float lr, float mu, float wd, int nesterov) {
   if (nesterov) {
     for (size_t i = 0; i < n; i++) {
       float d = g[i] + wd * p[i];
@@ -345,16 +361,16 @@ static int cpu_momentum_update(st_backend_t* be, float* restrict p,
   return 0;
 }
 
-/* Not vectorized by GCC 12 as built (the loop is scalar): sqrtf may set
- * errno, and that branch blocks vectorization. With -fno-math-errno for this
- * file it vectorizes: 765 -> 186 us per step for the 235k parameters of the
- * 784-256-128-10 MLP (GCC 12 -O3, SSE2). The function attribute
- * optimize("no-math-errno") does not help; it needs the command-line flag. */
-static int cpu_adamw_update(st_backend_t* be, float* restrict p,
-                            const float* restrict g, float* restrict m,
-                            float* restrict v, size_t n, float lr, float b1,
-                            float b2, float eps, float wd, float bc1,
-                            float bc2) {
+/* Vectorized only because CMake builds kernels/ with -fno-math-errno:
+ * otherwise sqrtf may set errno and GCC 12 keeps the loop scalar (765 ->
+ * 186 us per step for the 235k parameters of the 784-256-128-10 MLP, SSE2).
+ * The function attribute optimize("no-math-errno") does not help. */
+VECTOR_CLONES static int cpu_adamw_update(st_backend_t* be, float* restrict p,
+                                          const float* restrict g,
+                                          float* restrict m, float* restrict v,
+                                          size_t n, float lr, float b1,
+                                          float b2, float eps, float wd,
+                                          float bc1, float bc2) {
   /* Divisions by the bias corrections become products, once per call. */
   float inv_bc1 = 1.0f / bc1, inv_bc2 = 1.0f / bc2;
   float decay = 1.0f - lr * wd;

@@ -14,7 +14,8 @@
 #   tools/bench_train_vs_torch.sh                  threads 1 and 2, batch 64,256
 #   THREADS="1 2 4" BATCHES=64,256,1024 STEPS=1000 REPEATS=7 \
 #       tools/bench_train_vs_torch.sh
-#   DEVICE=cuda tools/bench_train_vs_torch.sh      GPU (needs a CUDA torch)
+#   DEVICE=cuda THREADS=1 PY=/path/to/venv/bin/python \
+#       tools/bench_train_vs_torch.sh              GPU (Debian's torch is CPU-only)
 #
 # Installs what is missing with apt-get and builds through tools/setup.sh.
 set -euo pipefail
@@ -26,7 +27,7 @@ STEPS=${STEPS:-500}
 WARMUP=${WARMUP:-50}
 REPEATS=${REPEATS:-5}
 DEVICE=${DEVICE:-cpu}
-PY=/usr/bin/python3 # Debian's, with python3-torch (not a pyenv python)
+PY=${PY:-/usr/bin/python3} # Debian's, with python3-torch (a pyenv python has no torch)
 build=${ST_BUILD_DIR:-build}
 
 out=$(mktemp -d)
