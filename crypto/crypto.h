@@ -1,0 +1,380 @@
+/* crypto.h: identities, the cluster key, sealed UDP packets, the TCP
+ * handshake and encrypted streams. libsodium only, and only inside crypto/
+ * (STYLE.md rule 6): nothing here exposes a libsodium type.
+ *
+ * What each piece promises (docs/security.md has the threat model):
+ *
+ * - Identity: an Ed25519 key pair per node; the node id is the BLAKE2b-128
+ *   hash of the public key (keyed by nothing, personalized "starling-nodeid"),
+ *   so an id cannot be claimed without the key it names.
+ * - Cluster key: 32 random bytes every member holds. Its key id is one byte
+ *   derived from the key, carried in every packet and handshake so that the
+ *   receiver picks the key without trial decryption. A keyring holds the
+ *   current key (seals and opens) and optionally the previous one (opens
+ *   only) for a rotation.
+ * - UDP packets (crypto/packet.c): XChaCha20-Poly1305 under a subkey of the
+ *   cluster key (crypto_kdf), a random 24-byte nonce, and the header as
+ *   associated data:
+ *
+ *     offset size field
+ *          0    1 protocol version (ST_PACKET_VERSION)
+ *          1    1 key id
+ *          2   16 sender node id
+ *         18    8 sender boot epoch, little-endian
+ *         26    8 per-boot packet counter, little-endian
+ *         34   24 nonce
+ *         58    n ciphertext: plaintext + 16-byte tag
+ *
+ *   at most ST_PACKET_MAX_BYTES on the wire. A per-sender sliding window
+ *   over (boot epoch, counter), RFC 6479 style, drops replays and packets
+ *   from an older boot epoch; it advances only after authentication.
+ * - TCP handshake (crypto/handshake.c): three messages, fresh ephemeral
+ *   X25519 keys per connection, each side signing the transcript with its
+ *   identity key, the cluster key mixed into the key derivation (Noise XX
+ *   with a pre-shared key, in spirit). The peer's key is checked against the
+ *   allow-list when one is given. Then one secretstream per direction.
+ * - Streams (crypto/stream.c): crypto_secretstream_xchacha20poly1305, one
+ *   message per frame; a frame is a 4-byte big-endian length and the
+ *   ciphertext. A length over the configured maximum is refused from the
+ *   4 length bytes alone, before anything is read or allocated.
+ *
+ * Every rejection is counted in an st_crypto_counters_t under a named
+ * reason (st_crypto_drop_name) so that `starling status` can show it.
+ *
+ * Errors: 0 or a negative errno. -EBADMSG: malformed or failed
+ * authentication; -EACCES: a valid peer that the allow-list refuses;
+ * -ENOKEY: unknown key id; -EALREADY: a replay; -ESTALE: an old boot epoch;
+ * -EMSGSIZE: over a size limit; -EINVAL: bad arguments; -EPROTO: a call out
+ * of protocol order. Functions that take (err, err_len) also write one
+ * sentence naming the bad input and what to do.
+ */
+#ifndef STARLING_CRYPTO_H
+#define STARLING_CRYPTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ST_KEY_BYTES 32
+#define ST_PUBLIC_KEY_BYTES 32
+#define ST_SIGNATURE_BYTES 64
+#define ST_NODE_ID_BYTES 16
+
+/* Initializes libsodium; call once before anything else here (idempotent,
+ * thread-safe). Returns -EIO when the library cannot start. */
+int st_crypto_init(void);
+
+/* ==== Counters =============================================================
+ */
+
+typedef enum {
+  /* UDP packets */
+  ST_DROP_PACKET_SHORT = 0,    /* shorter than header + tag */
+  ST_DROP_PACKET_LONG,         /* over ST_PACKET_MAX_BYTES */
+  ST_DROP_PACKET_VERSION,      /* unknown protocol version */
+  ST_DROP_PACKET_KEY_ID,       /* no key with that id in the keyring */
+  ST_DROP_PACKET_AUTH,         /* failed authentication (altered, forged,
+                                  or sealed with another cluster key) */
+  ST_DROP_PACKET_REPLAY,       /* counter already seen or below the window */
+  ST_DROP_PACKET_OLD_EPOCH,    /* boot epoch older than one already seen */
+  ST_DROP_PACKET_SENDERS_FULL, /* replay table full: sender not tracked */
+  /* TCP handshake */
+  ST_DROP_HS_MALFORMED,   /* wrong version, sizes, or order */
+  ST_DROP_HS_KEY_ID,      /* unknown cluster key id */
+  ST_DROP_HS_AUTH,        /* decryption failed (e.g. wrong cluster key) */
+  ST_DROP_HS_SIGNATURE,   /* transcript signature invalid */
+  ST_DROP_HS_NOT_ALLOWED, /* peer key not on the allow-list */
+  ST_DROP_HS_SELF,        /* peer presented our own identity */
+  /* Streams */
+  ST_DROP_FRAME_TOO_LARGE,    /* declared length over the maximum */
+  ST_DROP_STREAM_AUTH,        /* altered, reordered or duplicated frame */
+  ST_DROP_STREAM_TRUNCATED,   /* stream ended without its final frame */
+  ST_DROP_STREAM_AFTER_FINAL, /* data after the final frame */
+  ST_CRYPTO_DROP_COUNT
+} st_crypto_drop_t;
+
+typedef struct {
+  uint64_t drops[ST_CRYPTO_DROP_COUNT];
+} st_crypto_counters_t;
+
+/* The counter's name in `starling status --json`, e.g. "packet_auth". */
+const char* st_crypto_drop_name(st_crypto_drop_t reason);
+
+/* ==== Identities ============================================================
+ */
+
+typedef struct {
+  uint8_t b[ST_NODE_ID_BYTES];
+} st_node_id_t;
+
+typedef struct {
+  uint8_t public_key[ST_PUBLIC_KEY_BYTES]; /* Ed25519 */
+  uint8_t secret_key[64];                  /* Ed25519, libsodium layout */
+  st_node_id_t id;
+} st_identity_t;
+
+void st_node_id_from_public_key(const uint8_t pk[ST_PUBLIC_KEY_BYTES],
+                                st_node_id_t* id);
+/* Lower-case hex, 32 characters; buf needs 33 bytes. */
+void st_node_id_format(const st_node_id_t* id, char buf[33]);
+/* -1, 0, 1 by bytes; the order "smallest id" refers to. */
+int st_node_id_compare(const st_node_id_t* a, const st_node_id_t* b);
+
+/* Base64 (URL-safe alphabet, no padding) of a public key, as written in
+ * allow-lists and printed by `starling keygen`; buf needs 44 bytes. */
+void st_public_key_format(const uint8_t pk[ST_PUBLIC_KEY_BYTES], char buf[44]);
+
+int st_identity_generate(st_identity_t* id);
+/* Wipes the secret key. */
+void st_identity_wipe(st_identity_t* id);
+
+/* Key files are text: one line "starling-identity-v1 BASE64" (the 32-byte
+ * Ed25519 seed) or "starling-cluster-key-v1 BASE64" (the 32-byte key),
+ * base64 URL-safe without padding. They are created with mode 0600 and
+ * never overwritten (O_EXCL). Loading refuses, with a sentence saying how
+ * to fix it: a file readable or writable by group or others ("chmod 600
+ * FILE"), not a regular file, the wrong header, bad base64, the wrong
+ * length. */
+int st_identity_write(const char* path, const st_identity_t* id, char* err,
+                      size_t err_len);
+int st_identity_load(const char* path, st_identity_t* id, char* err,
+                     size_t err_len);
+
+/* ==== Cluster keys
+ * ============================================================= */
+
+typedef struct {
+  uint8_t key[ST_KEY_BYTES];
+  uint8_t id; /* first byte of BLAKE2b(key), personalized "starling-keyid" */
+} st_cluster_key_t;
+
+int st_cluster_key_generate(st_cluster_key_t* key);
+int st_cluster_key_write(const char* path, const st_cluster_key_t* key,
+                         char* err, size_t err_len);
+int st_cluster_key_load(const char* path, st_cluster_key_t* key, char* err,
+                        size_t err_len);
+void st_cluster_key_wipe(st_cluster_key_t* key);
+
+/* The keys a node holds: it seals with `current` and opens with either. */
+typedef struct {
+  st_cluster_key_t current;
+  st_cluster_key_t previous;
+  bool has_previous;
+  /* Subkeys derived with crypto_kdf: [0] current, [1] previous. */
+  uint8_t packet_key[2][ST_KEY_BYTES];
+} st_keyring_t;
+
+/* previous may be NULL. Refuses two keys that share a key id (1 in 256:
+ * generate another key) or that are equal. */
+int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
+                    const st_cluster_key_t* previous, char* err,
+                    size_t err_len);
+void st_keyring_wipe(st_keyring_t* ring);
+
+/* ==== Allow-list
+ * =============================================================== */
+
+typedef struct st_allowlist_s st_allowlist_t;
+
+/* A text file: one public key per line (as st_public_key_format writes
+ * it), optionally followed by whitespace and a comment; '#' starts a
+ * comment line; blank lines are skipped. Refuses a malformed line, naming
+ * the file and line. */
+int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
+                      size_t err_len);
+bool st_allowlist_contains(const st_allowlist_t* list,
+                           const uint8_t pk[ST_PUBLIC_KEY_BYTES]);
+size_t st_allowlist_count(const st_allowlist_t* list);
+void st_allowlist_free(st_allowlist_t* list);
+
+/* ==== UDP packets
+ * ================================================================ */
+
+#define ST_PACKET_VERSION 1
+#define ST_PACKET_MAX_BYTES 1400
+#define ST_PACKET_HEADER_BYTES 58 /* version .. nonce */
+#define ST_PACKET_TAG_BYTES 16
+#define ST_PACKET_OVERHEAD (ST_PACKET_HEADER_BYTES + ST_PACKET_TAG_BYTES)
+#define ST_PACKET_MAX_PLAINTEXT (ST_PACKET_MAX_BYTES - ST_PACKET_OVERHEAD)
+
+typedef struct {
+  st_node_id_t sender;
+  uint64_t boot_epoch;
+  uint64_t counter;
+  uint8_t key_id;
+} st_packet_header_t;
+
+/* What a node needs to seal: its keyring (borrowed), id, boot epoch and
+ * the next counter (starts at 0, incremented per sealed packet). */
+typedef struct {
+  const st_keyring_t* keys;
+  st_node_id_t self;
+  uint64_t boot_epoch;
+  uint64_t counter;
+} st_packet_sealer_t;
+
+/* Seals len bytes (len <= ST_PACKET_MAX_PLAINTEXT) into out, which must
+ * hold len + ST_PACKET_OVERHEAD bytes; *out_len receives the packet size. */
+int st_packet_seal(st_packet_sealer_t* s, const uint8_t* plain, size_t len,
+                   uint8_t* out, size_t out_cap, size_t* out_len);
+
+/* Per-sender replay windows, RFC 6479 style: for each sender the highest
+ * (boot epoch, counter) accepted and a bitmap of the last
+ * ST_REPLAY_WINDOW counters below it. Bounded: at most max_senders are
+ * tracked; a packet from a further sender is dropped
+ * (ST_DROP_PACKET_SENDERS_FULL) rather than evicting one, which would
+ * reopen that sender's old packets to replay. */
+#define ST_REPLAY_WINDOW 1024
+typedef struct st_replay_table_s st_replay_table_t;
+int st_replay_table_new(size_t max_senders, st_replay_table_t** out);
+void st_replay_table_free(st_replay_table_t* t);
+/* Forgets a sender (a member declared dead and gone). */
+void st_replay_table_forget(st_replay_table_t* t, const st_node_id_t* sender);
+
+/* Checks and opens a packet: size, version, key id, the replay window
+ * (checked before and updated only after authentication), then decrypts
+ * into plain (cap >= len - ST_PACKET_OVERHEAD). On success fills *hdr and
+ * *plain_len. On rejection increments the matching counter in c (may be
+ * NULL) and returns the error; nothing is parsed before authentication
+ * except the fixed header fields needed to pick the key and window. */
+int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
+                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
+                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
+                   st_packet_header_t* hdr);
+
+/* ==== TCP handshake
+ * ================================================================ */
+
+#define ST_HS_VERSION 1
+/* The sealed payload of messages 2 and 3: the sender's Ed25519 public key
+ * and its signature of the transcript, plus the AEAD tag. */
+#define ST_HS_SEALED_BYTES (ST_PUBLIC_KEY_BYTES + ST_SIGNATURE_BYTES + 16)
+
+/* Message 1, initiator -> responder: "-> e" */
+typedef struct {
+  uint8_t version;
+  uint8_t key_id;
+  uint8_t ephemeral[32];
+} st_hs_msg1_t;
+
+/* Message 2, responder -> initiator: "<- e, ee, psk, s, sig" */
+typedef struct {
+  uint8_t ephemeral[32];
+  uint8_t sealed[ST_HS_SEALED_BYTES];
+} st_hs_msg2_t;
+
+/* Message 3, initiator -> responder: "-> s, sig" */
+typedef struct {
+  uint8_t sealed[ST_HS_SEALED_BYTES];
+} st_hs_msg3_t;
+
+typedef enum { ST_HS_INITIATOR = 0, ST_HS_RESPONDER = 1 } st_hs_role_t;
+
+/* Handshake state. Holds secrets: always end with st_handshake_finish or
+ * st_handshake_wipe. The fields are internal to crypto/handshake.c. */
+typedef struct {
+  int role;
+  int step;
+  uint8_t key_id;
+  uint8_t e_secret[32];
+  uint8_t e_public[32];
+  uint8_t peer_e[32];
+  uint8_t hash[64];  /* transcript hash h */
+  uint8_t chain[32]; /* chaining key ck */
+  uint8_t peer_pk[ST_PUBLIC_KEY_BYTES];
+  const st_identity_t* self;
+  const st_keyring_t* keys;
+  const st_allowlist_t* allow;
+  st_crypto_counters_t* counters;
+} st_handshake_t;
+
+/* Keys and peer of a completed handshake. Holds secrets: wipe with
+ * st_session_wipe after initializing the streams. */
+typedef struct {
+  uint8_t tx_key[ST_KEY_BYTES];
+  uint8_t rx_key[ST_KEY_BYTES];
+  uint8_t peer_public_key[ST_PUBLIC_KEY_BYTES];
+  st_node_id_t peer_id;
+} st_session_t;
+
+/* self, keys, allow (NULL: any key holder) and counters (may be NULL) are
+ * borrowed until the handshake is finished or wiped. */
+int st_handshake_init(st_handshake_t* hs, st_hs_role_t role,
+                      const st_identity_t* self, const st_keyring_t* keys,
+                      const st_allowlist_t* allow,
+                      st_crypto_counters_t* counters);
+/* The initiator writes 1 and 3 and reads 2; the responder reads 1 and 3
+ * and writes 2. A call out of order returns -EPROTO. Any failure wipes the
+ * state: the connection must be dropped. */
+int st_handshake_write_msg1(st_handshake_t* hs, st_hs_msg1_t* out);
+int st_handshake_read_msg1(st_handshake_t* hs, const st_hs_msg1_t* in);
+int st_handshake_write_msg2(st_handshake_t* hs, st_hs_msg2_t* out);
+int st_handshake_read_msg2(st_handshake_t* hs, const st_hs_msg2_t* in);
+int st_handshake_write_msg3(st_handshake_t* hs, st_hs_msg3_t* out);
+int st_handshake_read_msg3(st_handshake_t* hs, const st_hs_msg3_t* in);
+/* After the last message: derives the session and wipes the state. */
+int st_handshake_finish(st_handshake_t* hs, st_session_t* out);
+void st_handshake_wipe(st_handshake_t* hs);
+void st_session_wipe(st_session_t* s);
+
+/* ==== Streams
+ * ======================================================================= */
+
+#define ST_STREAM_HEADER_BYTES 24 /* sent once, first, by each direction */
+#define ST_STREAM_ABYTES 17       /* per-frame overhead of secretstream */
+#define ST_FRAME_LENGTH_BYTES 4
+/* Default cap on a frame's ciphertext: a 1 MiB tensor chunk plus room for
+ * its msgpack envelope, plus the secretstream overhead. */
+#define ST_FRAME_MAX_DEFAULT (1024u * 1024u + 1024u + ST_STREAM_ABYTES)
+
+/* Opaque secretstream state (libsodium's, 52 bytes) plus bookkeeping. */
+typedef struct {
+  _Alignas(16) uint8_t state[64];
+  uint64_t frames;
+  int final_seen;
+} st_stream_t;
+
+/* Sending side: initializes from the session's tx key and writes the
+ * stream header to send first. */
+int st_stream_tx_init(st_stream_t* s, const uint8_t key[ST_KEY_BYTES],
+                      uint8_t header[ST_STREAM_HEADER_BYTES]);
+/* Receiving side: from the rx key and the header the peer sent. */
+int st_stream_rx_init(st_stream_t* s, const uint8_t key[ST_KEY_BYTES],
+                      const uint8_t header[ST_STREAM_HEADER_BYTES]);
+
+/* Seals one message into a frame: 4-byte big-endian ciphertext length,
+ * then the ciphertext (len + ST_STREAM_ABYTES). final marks the last frame
+ * of the stream. out must hold len + ST_STREAM_ABYTES + 4 bytes. */
+int st_stream_seal_frame(st_stream_t* s, const uint8_t* msg, size_t len,
+                         bool final, uint8_t* out, size_t out_cap,
+                         size_t* out_len);
+
+/* Reads a frame's length from its first 4 bytes and refuses (counting
+ * ST_DROP_FRAME_TOO_LARGE) a length over max_frame or under
+ * ST_STREAM_ABYTES, before the caller reads or allocates anything more. */
+int st_frame_length(const uint8_t hdr[ST_FRAME_LENGTH_BYTES], size_t max_frame,
+                    st_crypto_counters_t* c, size_t* ct_len);
+
+/* Opens a frame's ciphertext (without the length prefix) into msg (cap >=
+ * ct_len - ST_STREAM_ABYTES). A failure (altered, reordered, duplicated,
+ * or after the final frame) is counted and poisons the stream: every later
+ * call fails too. *final is set when this was the last frame. */
+int st_stream_open_frame(st_stream_t* s, st_crypto_counters_t* c,
+                         const uint8_t* ct, size_t ct_len, uint8_t* msg,
+                         size_t msg_cap, size_t* msg_len, bool* final);
+
+/* Called when the connection ends: -EBADMSG (and ST_DROP_STREAM_TRUNCATED
+ * counted) unless the final frame was received. */
+int st_stream_rx_end(st_stream_t* s, st_crypto_counters_t* c);
+
+void st_stream_wipe(st_stream_t* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STARLING_CRYPTO_H */
