@@ -10,6 +10,7 @@
  * returns the process exit status: 0 success, 1 failure at run time,
  * 2 bad usage, 130 interrupted. */
 int st__cmd_train(int argc, char** argv);
+int st__cmd_keygen(int argc, char** argv);
 
 /* Parsers for flag values. On bad input they print
  * "starling CMD: --FLAG: 'TEXT' is not ..." to stderr and return -EINVAL. */

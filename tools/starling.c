@@ -17,6 +17,8 @@ static const struct {
 } commands[] = {
     {"train", st__cmd_train,
      "train a model on this machine (local SGD, CPU or GPU)"},
+    {"keygen", st__cmd_keygen,
+     "make a node identity or cluster key file; show its public part"},
 };
 
 static void usage(FILE* f) {

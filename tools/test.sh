@@ -3,10 +3,12 @@
 # whole suite twice: a plain build with warnings as errors (CUDA backend
 # included when nvcc exists; its parity tests run when a GPU is present and
 # say they were skipped otherwise), and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build. Also checks formatting (.clang-format).
+# UndefinedBehaviorSanitizer build. Also checks formatting (.clang-format)
+# and runs every libFuzzer target for a bounded time (tools/fuzz.sh,
+# ST_FUZZ_SECONDS each, default 15).
 #
 #   tools/test.sh              everything
-#   ST_TEST_QUICK=1 tools/test.sh   plain build only
+#   ST_TEST_QUICK=1 tools/test.sh   plain build only (no sanitizers, no fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ST_EXTRA_PACKAGES="python3-numpy clang-format ${ST_EXTRA_PACKAGES:-}"
@@ -33,5 +35,8 @@ if [ -z "${ST_TEST_QUICK:-}" ]; then
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure -j"$jobs")
+
+  echo "== libFuzzer targets (clang, ASan + UBSan), ${ST_FUZZ_SECONDS:-15} s each"
+  ST_FUZZ_SECONDS=${ST_FUZZ_SECONDS:-15} tools/fuzz.sh
 fi
 echo "== all tests passed"
