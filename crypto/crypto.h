@@ -44,9 +44,11 @@
  * Errors: 0 or a negative errno. -EBADMSG: malformed or failed
  * authentication; -EACCES: a valid peer that the allow-list refuses;
  * -ENOKEY: unknown key id; -EALREADY: a replay; -ESTALE: an old boot epoch;
- * -EMSGSIZE: over a size limit; -EINVAL: bad arguments; -EPROTO: a call out
- * of protocol order. Functions that take (err, err_len) also write one
- * sentence naming the bad input and what to do.
+ * -EMSGSIZE: over a size limit; -ENOSPC: a new sender while the replay
+ * table is full; -ELOOP: the handshake peer is this node itself;
+ * -EOVERFLOW: a packet counter at its maximum; -EINVAL: bad arguments;
+ * -EPROTO: a call out of protocol order. Functions that take (err, err_len)
+ * also write one sentence naming the bad input and what to do.
  */
 #ifndef STARLING_CRYPTO_H
 #define STARLING_CRYPTO_H
@@ -331,11 +333,15 @@ void st_session_wipe(st_session_t* s);
  * its msgpack envelope, plus the secretstream overhead. */
 #define ST_FRAME_MAX_DEFAULT (1024u * 1024u + 1024u + ST_STREAM_ABYTES)
 
-/* Opaque secretstream state (libsodium's, 52 bytes) plus bookkeeping. */
+/* Opaque secretstream state (libsodium's, 52 bytes) plus bookkeeping; the
+ * fields are internal to crypto/stream.c. A zeroed (wiped) stream is
+ * refused by every call. */
 typedef struct {
   _Alignas(16) uint8_t state[64];
-  uint64_t frames;
-  int final_seen;
+  uint64_t frames; /* frames sealed or opened */
+  int final_seen;  /* the final frame was sealed or opened */
+  int direction;   /* 0 none (wiped), 1 sending, 2 receiving */
+  int poisoned;    /* a frame failed: every later call fails */
 } st_stream_t;
 
 /* Sending side: initializes from the session's tx key and writes the

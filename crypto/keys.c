@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "crypto/crypto.h"
+#include "crypto/constants.h"
 #include "crypto/crypto_internal.h"
 
 int st_crypto_init(void) {
@@ -54,7 +55,7 @@ void st_node_id_from_public_key(const uint8_t pk[ST_PUBLIC_KEY_BYTES],
   /* BLAKE2b-128, personalized so that the id can never collide with another
    * use of a hash of the same key. */
   static const uint8_t personal[crypto_generichash_blake2b_PERSONALBYTES] =
-      "starling-nodeid";
+      ST__PERSONAL_NODE_ID;
   crypto_generichash_blake2b_salt_personal(
       id->b, sizeof(id->b), pk, ST_PUBLIC_KEY_BYTES, NULL, 0, NULL, personal);
 }
@@ -100,7 +101,7 @@ void st_identity_wipe(st_identity_t* id) {
 
 void st__cluster_key_set_id(st_cluster_key_t* key) {
   static const uint8_t personal[crypto_generichash_blake2b_PERSONALBYTES] =
-      "starling-keyid";
+      ST__PERSONAL_KEY_ID;
   uint8_t h[16];
   crypto_generichash_blake2b_salt_personal(
       h, sizeof(h), key->key, sizeof(key->key), NULL, 0, NULL, personal);
@@ -119,10 +120,6 @@ void st_cluster_key_wipe(st_cluster_key_t* key) {
 
 /* ---- Keyrings
  * -------------------------------------------------------------------- */
-
-/* Subkey ids for crypto_kdf_derive_from_key under context "stpacket". */
-#define KDF_CONTEXT_PACKET "stpacket"
-#define KDF_SUBKEY_PACKET 1
 
 int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
                     const st_cluster_key_t* previous, char* err,
@@ -146,13 +143,13 @@ int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
   }
   ring->current = *current;
   crypto_kdf_derive_from_key(ring->packet_key[0], ST_KEY_BYTES,
-                             KDF_SUBKEY_PACKET, KDF_CONTEXT_PACKET,
+                             ST__KDF_SUBKEY_PACKET, ST__KDF_CONTEXT_PACKET,
                              current->key);
   if (previous != NULL) {
     ring->previous = *previous;
     ring->has_previous = true;
     crypto_kdf_derive_from_key(ring->packet_key[1], ST_KEY_BYTES,
-                               KDF_SUBKEY_PACKET, KDF_CONTEXT_PACKET,
+                               ST__KDF_SUBKEY_PACKET, ST__KDF_CONTEXT_PACKET,
                                previous->key);
   }
   return 0;

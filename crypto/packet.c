@@ -1,0 +1,165 @@
+/* packet.c: sealed UDP packets (crypto.h, "UDP packets"; docs/security.md).
+ *
+ * A packet is a 34-byte cleartext header (version, key id, sender id, boot
+ * epoch, counter), a random 24-byte nonce and an XChaCha20-Poly1305-IETF
+ * ciphertext (RFC 8439 with the XChaCha20 extension of
+ * draft-irtf-cfrg-xchacha) whose associated data is the 34-byte header.
+ * The key is the keyring's packet subkey of the cluster key the key id
+ * names.
+ *
+ * Opening follows WireGuard's order for transport data: cheap checks
+ * first, the key looked up by its id (never tried), the replay window
+ * checked but not touched, then authentication, and only after it the
+ * window updated. Nothing past the fixed header is read before the tag is
+ * verified, and every rejection is counted under its reason. */
+#include <errno.h>
+#include <sodium.h>
+#include <string.h>
+
+#include "crypto/constants.h"
+#include "crypto/crypto_internal.h"
+#include "crypto/packet_internal.h"
+
+static void store64_le(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static uint64_t load64_le(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v |= (uint64_t) p[i] << (8 * i);
+  return v;
+}
+
+/* ---- Sealing ----------------------------------------------------------------
+ */
+
+int st__packet_seal_with_nonce(st_packet_sealer_t* s, const uint8_t nonce[24],
+                               const uint8_t* plain, size_t len, uint8_t* out,
+                               size_t out_cap, size_t* out_len) {
+  if (s == NULL || s->keys == NULL || out == NULL || out_len == NULL ||
+      (plain == NULL && len > 0))
+    return -EINVAL;
+  if (len > ST_PACKET_MAX_PLAINTEXT)
+    return -EMSGSIZE;
+  if (out_cap < len + ST_PACKET_OVERHEAD)
+    return -EINVAL;
+  /* The counter never wraps: a wrapped counter would be a replay. 2^64
+   * packets per boot cannot happen, but the check costs nothing. */
+  if (s->counter == UINT64_MAX)
+    return -EOVERFLOW;
+
+  out[ST__PKT_OFF_VERSION] = ST_PACKET_VERSION;
+  out[ST__PKT_OFF_KEY_ID] = s->keys->current.id;
+  memcpy(out + ST__PKT_OFF_SENDER, s->self.b, ST_NODE_ID_BYTES);
+  store64_le(out + ST__PKT_OFF_EPOCH, s->boot_epoch);
+  store64_le(out + ST__PKT_OFF_COUNTER, s->counter);
+  memcpy(out + ST__PKT_OFF_NONCE, nonce, ST__PKT_NONCE_BYTES);
+
+  /* The plaintext may alias out + header (in-place sealing): libsodium
+   * allows the message and ciphertext to overlap exactly. */
+  unsigned long long clen = 0;
+  crypto_aead_xchacha20poly1305_ietf_encrypt(
+      out + ST__PKT_OFF_CIPHERTEXT, &clen, plain, len, out, ST__PKT_AD_BYTES,
+      NULL, out + ST__PKT_OFF_NONCE, s->keys->packet_key[0]);
+  s->counter++;
+  *out_len = ST__PKT_OFF_CIPHERTEXT + (size_t) clen;
+  return 0;
+}
+
+int st_packet_seal(st_packet_sealer_t* s, const uint8_t* plain, size_t len,
+                   uint8_t* out, size_t out_cap, size_t* out_len) {
+  uint8_t nonce[ST__PKT_NONCE_BYTES];
+  randombytes_buf(nonce, sizeof(nonce));
+  return st__packet_seal_with_nonce(s, nonce, plain, len, out, out_cap,
+                                    out_len);
+}
+
+/* ---- Opening ----------------------------------------------------------------
+ */
+
+/* The drop reason of a replay-table answer. */
+static st_crypto_drop_t replay_reason(int rc) {
+  switch (rc) {
+    case -ESTALE:
+      return ST_DROP_PACKET_OLD_EPOCH;
+    case -ENOSPC:
+      return ST_DROP_PACKET_SENDERS_FULL;
+    default:
+      return ST_DROP_PACKET_REPLAY;
+  }
+}
+
+int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
+                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
+                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
+                   st_packet_header_t* hdr) {
+  if (keys == NULL || replay == NULL || in == NULL || plain_len == NULL ||
+      hdr == NULL)
+    return -EINVAL;
+
+  /* 1. Sizes: a header and a tag at least, the wire maximum at most. */
+  if (len < ST_PACKET_OVERHEAD) {
+    st__crypto_count(c, ST_DROP_PACKET_SHORT);
+    return -EBADMSG;
+  }
+  if (len > ST_PACKET_MAX_BYTES) {
+    st__crypto_count(c, ST_DROP_PACKET_LONG);
+    return -EMSGSIZE;
+  }
+  size_t mlen = len - ST_PACKET_OVERHEAD;
+  if (plain_cap < mlen || (plain == NULL && mlen > 0))
+    return -EINVAL; /* the caller's buffer, not the packet: not counted */
+
+  /* 2. Version. */
+  if (in[ST__PKT_OFF_VERSION] != ST_PACKET_VERSION) {
+    st__crypto_count(c, ST_DROP_PACKET_VERSION);
+    return -EBADMSG;
+  }
+
+  /* 3. Key: looked up by id, so a packet is decrypted at most once. */
+  int slot = 0;
+  if (st__keyring_find(keys, in[ST__PKT_OFF_KEY_ID], &slot) == NULL) {
+    st__crypto_count(c, ST_DROP_PACKET_KEY_ID);
+    return -ENOKEY;
+  }
+
+  /* 4. Replay window, checked only: these fields are not authenticated
+   * yet, so nothing may change on their word. */
+  st_node_id_t sender;
+  memcpy(sender.b, in + ST__PKT_OFF_SENDER, ST_NODE_ID_BYTES);
+  uint64_t epoch = load64_le(in + ST__PKT_OFF_EPOCH);
+  uint64_t counter = load64_le(in + ST__PKT_OFF_COUNTER);
+  int rc = st__replay_check(replay, &sender, epoch, counter);
+  if (rc != 0) {
+    st__crypto_count(c, replay_reason(rc));
+    return rc;
+  }
+
+  /* 5. Authenticate and decrypt; the header is the associated data. */
+  unsigned long long got = 0;
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt(
+          plain, &got, NULL, in + ST__PKT_OFF_CIPHERTEXT,
+          len - ST_PACKET_HEADER_BYTES, in, ST__PKT_AD_BYTES,
+          in + ST__PKT_OFF_NONCE, keys->packet_key[slot]) != 0) {
+    st__crypto_count(c, ST_DROP_PACKET_AUTH);
+    return -EBADMSG;
+  }
+
+  /* 6. Authentic: now the window may move. It cannot refuse what the
+   * check accepted (nothing ran in between), but its answer is checked
+   * anyway and the plaintext wiped if it does. */
+  rc = st__replay_update(replay, &sender, epoch, counter);
+  if (rc != 0) {
+    sodium_memzero(plain, mlen);
+    st__crypto_count(c, replay_reason(rc));
+    return rc;
+  }
+  *plain_len = (size_t) got;
+  hdr->sender = sender;
+  hdr->boot_epoch = epoch;
+  hdr->counter = counter;
+  hdr->key_id = in[ST__PKT_OFF_KEY_ID];
+  return 0;
+}
