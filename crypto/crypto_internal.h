@@ -28,4 +28,9 @@ void st__cluster_key_set_id(st_cluster_key_t* key);
 const st_cluster_key_t* st__keyring_find(const st_keyring_t* ring,
                                          uint8_t key_id, int* slot);
 
+/* A fresh random 24-byte nonce from a per-thread key-erasure generator
+ * seeded by the kernel (crypto/nonce.c); much cheaper than one getrandom()
+ * call per packet. */
+void st__random_nonce24(uint8_t out[24]);
+
 #endif

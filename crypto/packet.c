@@ -71,7 +71,7 @@ int st__packet_seal_with_nonce(st_packet_sealer_t* s, const uint8_t nonce[24],
 int st_packet_seal(st_packet_sealer_t* s, const uint8_t* plain, size_t len,
                    uint8_t* out, size_t out_cap, size_t* out_len) {
   uint8_t nonce[ST__PKT_NONCE_BYTES];
-  randombytes_buf(nonce, sizeof(nonce));
+  st__random_nonce24(nonce);
   return st__packet_seal_with_nonce(s, nonce, plain, len, out, out_cap,
                                     out_len);
 }

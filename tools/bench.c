@@ -19,6 +19,8 @@ static const struct {
 } commands[] = {
     {"train", st__bench_train,
      "training throughput (samples/s) of full training steps"},
+    {"crypto", st__bench_crypto,
+     "sealing and opening packets and stream frames, handshakes/s"},
 };
 
 static void usage(FILE* f) {

@@ -5,5 +5,6 @@
 #define STARLING_BENCH_H
 
 int st__bench_train(int argc, char** argv);
+int st__bench_crypto(int argc, char** argv);
 
 #endif
