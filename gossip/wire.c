@@ -1,0 +1,498 @@
+/* wire.c: the msgpack wire codec (DESIGN.md, Wire; field layouts in
+ * gossip.h), the only file that calls msgpack-c (STYLE.md rule 6).
+ *
+ * Encoding packs [type, version, field...] straight into the caller's
+ * buffer through a bounded write callback: no allocation, and a buffer too
+ * small is -EMSGSIZE.
+ *
+ * Decoding checks before it touches a body, in this order: the size cap
+ * (ST_WIRE_MAX_MESSAGE_BYTES), the envelope read from the raw bytes (an
+ * array whose first two elements are the type and the version), the
+ * version, the type, then the whole buffer is walked without allocating
+ * (wire_scan.c: every count and length against the bytes left, at every
+ * level, and the depth). Only then does msgpack-c build objects, and they
+ * are converted into the plain C structs of gossip.h checking every field's
+ * msgpack type, size and range; nothing of msgpack-c leaves this file.
+ *
+ * Floats: STATUS loss, accuracy and samples/s accept float32 or float64;
+ * a float64 is narrowed to float32. NaN and infinities are legal values (a
+ * diverged node reports a NaN loss; `starling peers` shows it) and round
+ * trip; a finite float64 beyond the float32 range is a field error, since
+ * narrowing it would invent an infinity. */
+#include "gossip/gossip.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "gossip/wire_internal.h"
+
+/* HS1 carries the handshake's version as the message's version: one number
+ * for both, so they must agree. */
+_Static_assert(ST_HS_VERSION == ST_WIRE_VERSION,
+               "HS1's version travels as the wire version");
+
+static const char* const drop_names[ST_WIRE_DROP_COUNT] = {
+    [ST_WIRE_DROP_MALFORMED] = "wire_malformed",
+    [ST_WIRE_DROP_LIMIT] = "wire_limit",
+    [ST_WIRE_DROP_VERSION] = "wire_version",
+    [ST_WIRE_DROP_UNKNOWN_TYPE] = "wire_unknown_type",
+    [ST_WIRE_DROP_FIELD] = "wire_field",
+};
+
+const char* st_wire_drop_name(st_wire_drop_t reason) {
+  if ((unsigned) reason >= ST_WIRE_DROP_COUNT)
+    return "wire_unknown_reason";
+  return drop_names[reason];
+}
+
+/* Fields after [type, version], per type; 0 for a type we do not know. */
+static size_t field_count(uint64_t type) {
+  switch (type) {
+    case ST_MSG_HS1:
+      return 2;
+    case ST_MSG_HS2:
+      return 2;
+    case ST_MSG_HS3:
+      return 1;
+    case ST_MSG_PING:
+      return 2;
+    case ST_MSG_PING_REQ:
+      return 4;
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+      return 1;
+    case ST_MSG_ALIVE:
+      return 4;
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD:
+      return 3;
+    case ST_MSG_STATUS:
+      return 8;
+    case ST_MSG_TENSOR_CHUNK:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+/* The chunk rules shared by the encoder and the decoder: 0 or the drop
+ * reason (LIMIT for data beyond ST_WIRE_CHUNK_MAX_BYTES or a tensor beyond
+ * ST__WIRE_MAX_TENSOR_FLOATS, FIELD for the rest). */
+static int chunk_check(const st_msg_tensor_chunk_t* c, st_wire_drop_t* why) {
+  if (c->data_len > ST_WIRE_CHUNK_MAX_BYTES ||
+      c->total > ST__WIRE_MAX_TENSOR_FLOATS) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  /* total <= 2^40 and count <= 2^18, so nothing here overflows. */
+  if (c->data_len % 4 != 0 || c->offset > c->total ||
+      c->data_len / 4 > c->total - c->offset) {
+    *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+/* ==== Encoder ===============================================================
+ */
+
+typedef struct {
+  uint8_t* buf;
+  size_t cap;
+  size_t len;
+  int overflow;
+} bounded_t;
+
+/* msgpack_packer's write callback: appends to the caller's buffer, or
+ * records that it did not fit. */
+static int bounded_write(void* data, const char* p, size_t n) {
+  bounded_t* b = data;
+  if (b->overflow || n > b->cap - b->len) {
+    b->overflow = 1;
+    return -1;
+  }
+  if (n > 0)
+    memcpy(b->buf + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+/* Each pack call returns 0 or the callback's -1; the overflow flag says
+ * which, so the callers below just or the results together. */
+static int pack_bin(msgpack_packer* pk, const void* p, size_t n) {
+  return msgpack_pack_bin(pk, n) | msgpack_pack_bin_body(pk, p, n);
+}
+
+static int pack_addr(msgpack_packer* pk, const st_wire_addr_t* a) {
+  return msgpack_pack_array(pk, 2) | pack_bin(pk, a->ip, a->ip_len) |
+         msgpack_pack_uint16(pk, a->port);
+}
+
+static int addr_ok(const st_wire_addr_t* a) {
+  return a->ip_len == 4 || a->ip_len == 16;
+}
+
+static int pack_bool(msgpack_packer* pk, bool v) {
+  return v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+}
+
+int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
+  if (msg == NULL || len == NULL || (buf == NULL && cap > 0))
+    return -EINVAL;
+  size_t nfields = field_count((uint64_t) msg->type);
+  if (nfields == 0)
+    return -EINVAL;
+  st_wire_drop_t why;
+  switch (msg->type) {
+    case ST_MSG_HS1:
+      if (msg->u.hs1.version != ST_WIRE_VERSION)
+        return -EINVAL;
+      break;
+    case ST_MSG_PING_REQ:
+      if (!addr_ok(&msg->u.ping_req.target_addr))
+        return -EINVAL;
+      break;
+    case ST_MSG_ALIVE:
+      if (!addr_ok(&msg->u.alive.addr))
+        return -EINVAL;
+      break;
+    case ST_MSG_TENSOR_CHUNK:
+      if (chunk_check(&msg->u.chunk, &why) != 0)
+        return -EINVAL;
+      if (msg->u.chunk.data == NULL && msg->u.chunk.data_len > 0)
+        return -EINVAL;
+      break;
+    default:
+      break;
+  }
+
+  bounded_t out = {buf, cap, 0, 0};
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &out, bounded_write);
+  int r = msgpack_pack_array(&pk, 2 + nfields) |
+          msgpack_pack_uint8(&pk, (uint8_t) msg->type) |
+          msgpack_pack_uint8(&pk, ST_WIRE_VERSION);
+  switch (msg->type) {
+    case ST_MSG_HS1: {
+      const st_hs_msg1_t* m = &msg->u.hs1;
+      r |= msgpack_pack_uint8(&pk, m->key_id) |
+           pack_bin(&pk, m->ephemeral, sizeof m->ephemeral);
+      break;
+    }
+    case ST_MSG_HS2: {
+      const st_hs_msg2_t* m = &msg->u.hs2;
+      r |= pack_bin(&pk, m->ephemeral, sizeof m->ephemeral) |
+           pack_bin(&pk, m->sealed, sizeof m->sealed);
+      break;
+    }
+    case ST_MSG_HS3:
+      r |= pack_bin(&pk, msg->u.hs3.sealed, sizeof msg->u.hs3.sealed);
+      break;
+    case ST_MSG_PING: {
+      const st_msg_ping_t* m = &msg->u.ping;
+      r |= msgpack_pack_uint32(&pk, m->seq) |
+           pack_bin(&pk, m->target.b, sizeof m->target.b);
+      break;
+    }
+    case ST_MSG_PING_REQ: {
+      const st_msg_ping_req_t* m = &msg->u.ping_req;
+      r |= msgpack_pack_uint32(&pk, m->seq) |
+           pack_bin(&pk, m->target.b, sizeof m->target.b) |
+           pack_addr(&pk, &m->target_addr) | pack_bool(&pk, m->want_nack);
+      break;
+    }
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+      /* ack and nack share one layout (and one union member type). */
+      r |= msgpack_pack_uint32(&pk, msg->u.ack.seq);
+      break;
+    case ST_MSG_ALIVE: {
+      const st_msg_alive_t* m = &msg->u.alive;
+      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(&pk, m->incarnation) | pack_addr(&pk, &m->addr) |
+           pack_bin(&pk, m->public_key, sizeof m->public_key);
+      break;
+    }
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD: {
+      const st_msg_suspect_t* m = &msg->u.suspect;
+      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(&pk, m->incarnation) |
+           pack_bin(&pk, m->from.b, sizeof m->from.b);
+      break;
+    }
+    case ST_MSG_STATUS: {
+      const st_msg_status_t* m = &msg->u.status;
+      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(&pk, m->seq) |
+           msgpack_pack_uint64(&pk, m->step) |
+           msgpack_pack_float(&pk, m->loss) |
+           msgpack_pack_float(&pk, m->accuracy) |
+           msgpack_pack_float(&pk, m->samples_per_sec) |
+           pack_bin(&pk, m->fingerprint, sizeof m->fingerprint) |
+           pack_bool(&pk, m->ring_capable);
+      break;
+    }
+    case ST_MSG_TENSOR_CHUNK: {
+      const st_msg_tensor_chunk_t* m = &msg->u.chunk;
+      r |= msgpack_pack_uint64(&pk, m->transfer_id) |
+           msgpack_pack_uint64(&pk, m->offset) |
+           msgpack_pack_uint64(&pk, m->total) |
+           pack_bin(&pk, m->data, m->data_len);
+      break;
+    }
+  }
+  if (r != 0 || out.overflow)
+    return -EMSGSIZE;
+  *len = out.len;
+  return 0;
+}
+
+/* ==== Decoder: fields =======================================================
+ */
+
+/* Each returns 0, or -1 for a field of the wrong msgpack type, size or
+ * range (ST_WIRE_DROP_FIELD). */
+
+static int get_uint(const msgpack_object* o, uint64_t max, uint64_t* v) {
+  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    return -1;
+  if (o->via.u64 > max)
+    return -1;
+  *v = o->via.u64;
+  return 0;
+}
+
+static int get_u64(const msgpack_object* o, uint64_t* v) {
+  return get_uint(o, UINT64_MAX, v);
+}
+
+static int get_u32(const msgpack_object* o, uint32_t* v) {
+  uint64_t x;
+  if (get_uint(o, UINT32_MAX, &x) != 0)
+    return -1;
+  *v = (uint32_t) x;
+  return 0;
+}
+
+static int get_u16(const msgpack_object* o, uint16_t* v) {
+  uint64_t x;
+  if (get_uint(o, UINT16_MAX, &x) != 0)
+    return -1;
+  *v = (uint16_t) x;
+  return 0;
+}
+
+static int get_u8(const msgpack_object* o, uint8_t* v) {
+  uint64_t x;
+  if (get_uint(o, UINT8_MAX, &x) != 0)
+    return -1;
+  *v = (uint8_t) x;
+  return 0;
+}
+
+static int get_bool(const msgpack_object* o, bool* v) {
+  if (o->type != MSGPACK_OBJECT_BOOLEAN)
+    return -1;
+  *v = o->via.boolean;
+  return 0;
+}
+
+static int get_f32(const msgpack_object* o, float* v) {
+  if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
+    return -1;
+  double d = o->via.f64;
+  if (isfinite(d) && fabs(d) > FLT_MAX)
+    return -1;
+  *v = (float) d;
+  return 0;
+}
+
+/* A bin of exactly n bytes. */
+static int get_bin(const msgpack_object* o, void* dst, size_t n) {
+  if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != n)
+    return -1;
+  memcpy(dst, o->via.bin.ptr, n);
+  return 0;
+}
+
+static int get_id(const msgpack_object* o, st_node_id_t* id) {
+  return get_bin(o, id->b, sizeof id->b);
+}
+
+static int get_addr(const msgpack_object* o, st_wire_addr_t* a) {
+  if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2)
+    return -1;
+  const msgpack_object* f = o->via.array.ptr;
+  if (f[0].type != MSGPACK_OBJECT_BIN)
+    return -1;
+  uint32_t n = f[0].via.bin.size;
+  if (n != 4 && n != 16)
+    return -1;
+  memset(a, 0, sizeof *a);
+  a->ip_len = (uint8_t) n;
+  memcpy(a->ip, f[0].via.bin.ptr, n);
+  return get_u16(&f[1], &a->port);
+}
+
+/* f: the fields after [type, version], as many as field_count(type) says.
+ * buf, len: the input, which a chunk's data borrows from. */
+static int get_fields(st_msg_type_t type, const msgpack_object* f,
+                      const uint8_t* buf, size_t len, st_msg_t* msg,
+                      st_wire_drop_t* why) {
+  *why = ST_WIRE_DROP_FIELD;
+  switch (type) {
+    case ST_MSG_HS1: {
+      st_hs_msg1_t* m = &msg->u.hs1;
+      m->version = ST_WIRE_VERSION;
+      return get_u8(&f[0], &m->key_id) |
+             get_bin(&f[1], m->ephemeral, sizeof m->ephemeral);
+    }
+    case ST_MSG_HS2: {
+      st_hs_msg2_t* m = &msg->u.hs2;
+      return get_bin(&f[0], m->ephemeral, sizeof m->ephemeral) |
+             get_bin(&f[1], m->sealed, sizeof m->sealed);
+    }
+    case ST_MSG_HS3:
+      return get_bin(&f[0], msg->u.hs3.sealed, sizeof msg->u.hs3.sealed);
+    case ST_MSG_PING: {
+      st_msg_ping_t* m = &msg->u.ping;
+      return get_u32(&f[0], &m->seq) | get_id(&f[1], &m->target);
+    }
+    case ST_MSG_PING_REQ: {
+      st_msg_ping_req_t* m = &msg->u.ping_req;
+      return get_u32(&f[0], &m->seq) | get_id(&f[1], &m->target) |
+             get_addr(&f[2], &m->target_addr) | get_bool(&f[3], &m->want_nack);
+    }
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+      return get_u32(&f[0], &msg->u.ack.seq);
+    case ST_MSG_ALIVE: {
+      st_msg_alive_t* m = &msg->u.alive;
+      return get_id(&f[0], &m->node) | get_u64(&f[1], &m->incarnation) |
+             get_addr(&f[2], &m->addr) |
+             get_bin(&f[3], m->public_key, sizeof m->public_key);
+    }
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD: {
+      st_msg_suspect_t* m = &msg->u.suspect;
+      return get_id(&f[0], &m->node) | get_u64(&f[1], &m->incarnation) |
+             get_id(&f[2], &m->from);
+    }
+    case ST_MSG_STATUS: {
+      st_msg_status_t* m = &msg->u.status;
+      return get_id(&f[0], &m->node) | get_u64(&f[1], &m->seq) |
+             get_u64(&f[2], &m->step) | get_f32(&f[3], &m->loss) |
+             get_f32(&f[4], &m->accuracy) |
+             get_f32(&f[5], &m->samples_per_sec) |
+             get_bin(&f[6], m->fingerprint, sizeof m->fingerprint) |
+             get_bool(&f[7], &m->ring_capable);
+    }
+    case ST_MSG_TENSOR_CHUNK: {
+      st_msg_tensor_chunk_t* m = &msg->u.chunk;
+      if (get_u64(&f[0], &m->transfer_id) | get_u64(&f[1], &m->offset) |
+          get_u64(&f[2], &m->total))
+        return -1;
+      if (f[3].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->data_len = f[3].via.bin.size;
+      if (chunk_check(m, why) != 0)
+        return -1;
+      /* The data is the last object of the message, and the walk made the
+       * message cover the whole buffer: its bytes end the input, so the
+       * pointer comes from the walk, not from msgpack-c. (msgpack-c 4.0's
+       * msgpack_unpack_next references the input for bin objects rather
+       * than copying them; the assert holds it to that in debug builds.) */
+      m->data = buf + (len - m->data_len);
+      assert((const uint8_t*) f[3].via.bin.ptr == m->data || m->data_len == 0);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* ==== Decoder ===============================================================
+ */
+
+static int drop(st_wire_counters_t* c, st_wire_drop_t why) {
+  if (c != NULL)
+    c->drops[why]++;
+  switch (why) {
+    case ST_WIRE_DROP_VERSION:
+      return -EPROTONOSUPPORT;
+    case ST_WIRE_DROP_UNKNOWN_TYPE:
+      return -ENOMSG;
+    default:
+      return -EBADMSG;
+  }
+}
+
+int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
+                   st_wire_counters_t* c) {
+  if (msg == NULL || (buf == NULL && len > 0))
+    return -EINVAL;
+  if (len > ST_WIRE_MAX_MESSAGE_BYTES)
+    return drop(c, ST_WIRE_DROP_LIMIT);
+
+  /* The envelope, version and type, from the raw bytes. */
+  uint64_t type, version;
+  if (st__wire_peek_envelope(buf, len, &type, &version) != 0)
+    return drop(c, ST_WIRE_DROP_MALFORMED);
+  if (version != ST_WIRE_VERSION)
+    return drop(c, ST_WIRE_DROP_VERSION);
+  size_t nfields = field_count(type);
+  if (nfields == 0)
+    return drop(c, ST_WIRE_DROP_UNKNOWN_TYPE);
+
+  /* Every count and length against the bytes left, before msgpack-c. */
+  st_wire_drop_t why;
+  if (st__wire_scan(buf, len, &why) != 0)
+    return drop(c, why);
+
+  /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS, lengths
+   * within the buffer and depth within ST_WIRE_MAX_DEPTH: its zone holds
+   * at most a few hundred bytes of objects. */
+  msgpack_unpacked u;
+  msgpack_unpacked_init(&u);
+  size_t off = 0;
+  int rc;
+  msgpack_unpack_return ur =
+      msgpack_unpack_next(&u, (const char*) buf, len, &off);
+  if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+    rc = -ENOMEM; /* not the peer's fault: nothing counted */
+    goto out;
+  }
+  if (ur != MSGPACK_UNPACK_SUCCESS || off != len) {
+    /* The walk accepts exactly what msgpack-c parses; defensive. */
+    rc = drop(c, ST_WIRE_DROP_MALFORMED);
+    goto out;
+  }
+  const msgpack_object* top = &u.data;
+  /* The walk and the peek saw an array of at least 2 starting with two
+   * unsigned integers; msgpack-c must agree. */
+  if (top->type != MSGPACK_OBJECT_ARRAY || top->via.array.size < 2) {
+    rc = drop(c, ST_WIRE_DROP_MALFORMED);
+    goto out;
+  }
+  if (top->via.array.size != 2 + nfields) {
+    rc = drop(c, ST_WIRE_DROP_FIELD);
+    goto out;
+  }
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = (st_msg_type_t) type;
+  if (get_fields(m.type, top->via.array.ptr + 2, buf, len, &m, &why) != 0) {
+    rc = drop(c, why);
+    goto out;
+  }
+  *msg = m;
+  rc = 0;
+out:
+  msgpack_unpacked_destroy(&u);
+  return rc;
+}

@@ -1,0 +1,70 @@
+/* wire_internal.h: the raw-byte side of the wire codec, shared by
+ * gossip/wire.c (which alone calls msgpack-c) and gossip/wire_scan.c (the
+ * pre-validator that walks the raw bytes before msgpack-c may allocate).
+ * Internal to gossip/; see gossip.h for the contract and the layouts. */
+#ifndef STARLING_GOSSIP_WIRE_INTERNAL_H
+#define STARLING_GOSSIP_WIRE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gossip/gossip.h"
+
+/* No message has more than 10 elements in one array (STATUS: type, version
+ * and 8 fields); 16 leaves room to reject a wrong field count as a field
+ * error while keeping what msgpack-c may allocate for one array at 16
+ * objects (16 * 24 bytes). Maps are never part of a message but are walked
+ * under the same cap (16 entries). */
+#define ST__WIRE_MAX_ELEMENTS 16
+
+/* A tensor holds at most 2^40 float32 (4 TiB): far beyond any model we
+ * train, and small enough that offset + count never overflows uint64. */
+#define ST__WIRE_MAX_TENSOR_FLOATS (UINT64_C(1) << 40)
+
+/* What one msgpack header says, read from the raw bytes. */
+typedef enum {
+  ST__WK_NIL = 0,
+  ST__WK_BOOL,
+  ST__WK_UINT,  /* positive fixint, uint8..64, and int8..64 >= 0 */
+  ST__WK_NINT,  /* negative values of any int encoding */
+  ST__WK_FLOAT, /* float32 or float64 */
+  ST__WK_STR,   /* payload of n bytes follows */
+  ST__WK_BIN,   /* payload of n bytes follows */
+  ST__WK_EXT,   /* payload of n bytes follows (type byte included) */
+  ST__WK_ARRAY, /* n elements follow */
+  ST__WK_MAP    /* n entries (2n objects) follow */
+} st__wire_kind_t;
+
+typedef struct {
+  st__wire_kind_t kind;
+  size_t head;    /* bytes of the header: the type byte, any length, an
+                     ext's type, and a fixed-size value (ints, floats,
+                     fixext data) */
+  uint64_t n;     /* bytes after the header (str, bin, ext8/16/32),
+                     elements (array) or entries (map); else 0 */
+  uint64_t value; /* ST__WK_UINT only: the value */
+} st__wire_head_t;
+
+/* Reads the header of the object at p[0..left). Returns 0, or -EBADMSG for
+ * an unused type byte (0xc1) or a header (or fixed-size value) cut short:
+ * both malformed. Checks nothing of what follows the header. */
+int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h);
+
+/* The envelope of a message, read from its raw bytes before anything else:
+ * an array of at least 2, whose first two elements are the type and the
+ * version as unsigned integers. Returns 0 and fills *type and *version, or
+ * -EBADMSG (malformed). */
+int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
+                           uint64_t* version);
+
+/* Walks buf[0..len) without allocating and checks that it is exactly one
+ * msgpack object: every type byte is in use, every fixed-size value and
+ * every header fits in the bytes left (else MALFORMED), every str, bin and
+ * ext length fits in the bytes left, every array or map count fits in the
+ * bytes left together with the elements still owed by the enclosing
+ * containers (one byte each at least) and within ST__WIRE_MAX_ELEMENTS,
+ * and nesting stays within ST_WIRE_MAX_DEPTH (else LIMIT); trailing bytes
+ * are MALFORMED. Returns 0, or -EBADMSG and the reason in *why. */
+int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why);
+
+#endif /* STARLING_GOSSIP_WIRE_INTERNAL_H */

@@ -1,0 +1,254 @@
+/* wire_scan.c: the pre-validator of the wire codec. It walks the raw bytes
+ * of a received message (the msgpack format spec,
+ * github.com/msgpack/msgpack/blob/master/spec.md) without allocating, and
+ * checks every declared length and count against the bytes that remain,
+ * at every nesting level, before gossip/wire.c hands the bytes to
+ * msgpack-c. msgpack-c sizes its allocations from declared counts (an
+ * array32 header of five bytes may ask for 4 billion objects of 24 bytes);
+ * after this walk, no count it sees exceeds ST__WIRE_MAX_ELEMENTS and no
+ * length exceeds the buffer. No msgpack-c call lives here. */
+#include "gossip/wire_internal.h"
+
+#include <errno.h>
+
+static uint64_t be(const uint8_t* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* ==== One header ============================================================
+ */
+
+/* Sizes of the fixed-size values and of the length fields, by type byte. */
+int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h) {
+  if (left == 0)
+    return -EBADMSG;
+  uint8_t b = p[0];
+  size_t extra = 0; /* bytes after the type byte that the header holds */
+  h->n = 0;
+  h->value = 0;
+  if (b <= 0x7f) {
+    h->kind = ST__WK_UINT;
+    h->value = b;
+  } else if (b <= 0x8f) {
+    h->kind = ST__WK_MAP;
+    h->n = b & 0x0f;
+  } else if (b <= 0x9f) {
+    h->kind = ST__WK_ARRAY;
+    h->n = b & 0x0f;
+  } else if (b <= 0xbf) {
+    h->kind = ST__WK_STR;
+    h->n = b & 0x1f;
+  } else if (b >= 0xe0) {
+    h->kind = ST__WK_NINT;
+  } else {
+    switch (b) {
+      case 0xc0:
+        h->kind = ST__WK_NIL;
+        break;
+      case 0xc2:
+      case 0xc3:
+        h->kind = ST__WK_BOOL;
+        break;
+      case 0xc4: /* bin 8, 16, 32 */
+      case 0xc5:
+      case 0xc6:
+        h->kind = ST__WK_BIN;
+        extra = (size_t) 1 << (b - 0xc4);
+        break;
+      case 0xc7: /* ext 8, 16, 32: length, then the ext type byte */
+      case 0xc8:
+      case 0xc9:
+        h->kind = ST__WK_EXT;
+        extra = ((size_t) 1 << (b - 0xc7)) + 1;
+        break;
+      case 0xca:
+      case 0xcb:
+        h->kind = ST__WK_FLOAT;
+        extra = b == 0xca ? 4 : 8;
+        break;
+      case 0xcc: /* uint 8, 16, 32, 64 */
+      case 0xcd:
+      case 0xce:
+      case 0xcf:
+        h->kind = ST__WK_UINT;
+        extra = (size_t) 1 << (b - 0xcc);
+        break;
+      case 0xd0: /* int 8, 16, 32, 64 */
+      case 0xd1:
+      case 0xd2:
+      case 0xd3:
+        extra = (size_t) 1 << (b - 0xd0);
+        break;
+      case 0xd4: /* fixext 1, 2, 4, 8, 16: ext type byte, then the data */
+      case 0xd5:
+      case 0xd6:
+      case 0xd7:
+      case 0xd8:
+        h->kind = ST__WK_EXT;
+        extra = 1 + ((size_t) 1 << (b - 0xd4));
+        break;
+      case 0xd9: /* str 8, 16, 32 */
+      case 0xda:
+      case 0xdb:
+        h->kind = ST__WK_STR;
+        extra = (size_t) 1 << (b - 0xd9);
+        break;
+      case 0xdc: /* array 16, 32 */
+      case 0xdd:
+        h->kind = ST__WK_ARRAY;
+        extra = b == 0xdc ? 2 : 4;
+        break;
+      case 0xde: /* map 16, 32 */
+      case 0xdf:
+        h->kind = ST__WK_MAP;
+        extra = b == 0xde ? 2 : 4;
+        break;
+      default: /* 0xc1: never used */
+        return -EBADMSG;
+    }
+  }
+  if (extra > left - 1)
+    return -EBADMSG; /* cut short */
+  h->head = 1 + extra;
+  const uint8_t* q = p + 1;
+  switch (b) {
+    case 0xc4:
+    case 0xc5:
+    case 0xc6:
+    case 0xd9:
+    case 0xda:
+    case 0xdb:
+    case 0xdc:
+    case 0xdd:
+    case 0xde:
+    case 0xdf:
+      h->n = be(q, extra);
+      break;
+    case 0xc7:
+    case 0xc8:
+    case 0xc9:
+      h->n = be(q, extra - 1);
+      break;
+    case 0xcc:
+    case 0xcd:
+    case 0xce:
+    case 0xcf:
+      h->value = be(q, extra);
+      break;
+    case 0xd0:
+    case 0xd1:
+    case 0xd2:
+    case 0xd3: {
+      /* Negative exactly when the top bit of the first byte is set. */
+      h->kind = (q[0] & 0x80) ? ST__WK_NINT : ST__WK_UINT;
+      h->value = be(q, extra);
+      break;
+    }
+    default:
+      break;
+  }
+  return 0;
+}
+
+/* ==== The envelope ==========================================================
+ */
+
+int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
+                           uint64_t* version) {
+  st__wire_head_t h;
+  size_t pos = 0;
+  if (st__wire_read_head(buf, len, &h) != 0)
+    return -EBADMSG;
+  if (h.kind != ST__WK_ARRAY || h.n < 2)
+    return -EBADMSG;
+  pos += h.head;
+  if (st__wire_read_head(buf + pos, len - pos, &h) != 0)
+    return -EBADMSG;
+  if (h.kind != ST__WK_UINT)
+    return -EBADMSG;
+  *type = h.value;
+  pos += h.head;
+  if (st__wire_read_head(buf + pos, len - pos, &h) != 0)
+    return -EBADMSG;
+  if (h.kind != ST__WK_UINT)
+    return -EBADMSG;
+  *version = h.value;
+  return 0;
+}
+
+/* ==== The walk ==============================================================
+ */
+
+/* Iterative: owed[d] is the number of objects still to read in the open
+ * container at depth d + 1 (the top-level object is at depth 1), and
+ * owed_total their sum; each of them needs one byte at least, so a new
+ * container may only declare as many as the bytes left minus owed_total. */
+int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why) {
+  uint64_t owed[ST_WIRE_MAX_DEPTH];
+  size_t open = 0; /* containers open */
+  uint64_t owed_total = 0;
+  size_t pos = 0;
+  do {
+    st__wire_head_t h;
+    if (st__wire_read_head(buf + pos, len - pos, &h) != 0) {
+      *why = ST_WIRE_DROP_MALFORMED;
+      return -EBADMSG;
+    }
+    pos += h.head;
+    /* This object is one of those owed by the innermost open container. */
+    if (open > 0) {
+      owed[open - 1]--;
+      owed_total--;
+    }
+    if (h.kind == ST__WK_STR || h.kind == ST__WK_BIN || h.kind == ST__WK_EXT) {
+      if (h.n > len - pos) {
+        *why = ST_WIRE_DROP_LIMIT;
+        return -EBADMSG;
+      }
+      pos += (size_t) h.n;
+    }
+    /* The objects still owed must fit in what is left; a large fixed-size
+     * value can leave fewer bytes than an earlier count promised. */
+    size_t left = len - pos;
+    if (owed_total > left) {
+      *why = ST_WIRE_DROP_MALFORMED; /* truncated */
+      return -EBADMSG;
+    }
+    uint64_t children = 0;
+    switch (h.kind) {
+      case ST__WK_ARRAY:
+      case ST__WK_MAP:
+        if (h.n > ST__WIRE_MAX_ELEMENTS) {
+          *why = ST_WIRE_DROP_LIMIT;
+          return -EBADMSG;
+        }
+        children = h.kind == ST__WK_MAP ? 2 * h.n : h.n;
+        if (children > left - owed_total) {
+          *why = ST_WIRE_DROP_LIMIT;
+          return -EBADMSG;
+        }
+        break;
+      default:
+        break;
+    }
+    if (children > 0) {
+      /* The children sit at depth open + 2. */
+      if (open + 2 > ST_WIRE_MAX_DEPTH) {
+        *why = ST_WIRE_DROP_LIMIT;
+        return -EBADMSG;
+      }
+      owed[open++] = children;
+      owed_total += children;
+    }
+    while (open > 0 && owed[open - 1] == 0)
+      open--;
+  } while (open > 0);
+  if (pos != len) {
+    *why = ST_WIRE_DROP_MALFORMED; /* trailing bytes */
+    return -EBADMSG;
+  }
+  return 0;
+}
