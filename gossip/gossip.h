@@ -22,8 +22,14 @@
  *   DEAD         [node bin16, incarnation u64, from bin16]
  *   STATUS       [node bin16, seq u64, step u64, loss f32, accuracy f32,
  *                 samples_per_sec f32, fingerprint bin16, ring_capable bool]
+ *   PUSH_PULL    [is_reply bool, [entry, ...]] with at most
+ *                ST_WIRE_PUSH_PULL_MAX_ENTRIES entries, each
+ *                [node bin16, incarnation u64, state u8, addr addr,
+ *                 public_key bin32]
  *   TENSOR_CHUNK [transfer_id u64, offset u64, total u64, data bin]
- * where addr is [ip bin4|bin16, port u16]. Integers accept any msgpack
+ * where addr is [ip bin4|bin16, port u16]. A UDP packet's plaintext is a
+ * concatenation of messages (a probe and the updates piggybacked on it),
+ * read one at a time with st_wire_decode_next. Integers accept any msgpack
  * integer encoding that fits the field; floats accept float32 or float64
  * (narrowed); a tensor chunk's data is little-endian float32, a multiple of
  * 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and offset + count <= total.
@@ -36,6 +42,7 @@
 #include <stdint.h>
 
 #include "crypto/crypto.h"
+#include "kernels/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +71,7 @@ typedef enum {
   ST_MSG_SUSPECT = 21,
   ST_MSG_DEAD = 22,
   ST_MSG_STATUS = 23,
+  ST_MSG_PUSH_PULL = 24,
   ST_MSG_TENSOR_CHUNK = 32
 } st_msg_type_t;
 
@@ -113,6 +121,34 @@ typedef struct {
   bool ring_capable;
 } st_msg_status_t;
 
+/* Member states, as they travel in PUSH_PULL entries. */
+typedef enum {
+  ST_MEMBER_ALIVE = 0,
+  ST_MEMBER_SUSPECT = 1,
+  ST_MEMBER_DEAD = 2,
+  ST_MEMBER_LEFT = 3 /* dead by its own graceful leave */
+} st_member_state_t;
+
+typedef struct {
+  st_node_id_t node;
+  uint64_t incarnation;
+  uint8_t state; /* st_member_state_t */
+  st_wire_addr_t addr;
+  uint8_t public_key[ST_PUBLIC_KEY_BYTES];
+} st_push_pull_entry_t;
+
+/* A push-pull carries the sender's whole member list; at 75 bytes an entry
+ * the largest fits a stream frame (ST_WIRE_MAX_MESSAGE_BYTES). */
+#define ST_WIRE_PUSH_PULL_MAX_ENTRIES 12000
+
+typedef struct {
+  bool is_reply;
+  uint32_t n_entries;
+  st_push_pull_entry_t* entries; /* encode: borrowed; decode: allocated by
+                                    st_wire_decode (n_entries of them), freed
+                                    with st_wire_msg_free */
+} st_msg_push_pull_t;
+
 typedef struct {
   uint64_t transfer_id;
   uint64_t offset;     /* in floats */
@@ -136,6 +172,7 @@ typedef struct {
     st_msg_suspect_t suspect;
     st_msg_suspect_t dead;
     st_msg_status_t status;
+    st_msg_push_pull_t push_pull;
     st_msg_tensor_chunk_t chunk;
   } u;
 } st_msg_t;
@@ -167,6 +204,119 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len);
  * Pointers in *msg (tensor chunk data) borrow from buf. */
 int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
                    st_wire_counters_t* c);
+
+/* Decodes the first message of buf[0..len) and writes its encoded size to
+ * *used, for plaintexts that carry several messages back to back. The
+ * same checks and counters as st_wire_decode, applied to that message. */
+int st_wire_decode_next(const uint8_t* buf, size_t len, st_msg_t* msg,
+                        size_t* used, st_wire_counters_t* c);
+
+/* Frees what a decoded message owns (a push-pull's entries); safe on any
+ * decoded message and on a zeroed one. */
+void st_wire_msg_free(st_msg_t* msg);
+
+/* ==== Membership (gossip/membership.c): SWIM + Lifeguard, sans-IO ==========
+ *
+ * SWIM (Das, Gupta, Motivala 2002) with the three Lifeguard extensions
+ * (Dadgar, Phillips, Currey 2018) as HashiCorp's memberlist runs them. The
+ * machine holds no socket, clock or thread: the driver (the daemon, or the
+ * simulator in tools/) feeds it events with the current time in
+ * milliseconds and then drains its actions. Randomness comes only from the
+ * injected generator, so a run is reproducible from its seed.
+ *
+ * Incarnation numbers carry the member's boot epoch in their high 32 bits
+ * and a refutation counter in the low 32, so a node restarted from nothing
+ * (a new boot epoch) outranks every claim about its previous life.
+ */
+
+typedef struct {
+  uint32_t probe_interval_ms;     /* 1000 */
+  uint32_t probe_timeout_ms;      /* 500 */
+  uint32_t indirect_checks;       /* 3 */
+  uint32_t suspicion_mult;        /* 4 */
+  uint32_t suspicion_max_mult;    /* 6 */
+  uint32_t retransmit_mult;       /* 4 */
+  uint32_t gossip_interval_ms;    /* 200 */
+  uint32_t gossip_nodes;          /* 3 */
+  uint32_t push_pull_interval_ms; /* 30000, scaled up with N */
+  uint32_t awareness_max;         /* 8 */
+  uint32_t dead_reclaim_ms;       /* how long a dead member is remembered */
+  bool lifeguard;                 /* awareness, nacks, dynamic suspicion */
+} st_membership_config_t;
+
+/* memberlist's LAN defaults; gossip/membership_constants.h derives each. */
+void st_membership_config_default(st_membership_config_t* cfg);
+
+typedef struct {
+  st_node_id_t id;
+  st_wire_addr_t addr;
+  uint8_t public_key[ST_PUBLIC_KEY_BYTES];
+  uint64_t incarnation;
+  st_member_state_t state;
+  uint64_t state_since_ms;
+  bool has_status;
+  st_msg_status_t status; /* the newest status record seen */
+} st_member_t;
+
+typedef enum {
+  ST_MACT_SEND = 0,      /* send a UDP packet: to, data[0..len) */
+  ST_MACT_PUSH_PULL = 1, /* open a stream to `to` and send data[0..len);
+                            deliver the peer's reply, if any, to
+                            st_membership_push_pull_in */
+  ST_MACT_TIMER = 2,     /* call st_membership_tick at or after at_ms */
+  ST_MACT_MEMBER = 3     /* member changed: member holds its new record */
+} st_maction_kind_t;
+
+typedef struct {
+  st_maction_kind_t kind;
+  st_wire_addr_t to;
+  st_node_id_t to_id;  /* zero when unknown (a seed address) */
+  const uint8_t* data; /* borrowed until the next call into the machine */
+  size_t len;          /* SEND: <= ST_PACKET_MAX_PLAINTEXT */
+  uint64_t at_ms;
+  st_member_t member;
+} st_maction_t;
+
+typedef struct st_membership_s st_membership_t;
+
+/* Creates the machine for this node. rng is borrowed for its lifetime. */
+int st_membership_new(const st_membership_config_t* cfg,
+                      const st_node_id_t* self, const st_wire_addr_t* addr,
+                      const uint8_t public_key[ST_PUBLIC_KEY_BYTES],
+                      uint32_t boot_epoch, st_rng_t* rng,
+                      st_membership_t** out);
+void st_membership_free(st_membership_t* m);
+
+/* Events. Each returns 0 or a negative errno; a rejected packet is counted
+ * (st_membership_counters) and returns -EBADMSG. */
+int st_membership_join(st_membership_t* m, uint64_t now_ms,
+                       const st_wire_addr_t* seeds, size_t n_seeds);
+int st_membership_leave(st_membership_t* m, uint64_t now_ms);
+int st_membership_packet(st_membership_t* m, uint64_t now_ms,
+                         const st_node_id_t* from,
+                         const st_wire_addr_t* from_addr, const uint8_t* data,
+                         size_t len);
+int st_membership_push_pull_in(st_membership_t* m, uint64_t now_ms,
+                               const st_wire_addr_t* from_addr,
+                               const uint8_t* data, size_t len);
+int st_membership_tick(st_membership_t* m, uint64_t now_ms);
+int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
+                             const st_msg_status_t* status);
+
+/* Drains the actions the last events produced, in order; false when none
+ * are left. */
+bool st_membership_next_action(st_membership_t* m, st_maction_t* out);
+
+/* Queries. Members are indexed 0..count-1 (self included at some index);
+ * the order is unspecified and changes as members come and go. */
+size_t st_membership_count(const st_membership_t* m);
+const st_member_t* st_membership_at(const st_membership_t* m, size_t i);
+const st_member_t* st_membership_find(const st_membership_t* m,
+                                      const st_node_id_t* id);
+size_t st_membership_alive_count(const st_membership_t* m);
+/* The local health score (Lifeguard's awareness), 0 = healthy. */
+uint32_t st_membership_health(const st_membership_t* m);
+const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
 
 #ifdef __cplusplus
 }
