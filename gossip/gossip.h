@@ -56,7 +56,9 @@ extern "C" {
 #define ST_WIRE_CHUNK_MAX_BYTES (1024u * 1024u)
 /* The largest encoded message: a full tensor chunk and its envelope. */
 #define ST_WIRE_MAX_MESSAGE_BYTES (ST_WIRE_CHUNK_MAX_BYTES + 1024u)
-/* Nesting deeper than this is malformed (the deepest message has 3). */
+/* Nesting deeper than this is malformed (top-level array = depth 1; an
+ * addr field sits at depth 3). PUSH_PULL alone may reach 5: its entries
+ * hold addresses (wire_internal.h, ST__WIRE_PUSH_PULL_DEPTH). */
 #define ST_WIRE_MAX_DEPTH 4
 
 typedef enum {

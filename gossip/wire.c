@@ -8,9 +8,11 @@
  * Decoding checks before it touches a body, in this order: the size cap
  * (ST_WIRE_MAX_MESSAGE_BYTES), the envelope read from the raw bytes (an
  * array whose first two elements are the type and the version), the
- * version, the type, then the whole buffer is walked without allocating
+ * version, the type, then the message is walked without allocating
  * (wire_scan.c: every count and length against the bytes left, at every
- * level, and the depth). Only then does msgpack-c build objects, and they
+ * level, and the depth; the walk finds where the message ends, which
+ * st_wire_decode_next reports and st_wire_decode requires to be the end of
+ * the buffer). Only then does msgpack-c build objects, and they
  * are converted into the plain C structs of gossip.h checking every field's
  * msgpack type, size and range; nothing of msgpack-c leaves this file.
  *
@@ -25,6 +27,7 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <msgpack.h>
@@ -73,6 +76,8 @@ static size_t field_count(uint64_t type) {
       return 3;
     case ST_MSG_STATUS:
       return 8;
+    case ST_MSG_PUSH_PULL:
+      return 2;
     case ST_MSG_TENSOR_CHUNK:
       return 4;
     default:
@@ -141,6 +146,33 @@ static int pack_bool(msgpack_packer* pk, bool v) {
   return v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }
 
+/* The encoder's push-pull rules: the entry count, the entries pointer, and
+ * every entry's state and addr. 0 or -1. */
+static int push_pull_check(const st_msg_push_pull_t* m) {
+  if (m->n_entries > ST_WIRE_PUSH_PULL_MAX_ENTRIES)
+    return -1;
+  if (m->n_entries > 0 && m->entries == NULL)
+    return -1;
+  for (uint32_t i = 0; i < m->n_entries; i++) {
+    const st_push_pull_entry_t* e = &m->entries[i];
+    if (e->state > ST_MEMBER_LEFT || !addr_ok(&e->addr))
+      return -1;
+  }
+  return 0;
+}
+
+static int pack_push_pull(msgpack_packer* pk, const st_msg_push_pull_t* m) {
+  int r = pack_bool(pk, m->is_reply) | msgpack_pack_array(pk, m->n_entries);
+  for (uint32_t i = 0; i < m->n_entries && r == 0; i++) {
+    const st_push_pull_entry_t* e = &m->entries[i];
+    r |= msgpack_pack_array(pk, 5) | pack_bin(pk, e->node.b, sizeof e->node.b) |
+         msgpack_pack_uint64(pk, e->incarnation) |
+         msgpack_pack_uint8(pk, e->state) | pack_addr(pk, &e->addr) |
+         pack_bin(pk, e->public_key, sizeof e->public_key);
+  }
+  return r;
+}
+
 int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
   if (msg == NULL || len == NULL || (buf == NULL && cap > 0))
     return -EINVAL;
@@ -159,6 +191,10 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
       break;
     case ST_MSG_ALIVE:
       if (!addr_ok(&msg->u.alive.addr))
+        return -EINVAL;
+      break;
+    case ST_MSG_PUSH_PULL:
+      if (push_pull_check(&msg->u.push_pull) != 0)
         return -EINVAL;
       break;
     case ST_MSG_TENSOR_CHUNK:
@@ -246,6 +282,9 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
            pack_bin(&pk, m->data, m->data_len);
       break;
     }
+    case ST_MSG_PUSH_PULL:
+      r |= pack_push_pull(&pk, &msg->u.push_pull);
+      break;
   }
   if (r != 0 || out.overflow)
     return -EMSGSIZE;
@@ -340,8 +379,51 @@ static int get_addr(const msgpack_object* o, st_wire_addr_t* a) {
   return get_u16(&f[1], &a->port);
 }
 
+/* [is_reply, [entry...]]. The walk bounded the count by
+ * ST_WIRE_PUSH_PULL_MAX_ENTRIES and by the bytes received (63 bytes an
+ * entry at least), so the allocation below is at most 12000 entries and
+ * never more than the input's size times 80 / 63. 0, -1 (a field error, or
+ * LIMIT in *why) or -ENOMEM; on failure nothing is left allocated. */
+static int get_push_pull(const msgpack_object* f, st_msg_push_pull_t* m,
+                         st_wire_drop_t* why) {
+  if (get_bool(&f[0], &m->is_reply) != 0 || f[1].type != MSGPACK_OBJECT_ARRAY)
+    return -1;
+  uint32_t n = f[1].via.array.size;
+  if (n > ST_WIRE_PUSH_PULL_MAX_ENTRIES) {
+    *why = ST_WIRE_DROP_LIMIT; /* the walk refuses it first; defensive */
+    return -1;
+  }
+  m->n_entries = 0;
+  m->entries = NULL;
+  if (n == 0)
+    return 0;
+  st_push_pull_entry_t* es = calloc(n, sizeof *es);
+  if (es == NULL)
+    return -ENOMEM;
+  const msgpack_object* o = f[1].via.array.ptr;
+  for (uint32_t i = 0; i < n; i++) {
+    st_push_pull_entry_t* e = &es[i];
+    if (o[i].type != MSGPACK_OBJECT_ARRAY || o[i].via.array.size != 5)
+      goto bad;
+    const msgpack_object* g = o[i].via.array.ptr;
+    if (get_id(&g[0], &e->node) | get_u64(&g[1], &e->incarnation) |
+        get_u8(&g[2], &e->state) | get_addr(&g[3], &e->addr) |
+        get_bin(&g[4], e->public_key, sizeof e->public_key))
+      goto bad;
+    if (e->state > ST_MEMBER_LEFT)
+      goto bad;
+  }
+  m->n_entries = n;
+  m->entries = es;
+  return 0;
+bad:
+  free(es);
+  return -1;
+}
+
 /* f: the fields after [type, version], as many as field_count(type) says.
- * buf, len: the input, which a chunk's data borrows from. */
+ * buf, len: the message's bytes, which a chunk's data borrows from.
+ * Returns 0, -1 (the reason in *why) or -ENOMEM. */
 static int get_fields(st_msg_type_t type, const msgpack_object* f,
                       const uint8_t* buf, size_t len, st_msg_t* msg,
                       st_wire_drop_t* why) {
@@ -403,8 +485,8 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
       m->data_len = f[3].via.bin.size;
       if (chunk_check(m, why) != 0)
         return -1;
-      /* The data is the last object of the message, and the walk made the
-       * message cover the whole buffer: its bytes end the input, so the
+      /* The data is the last object of the message, and len is where the
+       * walk found the message to end: its bytes end the message, so the
        * pointer comes from the walk, not from msgpack-c. (msgpack-c 4.0's
        * msgpack_unpack_next references the input for bin objects rather
        * than copying them; the assert holds it to that in debug builds.) */
@@ -412,6 +494,8 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
       assert((const uint8_t*) f[3].via.bin.ptr == m->data || m->data_len == 0);
       return 0;
     }
+    case ST_MSG_PUSH_PULL:
+      return get_push_pull(f, &msg->u.push_pull, why);
   }
   return -1;
 }
@@ -432,11 +516,17 @@ static int drop(st_wire_counters_t* c, st_wire_drop_t why) {
   }
 }
 
-int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
-                   st_wire_counters_t* c) {
-  if (msg == NULL || (buf == NULL && len > 0))
+/* Both entry points. whole: the message must fill buf[0..len) (trailing
+ * bytes are MALFORMED, found by the walk before msgpack-c runs); else the
+ * first message is decoded and its size written to *used. On failure *msg
+ * is zeroed, so that st_wire_msg_free on it is harmless. */
+static int decode(const uint8_t* buf, size_t len, st_msg_t* msg, size_t* used,
+                  int whole, st_wire_counters_t* c) {
+  memset(msg, 0, sizeof *msg);
+  *used = 0;
+  if (buf == NULL && len > 0)
     return -EINVAL;
-  if (len > ST_WIRE_MAX_MESSAGE_BYTES)
+  if (whole && len > ST_WIRE_MAX_MESSAGE_BYTES)
     return drop(c, ST_WIRE_DROP_LIMIT);
 
   /* The envelope, version and type, from the raw bytes. */
@@ -449,25 +539,38 @@ int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
   if (nfields == 0)
     return drop(c, ST_WIRE_DROP_UNKNOWN_TYPE);
 
-  /* Every count and length against the bytes left, before msgpack-c. */
+  /* Every count and length against the bytes left, before msgpack-c. The
+   * walk stops where the first message ends, and every count it passed was
+   * met by objects before that end, so what msgpack-c is given below is
+   * bounded by the message, however long buf is; the size cap then
+   * applies to the message. */
+  st__wire_rules_t rules;
+  st__wire_rules_for(type, &rules);
   st_wire_drop_t why;
-  if (st__wire_scan(buf, len, &why) != 0)
+  size_t n = 0;
+  if (st__wire_scan(buf, len, &rules, &n, &why) != 0)
     return drop(c, why);
+  if (n > ST_WIRE_MAX_MESSAGE_BYTES)
+    return drop(c, ST_WIRE_DROP_LIMIT);
+  if (whole && n != len)
+    return drop(c, ST_WIRE_DROP_MALFORMED); /* trailing bytes */
 
-  /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS, lengths
-   * within the buffer and depth within ST_WIRE_MAX_DEPTH: its zone holds
-   * at most a few hundred bytes of objects. */
+  /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS (a
+   * push-pull's entries: at most ST_WIRE_PUSH_PULL_MAX_ENTRIES, each of 63
+   * bytes at least), lengths within the message and depth within the
+   * rules: its zone holds at most 8 objects of 24 bytes an entry (2.3 MB
+   * for 12000 entries), else a few hundred bytes. */
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   size_t off = 0;
   int rc;
   msgpack_unpack_return ur =
-      msgpack_unpack_next(&u, (const char*) buf, len, &off);
+      msgpack_unpack_next(&u, (const char*) buf, n, &off);
   if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
     rc = -ENOMEM; /* not the peer's fault: nothing counted */
     goto out;
   }
-  if (ur != MSGPACK_UNPACK_SUCCESS || off != len) {
+  if (ur != MSGPACK_UNPACK_SUCCESS || off != n) {
     /* The walk accepts exactly what msgpack-c parses; defensive. */
     rc = drop(c, ST_WIRE_DROP_MALFORMED);
     goto out;
@@ -486,13 +589,42 @@ int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
   st_msg_t m;
   memset(&m, 0, sizeof m);
   m.type = (st_msg_type_t) type;
-  if (get_fields(m.type, top->via.array.ptr + 2, buf, len, &m, &why) != 0) {
+  rc = get_fields(m.type, top->via.array.ptr + 2, buf, n, &m, &why);
+  if (rc == -ENOMEM)
+    goto out; /* not the peer's fault: nothing counted */
+  if (rc != 0) {
     rc = drop(c, why);
     goto out;
   }
   *msg = m;
+  *used = n;
   rc = 0;
 out:
   msgpack_unpacked_destroy(&u);
   return rc;
+}
+
+int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
+                   st_wire_counters_t* c) {
+  size_t used;
+  if (msg == NULL)
+    return -EINVAL;
+  return decode(buf, len, msg, &used, 1, c);
+}
+
+int st_wire_decode_next(const uint8_t* buf, size_t len, st_msg_t* msg,
+                        size_t* used, st_wire_counters_t* c) {
+  if (msg == NULL || used == NULL)
+    return -EINVAL;
+  return decode(buf, len, msg, used, 0, c);
+}
+
+void st_wire_msg_free(st_msg_t* msg) {
+  if (msg == NULL)
+    return;
+  if (msg->type == ST_MSG_PUSH_PULL) {
+    free(msg->u.push_pull.entries);
+    msg->u.push_pull.entries = NULL;
+    msg->u.push_pull.n_entries = 0;
+  }
 }

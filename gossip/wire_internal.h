@@ -57,14 +57,53 @@ int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h);
 int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
                            uint64_t* version);
 
-/* Walks buf[0..len) without allocating and checks that it is exactly one
- * msgpack object: every type byte is in use, every fixed-size value and
- * every header fits in the bytes left (else MALFORMED), every str, bin and
- * ext length fits in the bytes left, every array or map count fits in the
+/* A push-pull's entries array is the one array allowed past
+ * ST__WIRE_MAX_ELEMENTS: up to ST_WIRE_PUSH_PULL_MAX_ENTRIES. Before
+ * msgpack-c may allocate for it, its declared count must fit the bytes
+ * left at the smallest encoding an entry can have: fixarray (1), node bin8
+ * of 16 (18), incarnation and state as fixints (1 + 1), addr as a fixarray
+ * of bin8 of 4 and a fixint port (1 + 6 + 1), public key bin8 of 32 (34):
+ * 63 bytes. (The largest entry, a full u64, IPv6 and a uint16 port, is 85
+ * bytes: 12000 of them fit ST_WIRE_MAX_MESSAGE_BYTES.) */
+#define ST__WIRE_PUSH_PULL_MIN_ENTRY_BYTES 63
+/* [24, 1, is_reply, [entry...]]: the entries array is element 3. */
+#define ST__WIRE_PUSH_PULL_ENTRIES_INDEX 3
+
+/* A push-pull nests one level deeper than any other message: the top-level
+ * array is depth 1, the entries array 2, an entry 3, its addr 4 and the
+ * addr's ip and port 5, where the others reach 3 (an addr's ip and port)
+ * and are walked under ST_WIRE_MAX_DEPTH (4, leaving one level so that a
+ * field nested one too deep is still a field error). The push-pull alone is
+ * walked under this depth. */
+#define ST__WIRE_PUSH_PULL_DEPTH 5
+#define ST__WIRE_SCAN_DEPTH_MAX                                            \
+  (ST__WIRE_PUSH_PULL_DEPTH > ST_WIRE_MAX_DEPTH ? ST__WIRE_PUSH_PULL_DEPTH \
+                                                : ST_WIRE_MAX_DEPTH)
+
+/* What the walk allows for one message type, from its envelope. */
+typedef struct {
+  size_t max_depth;      /* objects nested deeper than this: LIMIT */
+  uint64_t big_index;    /* the element of the top-level array that may be
+                            a big array; 0 for none (element 0 is the type) */
+  uint64_t big_max;      /* how many elements that array may declare */
+  uint64_t big_min_each; /* bytes each of those elements takes at least */
+} st__wire_rules_t;
+
+/* The rules for a message of this type (ST_MSG_PUSH_PULL: the entries
+ * array and the deeper nesting; any other: the defaults). */
+void st__wire_rules_for(uint64_t type, st__wire_rules_t* r);
+
+/* Walks the first msgpack object of buf[0..len) without allocating and
+ * checks it: every type byte is in use, every fixed-size value and every
+ * header fits in the bytes left (else MALFORMED), every str, bin and ext
+ * length fits in the bytes left, every array or map count fits in the
  * bytes left together with the elements still owed by the enclosing
- * containers (one byte each at least) and within ST__WIRE_MAX_ELEMENTS,
- * and nesting stays within ST_WIRE_MAX_DEPTH (else LIMIT); trailing bytes
- * are MALFORMED. Returns 0, or -EBADMSG and the reason in *why. */
-int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why);
+ * containers (one byte each at least) and within ST__WIRE_MAX_ELEMENTS
+ * (the rules' big array: within big_max, and big_min_each bytes each),
+ * and nesting stays within the rules' max_depth (else LIMIT). Returns 0
+ * and the object's size in *used (bytes after it are not looked at), or
+ * -EBADMSG and the reason in *why. */
+int st__wire_scan(const uint8_t* buf, size_t len, const st__wire_rules_t* r,
+                  size_t* used, st_wire_drop_t* why);
 
 #endif /* STARLING_GOSSIP_WIRE_INTERNAL_H */

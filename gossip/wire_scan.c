@@ -5,8 +5,10 @@
  * at every nesting level, before gossip/wire.c hands the bytes to
  * msgpack-c. msgpack-c sizes its allocations from declared counts (an
  * array32 header of five bytes may ask for 4 billion objects of 24 bytes);
- * after this walk, no count it sees exceeds ST__WIRE_MAX_ELEMENTS and no
- * length exceeds the buffer. No msgpack-c call lives here. */
+ * after this walk, no count it sees exceeds ST__WIRE_MAX_ELEMENTS (but for
+ * a push-pull's entries, at most ST_WIRE_PUSH_PULL_MAX_ENTRIES and no more
+ * than the bytes left hold at the smallest entry) and no length exceeds
+ * the buffer. No msgpack-c call lives here. */
 #include "gossip/wire_internal.h"
 
 #include <errno.h>
@@ -182,15 +184,36 @@ int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
 /* ==== The walk ==============================================================
  */
 
+void st__wire_rules_for(uint64_t type, st__wire_rules_t* r) {
+  r->max_depth = ST_WIRE_MAX_DEPTH;
+  r->big_index = 0;
+  r->big_max = 0;
+  r->big_min_each = 1;
+  if (type == ST_MSG_PUSH_PULL) {
+    r->max_depth = ST__WIRE_PUSH_PULL_DEPTH;
+    r->big_index = ST__WIRE_PUSH_PULL_ENTRIES_INDEX;
+    r->big_max = ST_WIRE_PUSH_PULL_MAX_ENTRIES;
+    r->big_min_each = ST__WIRE_PUSH_PULL_MIN_ENTRY_BYTES;
+  }
+}
+
 /* Iterative: owed[d] is the number of objects still to read in the open
  * container at depth d + 1 (the top-level object is at depth 1), and
  * owed_total their sum; each of them needs one byte at least, so a new
- * container may only declare as many as the bytes left minus owed_total. */
-int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why) {
-  uint64_t owed[ST_WIRE_MAX_DEPTH];
+ * container may only declare as many as the bytes left minus owed_total.
+ * top_n is the top-level array's count, so that top_n - owed[0] tells
+ * which of its elements is being read. */
+int st__wire_scan(const uint8_t* buf, size_t len, const st__wire_rules_t* r,
+                  size_t* used, st_wire_drop_t* why) {
+  uint64_t owed[ST__WIRE_SCAN_DEPTH_MAX];
   size_t open = 0; /* containers open */
   uint64_t owed_total = 0;
+  uint64_t top_n = 0;
   size_t pos = 0;
+  if (r->max_depth > ST__WIRE_SCAN_DEPTH_MAX) {
+    *why = ST_WIRE_DROP_LIMIT; /* a caller's error; refuse, do not overrun */
+    return -EBADMSG;
+  }
   do {
     st__wire_head_t h;
     if (st__wire_read_head(buf + pos, len - pos, &h) != 0) {
@@ -198,6 +221,9 @@ int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why) {
       return -EBADMSG;
     }
     pos += h.head;
+    /* Which element of the top-level array this is (only meaningful when
+     * open == 1), read before it is counted as read. */
+    uint64_t index = open > 0 ? top_n - owed[0] : 0;
     /* This object is one of those owed by the innermost open container. */
     if (open > 0) {
       owed[open - 1]--;
@@ -220,35 +246,40 @@ int st__wire_scan(const uint8_t* buf, size_t len, st_wire_drop_t* why) {
     uint64_t children = 0;
     switch (h.kind) {
       case ST__WK_ARRAY:
-      case ST__WK_MAP:
-        if (h.n > ST__WIRE_MAX_ELEMENTS) {
+      case ST__WK_MAP: {
+        int big = h.kind == ST__WK_ARRAY && open == 1 && r->big_index != 0 &&
+                  index == r->big_index;
+        uint64_t max = big ? r->big_max : ST__WIRE_MAX_ELEMENTS;
+        uint64_t each = big ? r->big_min_each : 1;
+        if (h.n > max) {
           *why = ST_WIRE_DROP_LIMIT;
           return -EBADMSG;
         }
         children = h.kind == ST__WK_MAP ? 2 * h.n : h.n;
-        if (children > left - owed_total) {
+        /* children <= 12000 and each <= 63: no overflow. */
+        if (children * each > left - owed_total) {
           *why = ST_WIRE_DROP_LIMIT;
           return -EBADMSG;
         }
         break;
+      }
       default:
         break;
     }
     if (children > 0) {
       /* The children sit at depth open + 2. */
-      if (open + 2 > ST_WIRE_MAX_DEPTH) {
+      if (open + 2 > r->max_depth) {
         *why = ST_WIRE_DROP_LIMIT;
         return -EBADMSG;
       }
+      if (open == 0)
+        top_n = children;
       owed[open++] = children;
       owed_total += children;
     }
     while (open > 0 && owed[open - 1] == 0)
       open--;
   } while (open > 0);
-  if (pos != len) {
-    *why = ST_WIRE_DROP_MALFORMED; /* trailing bytes */
-    return -EBADMSG;
-  }
+  *used = pos;
   return 0;
 }

@@ -22,8 +22,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   st_msg_t msg;
   st_wire_counters_t wc = {{0}};
-  if (st_wire_decode(data, size, &msg, &wc) != 0 || msg.type != ST_MSG_HS3)
+  if (st_wire_decode(data, size, &msg, &wc) != 0)
     return 0;
+  if (msg.type != ST_MSG_HS3) {
+    st_wire_msg_free(&msg);
+    return 0;
+  }
 
   st_crypto_counters_t cc = {{0}};
   st_handshake_t hi, hr;

@@ -63,6 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     st_msg_t msg;
     st_wire_counters_t wc = {{0}};
     (void) st_wire_decode(plain, plain_len, &msg, &wc);
+    st_wire_msg_free(&msg);
   }
   return 0;
 }

@@ -24,6 +24,7 @@ static void decode(const uint8_t* msg, size_t len) {
   st_msg_t m;
   st_wire_counters_t wc = {{0}};
   (void) st_wire_decode(msg, len, &m, &wc);
+  st_wire_msg_free(&m);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
