@@ -11,6 +11,13 @@
  * Duplicates are harmless and kept once. An empty list is allowed: it
  * admits no one, which the caller may report.
  *
+ * An error never quotes the file: a bad token may be a secret pasted by
+ * mistake (a cluster key is 43 characters of the same base64, like a
+ * public key), and errors end up in logs. It names FILE:LINE and the
+ * token's length. The list decides who may join, so, like sshd's
+ * StrictModes for authorized_keys, a file that group or others can write
+ * is refused ("chmod go-w FILE"); reading it is harmless (public keys).
+ *
  * The keys are kept sorted, and looked up by binary search: a handshake
  * costs O(log n) comparisons of 32 bytes, nothing for any real cluster. */
 #include <errno.h>
@@ -18,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "crypto/crypto.h"
 #include "crypto/crypto_internal.h"
@@ -43,8 +51,11 @@ static int is_blank(int c) {
   return c == ' ' || c == '\t' || c == '\r';
 }
 
-static int token_is(const char* tok, size_t tlen, const char* word) {
-  return tlen == strlen(word) && memcmp(tok, word, tlen) == 0;
+/* The token starts with word (a key file's header, possibly glued to the
+ * key by a ':' or '=' instead of a blank). */
+static int token_starts_with(const char* tok, size_t tlen, const char* word) {
+  size_t wlen = strlen(word);
+  return tlen >= wlen && memcmp(tok, word, wlen) == 0;
 }
 
 /* Reads one line (without its '\n') into line. Returns 1 for a line, 0 at
@@ -87,9 +98,10 @@ static int parse_line(char* line, size_t len, uint8_t pk[ST_PUBLIC_KEY_BYTES],
     i++;
   size_t tlen = i - start;
   const char* tok = line + start;
-  /* A secret key file pasted here by mistake: say so, and do not echo it. */
-  if (token_is(tok, tlen, "starling-identity-v1") ||
-      token_is(tok, tlen, "starling-cluster-key-v1")) {
+  /* A secret key file pasted here by mistake: say so. No message below
+   * quotes the token: it may be a secret. */
+  if (token_starts_with(tok, tlen, "starling-identity-v1") ||
+      token_starts_with(tok, tlen, "starling-cluster-key-v1")) {
     snprintf(why, why_len,
              "this is a line of a secret key file, not a public key; "
              "put the public key that `starling keygen --show FILE` prints "
@@ -103,18 +115,20 @@ static int parse_line(char* line, size_t len, uint8_t pk[ST_PUBLIC_KEY_BYTES],
                         &end, sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
       end != tok + tlen || bin_len != ST_PUBLIC_KEY_BYTES) {
     snprintf(why, why_len,
-             "'%.*s%s' is not a public key (%d characters of URL-safe "
-             "base64, as `starling keygen` prints it, then optionally a "
-             "comment)",
-             (int) (tlen > 60 ? 60 : tlen), tok, tlen > 60 ? "..." : "",
-             PK_B64_CHARS);
+             "the first word (%zu characters, not shown) is not a public "
+             "key (%d characters of URL-safe base64, as `starling keygen` "
+             "prints it, then optionally a comment)",
+             tlen, PK_B64_CHARS);
     return -EBADMSG;
   }
   /* About half of all 32-byte strings are not curve points: this catches
    * many typos that still decode. Every key crypto_sign makes passes. */
   if (!crypto_core_ed25519_is_valid_point(pk)) {
-    snprintf(why, why_len, "'%.*s' is not a valid Ed25519 public key (a typo?)",
-             (int) tlen, tok);
+    snprintf(why, why_len,
+             "the first word (%zu characters, not shown) is not a valid "
+             "Ed25519 public key (a typo, or a secret key pasted by "
+             "mistake?)",
+             tlen);
     return -EBADMSG;
   }
   return 1;
@@ -136,6 +150,22 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
     st__crypto_set_err(err, err_len, "%s: cannot open the allow-list: %s", path,
                        strerror(-rc));
     return rc;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0) {
+    rc = -errno;
+    st__crypto_set_err(err, err_len, "%s: cannot stat the allow-list: %s", path,
+                       strerror(-rc));
+    goto out;
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    rc = -EACCES;
+    st__crypto_set_err(err, err_len,
+                       "%s: writable by group or others (mode %04o); anyone "
+                       "who can write the allow-list decides who may join; "
+                       "run: chmod go-w %s",
+                       path, (unsigned) (st.st_mode & 07777), path);
+    goto out;
   }
   list = calloc(1, sizeof(*list));
   if (list == NULL) {

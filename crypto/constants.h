@@ -31,22 +31,33 @@
 /* ==== UDP packets (crypto/packet.c) ========================================
  *
  * Offsets of the header fields (the layout table in crypto.h). The
- * associated data is bytes [0, ST__PKT_AD_BYTES): everything before the
- * nonce. The nonce itself needs no AD: it is an input of the AEAD, so a
- * changed nonce already fails authentication. */
+ * associated data is bytes [0, ST__PKT_HEADER_AD_BYTES), everything before
+ * the nonce, followed by the receiver's 16-byte node id, which is not
+ * sent: the receiver supplies its own, so that a packet A sealed for B
+ * fails authentication at C (otherwise an outsider could replay it to C,
+ * whose window has gaps where A's packets went to others). The receiver
+ * kind byte says which id that is (st_packet_to_t): the receiver's, or 16
+ * zero bytes when the sender does not know it yet; without the byte the
+ * receiver would have to try both. The nonce itself needs no AD: it is an
+ * input of the AEAD, so a changed nonce already fails authentication. */
 #define ST__PKT_OFF_VERSION 0
 #define ST__PKT_OFF_KEY_ID 1
-#define ST__PKT_OFF_SENDER 2                                      /* 16 bytes */
-#define ST__PKT_OFF_EPOCH (ST__PKT_OFF_SENDER + ST_NODE_ID_BYTES) /* 18 */
-#define ST__PKT_OFF_COUNTER (ST__PKT_OFF_EPOCH + 8)               /* 26 */
-#define ST__PKT_OFF_NONCE (ST__PKT_OFF_COUNTER + 8)               /* 34 */
-#define ST__PKT_AD_BYTES ST__PKT_OFF_NONCE                        /* 34 */
+#define ST__PKT_OFF_TO_KIND 2
+#define ST__PKT_OFF_SENDER 3                                      /* 16 bytes */
+#define ST__PKT_OFF_EPOCH (ST__PKT_OFF_SENDER + ST_NODE_ID_BYTES) /* 19 */
+#define ST__PKT_OFF_COUNTER (ST__PKT_OFF_EPOCH + 8)               /* 27 */
+#define ST__PKT_OFF_NONCE (ST__PKT_OFF_COUNTER + 8)               /* 35 */
+#define ST__PKT_HEADER_AD_BYTES ST__PKT_OFF_NONCE                 /* 35 */
+#define ST__PKT_AD_BYTES \
+  (ST__PKT_HEADER_AD_BYTES + ST_NODE_ID_BYTES) /* 51: + receiver id */
 #define ST__PKT_NONCE_BYTES crypto_aead_xchacha20poly1305_ietf_NPUBBYTES
 #define ST__PKT_OFF_CIPHERTEXT (ST__PKT_OFF_NONCE + ST__PKT_NONCE_BYTES)
 
 _Static_assert(ST__PKT_OFF_CIPHERTEXT == ST_PACKET_HEADER_BYTES,
                "header layout and ST_PACKET_HEADER_BYTES disagree");
 _Static_assert(ST__PKT_NONCE_BYTES == 24, "XChaCha20 nonces are 24 bytes");
+_Static_assert(ST__PKT_OFF_CIPHERTEXT == 59 && ST_PACKET_VERSION == 2,
+               "the layout of version 2 (docs/security.md)");
 _Static_assert(ST_PACKET_TAG_BYTES == crypto_aead_xchacha20poly1305_ietf_ABYTES,
                "packet tag is the Poly1305 tag");
 _Static_assert(ST_KEY_BYTES == crypto_aead_xchacha20poly1305_ietf_KEYBYTES,

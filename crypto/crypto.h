@@ -13,21 +13,25 @@
  *   current key (seals and opens) and optionally the previous one (opens
  *   only) for a rotation.
  * - UDP packets (crypto/packet.c): XChaCha20-Poly1305 under a subkey of the
- *   cluster key (crypto_kdf), a random 24-byte nonce, and the header as
- *   associated data:
+ *   cluster key (crypto_kdf), a random 24-byte nonce, and as associated
+ *   data the header before the nonce followed by the receiver's node id:
  *
  *     offset size field
  *          0    1 protocol version (ST_PACKET_VERSION)
  *          1    1 key id
- *          2   16 sender node id
- *         18    8 sender boot epoch, little-endian
- *         26    8 per-boot packet counter, little-endian
- *         34   24 nonce
- *         58    n ciphertext: plaintext + 16-byte tag
+ *          2    1 receiver kind (st_packet_to_t)
+ *          3   16 sender node id
+ *         19    8 sender boot epoch, little-endian
+ *         27    8 per-boot packet counter, little-endian
+ *         35   24 nonce
+ *         59    n ciphertext: plaintext + 16-byte tag
  *
- *   at most ST_PACKET_MAX_BYTES on the wire. A per-sender sliding window
- *   over (boot epoch, counter), RFC 6479 style, drops replays and packets
- *   from an older boot epoch; it advances only after authentication.
+ *   at most ST_PACKET_MAX_BYTES on the wire. The receiver's id is not
+ *   sent: the receiver uses its own (or 16 zero bytes for the kind
+ *   ST_PACKET_TO_UNKNOWN), so a packet sent to one node fails
+ *   authentication at any other. A per-sender sliding window over (boot
+ *   epoch, counter), RFC 6479 style, drops replays and packets from an
+ *   older boot epoch; it advances only after authentication.
  * - TCP handshake (crypto/handshake.c): three messages, fresh ephemeral
  *   X25519 keys per connection, each side signing the transcript with its
  *   identity key, the cluster key mixed into the key derivation (Noise XX
@@ -77,7 +81,8 @@ typedef enum {
   /* UDP packets */
   ST_DROP_PACKET_SHORT = 0,    /* shorter than header + tag */
   ST_DROP_PACKET_LONG,         /* over ST_PACKET_MAX_BYTES */
-  ST_DROP_PACKET_VERSION,      /* unknown protocol version */
+  ST_DROP_PACKET_VERSION,      /* unknown protocol version or receiver
+                                  kind */
   ST_DROP_PACKET_KEY_ID,       /* no key with that id in the keyring */
   ST_DROP_PACKET_AUTH,         /* failed authentication (altered, forged,
                                   or sealed with another cluster key) */
@@ -184,8 +189,10 @@ typedef struct st_allowlist_s st_allowlist_t;
 
 /* A text file: one public key per line (as st_public_key_format writes
  * it), optionally followed by whitespace and a comment; '#' starts a
- * comment line; blank lines are skipped. Refuses a malformed line, naming
- * the file and line. */
+ * comment line; blank lines are skipped. Refuses a malformed line
+ * (-EBADMSG), naming the file, line and the bad token's length but never
+ * the token (it may be a pasted secret), and a file that group or others
+ * can write (-EACCES, "chmod go-w FILE"), as sshd's StrictModes does. */
 int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
                       size_t err_len);
 bool st_allowlist_contains(const st_allowlist_t* list,
@@ -196,18 +203,34 @@ void st_allowlist_free(st_allowlist_t* list);
 /* ==== UDP packets
  * ================================================================ */
 
-#define ST_PACKET_VERSION 1
+#define ST_PACKET_VERSION 2
 #define ST_PACKET_MAX_BYTES 1400
-#define ST_PACKET_HEADER_BYTES 58 /* version .. nonce */
+#define ST_PACKET_HEADER_BYTES 59 /* version .. nonce */
 #define ST_PACKET_TAG_BYTES 16
 #define ST_PACKET_OVERHEAD (ST_PACKET_HEADER_BYTES + ST_PACKET_TAG_BYTES)
 #define ST_PACKET_MAX_PLAINTEXT (ST_PACKET_MAX_BYTES - ST_PACKET_OVERHEAD)
+
+/* Whom a packet is addressed to: the receiver kind byte of the header,
+ * which says which receiver id the associated data holds. */
+typedef enum {
+  /* The receiver's node id, known to the sender: the normal case. */
+  ST_PACKET_TO_NODE = 0,
+  /* 16 zero bytes: the sender does not know the receiver's id yet (the
+   * first contact with a seed given only by its address). Any node with
+   * the cluster key opens such a packet, so it is not bound to one
+   * receiver and can be redirected to any member: the membership layer
+   * must accept only join messages from it. */
+  ST_PACKET_TO_UNKNOWN = 1,
+} st_packet_to_t;
 
 typedef struct {
   st_node_id_t sender;
   uint64_t boot_epoch;
   uint64_t counter;
   uint8_t key_id;
+  /* ST_PACKET_TO_NODE or ST_PACKET_TO_UNKNOWN; on the latter the caller
+   * must refuse anything but a join message (see st_packet_to_t). */
+  uint8_t to_kind;
 } st_packet_header_t;
 
 /* What a node needs to seal: its keyring (borrowed), id, boot epoch and
@@ -220,9 +243,14 @@ typedef struct {
 } st_packet_sealer_t;
 
 /* Seals len bytes (len <= ST_PACKET_MAX_PLAINTEXT) into out, which must
- * hold len + ST_PACKET_OVERHEAD bytes; *out_len receives the packet size. */
-int st_packet_seal(st_packet_sealer_t* s, const uint8_t* plain, size_t len,
-                   uint8_t* out, size_t out_cap, size_t* out_len);
+ * hold len + ST_PACKET_OVERHEAD bytes, for the receiver `to` (borrowed;
+ * only the node with that id can open it); *out_len receives the packet
+ * size. to == NULL seals for an unknown receiver (ST_PACKET_TO_UNKNOWN):
+ * only for the first contact with a seed whose id is not known yet. An
+ * all-zero *to is refused (-EINVAL): pass NULL to mean "unknown". */
+int st_packet_seal(st_packet_sealer_t* s, const st_node_id_t* to,
+                   const uint8_t* plain, size_t len, uint8_t* out,
+                   size_t out_cap, size_t* out_len);
 
 /* Per-sender replay windows, RFC 6479 style: for each sender the highest
  * (boot epoch, counter) accepted and a bitmap of the last
@@ -237,15 +265,20 @@ void st_replay_table_free(st_replay_table_t* t);
 /* Forgets a sender (a member declared dead and gone). */
 void st_replay_table_forget(st_replay_table_t* t, const st_node_id_t* sender);
 
-/* Checks and opens a packet: size, version, key id, the replay window
- * (checked before and updated only after authentication), then decrypts
- * into plain (cap >= len - ST_PACKET_OVERHEAD). On success fills *hdr and
- * *plain_len. On rejection increments the matching counter in c (may be
+/* Checks and opens a packet addressed to self (this node's id, borrowed):
+ * size, version, key id, receiver kind, the replay window (checked before
+ * and updated only after authentication), then decrypts into plain (cap
+ * >= len - ST_PACKET_OVERHEAD). A packet sealed for another receiver
+ * fails authentication (ST_DROP_PACKET_AUTH). On success fills *hdr and
+ * *plain_len; hdr->to_kind == ST_PACKET_TO_UNKNOWN says the packet was not
+ * bound to this node, and the caller must then accept only a join
+ * message. On rejection increments the matching counter in c (may be
  * NULL) and returns the error; nothing is parsed before authentication
  * except the fixed header fields needed to pick the key and window. */
-int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
-                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
-                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
+int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
+                   st_replay_table_t* replay, st_crypto_counters_t* c,
+                   const uint8_t* in, size_t len, uint8_t* plain,
+                   size_t plain_cap, size_t* plain_len,
                    st_packet_header_t* hdr);
 
 /* ==== TCP handshake

@@ -33,4 +33,9 @@ const st_cluster_key_t* st__keyring_find(const st_keyring_t* ring,
  * call per packet. */
 void st__random_nonce24(uint8_t out[24]);
 
+/* Copies the calling thread's current generator key (the key of its next
+ * refill): for the key-erasure test only, which checks that this key
+ * cannot regenerate nonces already handed out. */
+void st__nonce_key_for_test(uint8_t out[32]);
+
 #endif

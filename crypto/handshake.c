@@ -149,6 +149,13 @@ static int fail(st_handshake_t* hs, st_crypto_drop_t reason, int rc) {
   return rc;
 }
 
+/* A NULL argument: a programmer error, but the promise stands that any
+ * failure wipes the state (hs may itself be the NULL). */
+static int bad_args(st_handshake_t* hs) {
+  st_handshake_wipe(hs);
+  return -EINVAL;
+}
+
 /* The state is alive, has this role and is at this step; otherwise a call
  * out of order, which ends the handshake. */
 static int expect(st_handshake_t* hs, int role, int step) {
@@ -201,7 +208,7 @@ void st_session_wipe(st_session_t* s) {
 
 int st_handshake_write_msg1(st_handshake_t* hs, st_hs_msg1_t* out) {
   if (hs == NULL || out == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_INITIATOR, STEP_START);
   if (rc != 0)
     return rc;
@@ -222,7 +229,7 @@ _Static_assert(sizeof(st_hs_msg1_t) == 34, "msg1 is version, key id, e");
 
 int st_handshake_read_msg1(st_handshake_t* hs, const st_hs_msg1_t* in) {
   if (hs == NULL || in == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_RESPONDER, STEP_START);
   if (rc != 0)
     return rc;
@@ -265,7 +272,7 @@ out:
 
 int st_handshake_write_msg2(st_handshake_t* hs, st_hs_msg2_t* out) {
   if (hs == NULL || out == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_RESPONDER, STEP_MSG1);
   if (rc != 0)
     return rc;
@@ -355,7 +362,7 @@ out:
 
 int st_handshake_read_msg2(st_handshake_t* hs, const st_hs_msg2_t* in) {
   if (hs == NULL || in == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_INITIATOR, STEP_MSG1);
   if (rc != 0)
     return rc;
@@ -399,7 +406,7 @@ out:
 
 int st_handshake_write_msg3(st_handshake_t* hs, st_hs_msg3_t* out) {
   if (hs == NULL || out == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_INITIATOR, STEP_MSG2);
   if (rc != 0)
     return rc;
@@ -431,7 +438,7 @@ int st_handshake_write_msg3(st_handshake_t* hs, st_hs_msg3_t* out) {
 
 int st_handshake_read_msg3(st_handshake_t* hs, const st_hs_msg3_t* in) {
   if (hs == NULL || in == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   int rc = expect(hs, ST_HS_RESPONDER, STEP_MSG2);
   if (rc != 0)
     return rc;
@@ -466,7 +473,7 @@ out:
 
 int st_handshake_finish(st_handshake_t* hs, st_session_t* out) {
   if (hs == NULL || out == NULL)
-    return -EINVAL;
+    return bad_args(hs);
   if (hs->step == STEP_DEAD)
     return -EPROTO;
   if (hs->step != STEP_DONE)

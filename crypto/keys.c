@@ -106,6 +106,9 @@ void st__cluster_key_set_id(st_cluster_key_t* key) {
   crypto_generichash_blake2b_salt_personal(
       h, sizeof(h), key->key, sizeof(key->key), NULL, 0, NULL, personal);
   key->id = h[0];
+  /* Only the first byte is public; the rest is a hash of a secret, wiped
+   * like any other (STYLE.md rule 5). */
+  sodium_memzero(h, sizeof(h));
 }
 
 int st_cluster_key_generate(st_cluster_key_t* key) {

@@ -3,15 +3,30 @@
  * libsodium 1.0.18's randombytes_buf is a getrandom() system call per call:
  * about 1 us, which made sealing a 1400-byte packet 37% slower than the
  * AEAD itself (docs/benchmarks.md). Instead each thread keeps a pool of
- * random bytes: the ChaCha20 keystream under a 32-byte key drawn from the
- * kernel's generator (a fast key-erasure CSPRNG, as arc4random and
- * libsodium's own internal generator do), refilled 64 nonces at a time,
- * and rekeyed from the kernel every 2^16 refills. The nonces stay
- * unpredictable and, being 192-bit random values, never repeat in practice.
+ * random bytes from a fast key-erasure generator (Bernstein, "Fast-key-
+ * erasure random-number generators", 2017; as arc4random and libsodium's
+ * own internal generator do): a refill runs ChaCha20 under the current
+ * 32-byte key, takes the first 32 bytes of the keystream as the next key,
+ * overwriting the old one, and the next 64 * 24 bytes as the pool. Each
+ * nonce is wiped from the pool as it is handed out. So a later disclosure
+ * of this memory (a core dump, a heap over-read) shows only the next key
+ * and the nonces not yet used: the old key is gone, and ChaCha20 cannot be
+ * run backwards from its output, so the nonces already sent cannot be
+ * reconstructed. The first key, and a fresh one every 2^16 refills, come
+ * from the kernel's generator, which bounds how long a disclosed state
+ * predicts future nonces. The nonces stay unpredictable and, being 192-bit
+ * random values, never repeat in practice.
  *
  * A forked child would inherit the pool and repeat its parent's nonces
  * under the same key: a pthread_atfork handler empties the pool in the
- * child, which then draws a fresh key. */
+ * child, which then draws a fresh key. Known limitation: nothing can tell
+ * this code that its memory was duplicated behind its back. Restoring a
+ * VM snapshot, or a CRIU checkpoint, more than once (or resuming it while
+ * the original runs) gives two processes the same pool and key, and they
+ * emit the same nonces until the next kernel rekey; a repeated nonce under
+ * one packet key reveals the XOR of the two plaintexts and the Poly1305
+ * key of that nonce. Restart starling on a restored machine instead of
+ * resuming it (a restart also begins a new boot epoch). */
 #include <pthread.h>
 #include <sodium.h>
 #include <string.h>
@@ -21,13 +36,13 @@
 #define NONCE_BYTES 24
 #define POOL_NONCES 64
 #define REKEY_EVERY_REFILLS (1u << 16)
+#define KEY_BYTES crypto_stream_chacha20_ietf_KEYBYTES
 
 typedef struct {
-  uint8_t key[crypto_stream_chacha20_ietf_KEYBYTES];
+  uint8_t key[KEY_BYTES]; /* the next refill's key; replaced at each refill */
   uint8_t pool[POOL_NONCES * NONCE_BYTES];
   size_t used;      /* nonces taken from the pool */
-  uint32_t refills; /* since the last rekey */
-  uint32_t block;   /* keystream position, in refills */
+  uint32_t refills; /* since the last key from the kernel */
   int keyed;
 } nonce_pool_t;
 
@@ -47,14 +62,16 @@ static void refill(nonce_pool_t* p) {
     randombytes_buf(p->key, sizeof(p->key));
     p->keyed = 1;
     p->refills = 0;
-    p->block = 0;
   }
-  /* Each refill uses its own 96-bit nonce for the keystream, so that no
-   * keystream byte is ever used twice under one key. */
-  uint8_t stream_nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {0};
-  memcpy(stream_nonce, &p->block, sizeof(p->block));
-  crypto_stream_chacha20_ietf(p->pool, sizeof(p->pool), stream_nonce, p->key);
-  p->block++;
+  /* One keystream per key: the next key, then the pool. Every key is used
+   * for exactly one keystream, so the stream nonce can be the constant
+   * zero. */
+  static const uint8_t stream_nonce[crypto_stream_chacha20_ietf_NONCEBYTES];
+  uint8_t out[KEY_BYTES + sizeof(p->pool)];
+  crypto_stream_chacha20_ietf(out, sizeof(out), stream_nonce, p->key);
+  memcpy(p->key, out, KEY_BYTES); /* erases the key just used */
+  memcpy(p->pool, out + KEY_BYTES, sizeof(p->pool));
+  sodium_memzero(out, sizeof(out));
   p->refills++;
   p->used = 0;
 }
@@ -70,4 +87,8 @@ void st__random_nonce24(uint8_t out[24]) {
    * cannot reveal nonces already used (key erasure). */
   sodium_memzero(n, NONCE_BYTES);
   p->used++;
+}
+
+void st__nonce_key_for_test(uint8_t out[32]) {
+  memcpy(out, tls_pool.key, KEY_BYTES);
 }

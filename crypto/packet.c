@@ -1,17 +1,21 @@
 /* packet.c: sealed UDP packets (crypto.h, "UDP packets"; docs/security.md).
  *
- * A packet is a 34-byte cleartext header (version, key id, sender id, boot
- * epoch, counter), a random 24-byte nonce and an XChaCha20-Poly1305-IETF
- * ciphertext (RFC 8439 with the XChaCha20 extension of
- * draft-irtf-cfrg-xchacha) whose associated data is the 34-byte header.
- * The key is the keyring's packet subkey of the cluster key the key id
- * names.
+ * A packet is a 35-byte cleartext header (version, key id, receiver kind,
+ * sender id, boot epoch, counter), a random 24-byte nonce and an
+ * XChaCha20-Poly1305-IETF ciphertext (RFC 8439 with the XChaCha20
+ * extension of draft-irtf-cfrg-xchacha) whose associated data is the
+ * 35-byte header followed by the 16-byte id of the receiver. That id is
+ * not sent: the receiver uses its own, which binds every packet to the one
+ * node it was sealed for (a packet redirected to another member fails the
+ * tag there). The key is the keyring's packet subkey of the cluster key
+ * the key id names.
  *
  * Opening follows WireGuard's order for transport data: cheap checks
- * first, the key looked up by its id (never tried), the replay window
- * checked but not touched, then authentication, and only after it the
- * window updated. Nothing past the fixed header is read before the tag is
- * verified, and every rejection is counted under its reason. */
+ * first, the key looked up by its id (never tried), the receiver id picked
+ * by the kind byte (never tried), the replay window checked but not
+ * touched, then authentication, and only after it the window updated.
+ * Nothing past the fixed header is read before the tag is verified, and
+ * every rejection is counted under its reason. */
 #include <errno.h>
 #include <sodium.h>
 #include <string.h>
@@ -32,14 +36,31 @@ static uint64_t load64_le(const uint8_t* p) {
   return v;
 }
 
+/* The associated data: the header before the nonce, then the receiver's
+ * id (16 zero bytes for ST_PACKET_TO_UNKNOWN). */
+static void make_ad(uint8_t ad[ST__PKT_AD_BYTES], const uint8_t* header,
+                    const st_node_id_t* to) {
+  memcpy(ad, header, ST__PKT_HEADER_AD_BYTES);
+  if (to != NULL)
+    memcpy(ad + ST__PKT_HEADER_AD_BYTES, to->b, ST_NODE_ID_BYTES);
+  else
+    memset(ad + ST__PKT_HEADER_AD_BYTES, 0, ST_NODE_ID_BYTES);
+}
+
 /* ---- Sealing ----------------------------------------------------------------
  */
 
-int st__packet_seal_with_nonce(st_packet_sealer_t* s, const uint8_t nonce[24],
-                               const uint8_t* plain, size_t len, uint8_t* out,
-                               size_t out_cap, size_t* out_len) {
+int st__packet_seal_with_nonce(st_packet_sealer_t* s, const st_node_id_t* to,
+                               const uint8_t nonce[24], const uint8_t* plain,
+                               size_t len, uint8_t* out, size_t out_cap,
+                               size_t* out_len) {
   if (s == NULL || s->keys == NULL || out == NULL || out_len == NULL ||
       (plain == NULL && len > 0))
+    return -EINVAL;
+  /* "Unknown" is said with NULL, never with a zero id: a zero id is what
+   * an unset field looks like, and refusing it keeps sealing for "any
+   * member" an explicit choice. */
+  if (to != NULL && sodium_is_zero(to->b, ST_NODE_ID_BYTES))
     return -EINVAL;
   if (len > ST_PACKET_MAX_PLAINTEXT)
     return -EMSGSIZE;
@@ -52,27 +73,32 @@ int st__packet_seal_with_nonce(st_packet_sealer_t* s, const uint8_t nonce[24],
 
   out[ST__PKT_OFF_VERSION] = ST_PACKET_VERSION;
   out[ST__PKT_OFF_KEY_ID] = s->keys->current.id;
+  out[ST__PKT_OFF_TO_KIND] =
+      (uint8_t) (to != NULL ? ST_PACKET_TO_NODE : ST_PACKET_TO_UNKNOWN);
   memcpy(out + ST__PKT_OFF_SENDER, s->self.b, ST_NODE_ID_BYTES);
   store64_le(out + ST__PKT_OFF_EPOCH, s->boot_epoch);
   store64_le(out + ST__PKT_OFF_COUNTER, s->counter);
   memcpy(out + ST__PKT_OFF_NONCE, nonce, ST__PKT_NONCE_BYTES);
+  uint8_t ad[ST__PKT_AD_BYTES];
+  make_ad(ad, out, to);
 
   /* The plaintext may alias out + header (in-place sealing): libsodium
    * allows the message and ciphertext to overlap exactly. */
   unsigned long long clen = 0;
   crypto_aead_xchacha20poly1305_ietf_encrypt(
-      out + ST__PKT_OFF_CIPHERTEXT, &clen, plain, len, out, ST__PKT_AD_BYTES,
-      NULL, out + ST__PKT_OFF_NONCE, s->keys->packet_key[0]);
+      out + ST__PKT_OFF_CIPHERTEXT, &clen, plain, len, ad, sizeof(ad), NULL,
+      out + ST__PKT_OFF_NONCE, s->keys->packet_key[0]);
   s->counter++;
   *out_len = ST__PKT_OFF_CIPHERTEXT + (size_t) clen;
   return 0;
 }
 
-int st_packet_seal(st_packet_sealer_t* s, const uint8_t* plain, size_t len,
-                   uint8_t* out, size_t out_cap, size_t* out_len) {
+int st_packet_seal(st_packet_sealer_t* s, const st_node_id_t* to,
+                   const uint8_t* plain, size_t len, uint8_t* out,
+                   size_t out_cap, size_t* out_len) {
   uint8_t nonce[ST__PKT_NONCE_BYTES];
   st__random_nonce24(nonce);
-  return st__packet_seal_with_nonce(s, nonce, plain, len, out, out_cap,
+  return st__packet_seal_with_nonce(s, to, nonce, plain, len, out, out_cap,
                                     out_len);
 }
 
@@ -91,12 +117,13 @@ static st_crypto_drop_t replay_reason(int rc) {
   }
 }
 
-int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
-                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
-                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
+int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
+                   st_replay_table_t* replay, st_crypto_counters_t* c,
+                   const uint8_t* in, size_t len, uint8_t* plain,
+                   size_t plain_cap, size_t* plain_len,
                    st_packet_header_t* hdr) {
-  if (keys == NULL || replay == NULL || in == NULL || plain_len == NULL ||
-      hdr == NULL)
+  if (keys == NULL || self == NULL || replay == NULL || in == NULL ||
+      plain_len == NULL || hdr == NULL)
     return -EINVAL;
 
   /* 1. Sizes: a header and a tag at least, the wire maximum at most. */
@@ -125,7 +152,15 @@ int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
     return -ENOKEY;
   }
 
-  /* 4. Replay window, checked only: these fields are not authenticated
+  /* 4. Receiver kind: which id the associated data ends with. An unknown
+   * kind is a format this version does not speak, counted as such. */
+  uint8_t to_kind = in[ST__PKT_OFF_TO_KIND];
+  if (to_kind != ST_PACKET_TO_NODE && to_kind != ST_PACKET_TO_UNKNOWN) {
+    st__crypto_count(c, ST_DROP_PACKET_VERSION);
+    return -EBADMSG;
+  }
+
+  /* 5. Replay window, checked only: these fields are not authenticated
    * yet, so nothing may change on their word. */
   st_node_id_t sender;
   memcpy(sender.b, in + ST__PKT_OFF_SENDER, ST_NODE_ID_BYTES);
@@ -137,17 +172,20 @@ int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
     return rc;
   }
 
-  /* 5. Authenticate and decrypt; the header is the associated data. */
+  /* 6. Authenticate and decrypt; the associated data is the header and
+   * this node's id, so a packet sealed for another node fails here. */
+  uint8_t ad[ST__PKT_AD_BYTES];
+  make_ad(ad, in, to_kind == ST_PACKET_TO_NODE ? self : NULL);
   unsigned long long got = 0;
   if (crypto_aead_xchacha20poly1305_ietf_decrypt(
           plain, &got, NULL, in + ST__PKT_OFF_CIPHERTEXT,
-          len - ST_PACKET_HEADER_BYTES, in, ST__PKT_AD_BYTES,
-          in + ST__PKT_OFF_NONCE, keys->packet_key[slot]) != 0) {
+          len - ST_PACKET_HEADER_BYTES, ad, sizeof(ad), in + ST__PKT_OFF_NONCE,
+          keys->packet_key[slot]) != 0) {
     st__crypto_count(c, ST_DROP_PACKET_AUTH);
     return -EBADMSG;
   }
 
-  /* 6. Authentic: now the window may move. It cannot refuse what the
+  /* 7. Authentic: now the window may move. It cannot refuse what the
    * check accepted (nothing ran in between), but its answer is checked
    * anyway and the plaintext wiped if it does. */
   rc = st__replay_update(replay, &sender, epoch, counter);
@@ -161,5 +199,6 @@ int st_packet_open(const st_keyring_t* keys, st_replay_table_t* replay,
   hdr->boot_epoch = epoch;
   hdr->counter = counter;
   hdr->key_id = in[ST__PKT_OFF_KEY_ID];
+  hdr->to_kind = to_kind;
   return 0;
 }

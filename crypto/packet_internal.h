@@ -10,9 +10,10 @@
 
 /* st_packet_seal with a caller-chosen nonce instead of a random one: for
  * known-answer tests only. A nonce must never repeat under one key. */
-int st__packet_seal_with_nonce(st_packet_sealer_t* s, const uint8_t nonce[24],
-                               const uint8_t* plain, size_t len, uint8_t* out,
-                               size_t out_cap, size_t* out_len);
+int st__packet_seal_with_nonce(st_packet_sealer_t* s, const st_node_id_t* to,
+                               const uint8_t nonce[24], const uint8_t* plain,
+                               size_t len, uint8_t* out, size_t out_cap,
+                               size_t* out_len);
 
 /* The replay decision for (sender, epoch, counter), without changing t:
  * 0 (accept), -EALREADY (replay or below the window), -ESTALE (older boot

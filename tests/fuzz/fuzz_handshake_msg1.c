@@ -2,13 +2,25 @@
  * node receives it from a TCP peer: st_wire_decode of the frame's message,
  * then, when it is a handshake message 1, the handshake state machine at
  * the step where that message is expected (see crypto/handshake.c). A
- * forged message must fail cleanly, wipe the state and be counted. */
+ * forged message must fail cleanly, wipe the state and be counted.
+ * corpus/fuzz_handshake_msg1/hs1_zero.bin (an all-zero ephemeral key) is
+ * the regression seed for the low-order case below. */
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+/* The state was wiped (st_handshake_wipe zeroes all of it). */
+static int all_zero(const void* p, size_t n) {
+  const uint8_t* b = p;
+  uint8_t acc = 0;
+  for (size_t i = 0; i < n; i++)
+    acc |= b[i];
+  return acc == 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static st_keyring_t ring;
@@ -41,10 +53,20 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       st_handshake_init(&hr, ST_HS_RESPONDER, &b, &ring, NULL, &cc) != 0)
     abort();
   /* The responder reads a message 1 from anyone and, if it is well formed,
-   * answers with message 2. */
-  if (st_handshake_read_msg1(&hr, &msg.u.hs1) == 0 &&
-      st_handshake_write_msg2(&hr, &m2) != 0)
-    abort();
+   * answers with message 2. That fails, correctly, for a low-order
+   * ephemeral key (the X25519 result is all zero): -EBADMSG, counted as
+   * malformed, the state wiped. Anything else must succeed. */
+  if (st_handshake_read_msg1(&hr, &msg.u.hs1) == 0) {
+    uint64_t malformed = cc.drops[ST_DROP_HS_MALFORMED];
+    int rc = st_handshake_write_msg2(&hr, &m2);
+    if (rc == -EBADMSG) {
+      if (cc.drops[ST_DROP_HS_MALFORMED] != malformed + 1 ||
+          !all_zero(&hr, sizeof(hr)))
+        abort();
+    } else if (rc != 0) {
+      abort();
+    }
+  }
   st_handshake_wipe(&hi);
   st_handshake_wipe(&hr);
   return 0;

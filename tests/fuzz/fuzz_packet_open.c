@@ -5,7 +5,9 @@
  * st_packet_open as a raw datagram (the header checks, key lookup, replay
  * window and authentication must reject anything forged, without reading
  * past the fixed header). Mode 1 seals the rest with the target's own key
- * first, so that the fuzzer also reaches the decoder behind the tag. */
+ * first, for this receiver (bit 1 of the mode byte clear) or for an
+ * unknown receiver (bit 1 set), so that the fuzzer also reaches the
+ * decoder behind the tag. */
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static st_keyring_t ring;
   static st_replay_table_t* replay;
   static st_packet_sealer_t sealer;
+  static st_identity_t receiver;
   static int ready;
   if (!ready) {
     fuzz_keyring(&ring, 0x42);
@@ -26,11 +29,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     st_identity_t self;
     fuzz_identity(&self, 0x01);
     sealer = (st_packet_sealer_t){&ring, self.id, 7, 0};
+    fuzz_identity(&receiver, 0x02);
     ready = 1;
   }
   if (size < 1)
     return 0;
   int mode = data[0] & 1;
+  const st_node_id_t* to = (data[0] & 2) ? NULL : &receiver.id;
   data++;
   size--;
 
@@ -44,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     if (size > ST_PACKET_MAX_PLAINTEXT)
       size = ST_PACKET_MAX_PLAINTEXT;
-    if (st_packet_seal(&sealer, data, size, packet, sizeof(packet),
+    if (st_packet_seal(&sealer, to, data, size, packet, sizeof(packet),
                        &packet_len) != 0)
       abort();
   }
@@ -53,11 +58,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t plain_len = 0;
   st_packet_header_t hdr;
   st_crypto_counters_t cc = {{0}};
-  int rc = st_packet_open(&ring, replay, &cc, packet, packet_len, plain,
-                          sizeof(plain), &plain_len, &hdr);
+  int rc = st_packet_open(&ring, &receiver.id, replay, &cc, packet, packet_len,
+                          plain, sizeof(plain), &plain_len, &hdr);
   /* A sealed packet of our own always opens; a raw one never does unless it
    * is a byte-exact copy of one sealed earlier (then it is a replay). */
-  if (mode == 1 && rc != 0)
+  if (mode == 1 && (rc != 0 || hdr.to_kind != (to == NULL ? ST_PACKET_TO_UNKNOWN
+                                                          : ST_PACKET_TO_NODE)))
     abort();
   if (rc == 0) {
     st_msg_t msg;

@@ -78,22 +78,31 @@ int main(int argc, char** argv) {
   const uint8_t mode0 = 0, mode1 = 1;
   char name[64];
 
-  /* Packets: mode 1 (plaintext to seal) and mode 0 (sealed datagrams). */
-  st_identity_t self;
+  /* Packets: mode 1 (plaintext to seal) and mode 0 (sealed datagrams),
+   * sealed for the target's receiver (identity 0x02), and the first one
+   * also for an unknown receiver (mode bit 1, ST_PACKET_TO_UNKNOWN). */
+  st_identity_t self, receiver;
   fuzz_identity(&self, 0x01);
+  fuzz_identity(&receiver, 0x02);
   st_packet_sealer_t sealer = {&ring, self.id, 7, 0};
+  const uint8_t mode1_unknown = 3;
   for (size_t i = 0; i < n; i++) {
     if (lens[i] > ST_PACKET_MAX_PLAINTEXT)
       continue;
-    snprintf(name, sizeof(name), "plain-%zu", i);
-    put("fuzz_packet_open", name, &mode1, 1, msgs[i], lens[i]);
-    uint8_t pkt[ST_PACKET_MAX_BYTES];
-    size_t pkt_len;
-    if (st_packet_seal(&sealer, msgs[i], lens[i], pkt, sizeof(pkt), &pkt_len) !=
-        0)
-      return 1;
-    snprintf(name, sizeof(name), "sealed-%zu", i);
-    put("fuzz_packet_open", name, &mode0, 1, pkt, pkt_len);
+    for (int unknown = 0; unknown <= (i == 0); unknown++) {
+      const st_node_id_t* to = unknown ? NULL : &receiver.id;
+      const char* suffix = unknown ? "-unknown" : "";
+      snprintf(name, sizeof(name), "plain-%zu%s", i, suffix);
+      put("fuzz_packet_open", name, unknown ? &mode1_unknown : &mode1, 1,
+          msgs[i], lens[i]);
+      uint8_t pkt[ST_PACKET_MAX_BYTES];
+      size_t pkt_len;
+      if (st_packet_seal(&sealer, to, msgs[i], lens[i], pkt, sizeof(pkt),
+                         &pkt_len) != 0)
+        return 1;
+      snprintf(name, sizeof(name), "sealed-%zu%s", i, suffix);
+      put("fuzz_packet_open", name, &mode0, 1, pkt, pkt_len);
+    }
   }
 
   /* Streams: mode 1 (a message to seal) and mode 0 (a genuine connection:

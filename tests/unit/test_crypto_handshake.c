@@ -568,6 +568,67 @@ START_TEST(test_bad_version_and_args) {
 }
 END_TEST
 
+/* A NULL message or output at each step of a genuine handshake: -EINVAL,
+ * and the state is wiped like after any failure (crypto.h), though no
+ * counter moves (a programmer error, not the peer's doing). _i is the
+ * step (W1 .. FIN_R) called with NULL after the steps before it ran. */
+START_TEST(test_null_args_wipe) {
+  side_t i, r;
+  side_init(&i, &id_i, &ring_a, NULL, ST_HS_INITIATOR);
+  side_init(&r, &id_r, &ring_a, NULL, ST_HS_RESPONDER);
+  st_hs_msg1_t m1;
+  st_hs_msg2_t m2;
+  st_hs_msg3_t m3;
+  int bad = W1 + _i;
+  side_t* victim = NULL;
+  for (int step = W1; step <= bad; step++) {
+    bool null = step == bad;
+    int rc = 0;
+    switch (step) {
+      case W1:
+        rc = st_handshake_write_msg1(&i.hs, null ? NULL : &m1);
+        victim = &i;
+        break;
+      case R1:
+        rc = st_handshake_read_msg1(&r.hs, null ? NULL : &m1);
+        victim = &r;
+        break;
+      case W2:
+        rc = st_handshake_write_msg2(&r.hs, null ? NULL : &m2);
+        victim = &r;
+        break;
+      case R2:
+        rc = st_handshake_read_msg2(&i.hs, null ? NULL : &m2);
+        victim = &i;
+        break;
+      case W3:
+        rc = st_handshake_write_msg3(&i.hs, null ? NULL : &m3);
+        victim = &i;
+        break;
+      case R3:
+        rc = st_handshake_read_msg3(&r.hs, null ? NULL : &m3);
+        victim = &r;
+        break;
+      case FIN_I:
+        rc = st_handshake_finish(&i.hs, null ? NULL : &i.sess);
+        victim = &i;
+        break;
+      default:
+        rc = st_handshake_finish(&r.hs, null ? NULL : &r.sess);
+        victim = &r;
+        break;
+    }
+    ck_assert_msg(rc == (null ? -EINVAL : 0), "step %d: %d", step, rc);
+  }
+  ck_assert_uint_eq(total(&i.c) + total(&r.c), 0);
+  check_dead(victim);
+  st_handshake_wipe(&i.hs);
+  st_handshake_wipe(&r.hs);
+  st_session_wipe(&i.sess);
+  st_session_wipe(&r.sess);
+}
+END_TEST
+
 static Suite* handshake_suite(void) {
   Suite* s = suite_create("crypto_handshake");
   TCase* tc = tcase_create("handshake");
@@ -585,6 +646,7 @@ static Suite* handshake_suite(void) {
   tcase_add_loop_test(tc, test_out_of_order, 0,
                       (int) (sizeof(order_cases) / sizeof(order_cases[0])));
   tcase_add_test(tc, test_bad_version_and_args);
+  tcase_add_loop_test(tc, test_null_args_wipe, 0, FIN_R - W1 + 1);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -595,6 +595,7 @@ START_TEST(test_allowlist_many) {
     fprintf(f, "%s node-%d\n", pk, i);
   }
   fclose(f);
+  ck_assert_int_eq(chmod(path_in("many.txt"), 0644), 0); /* whatever umask */
   st_allowlist_t* list = NULL;
   ck_assert_int_eq(
       st_allowlist_load(path_in("many.txt"), &list, err, sizeof(err)), 0);
@@ -623,18 +624,35 @@ START_TEST(test_allowlist_bad) {
   char longline[1100];
   memset(longline, 'A', sizeof(longline) - 1);
   longline[sizeof(longline) - 1] = '\0';
+  /* A cluster key pasted by mistake: same alphabet and length as a public
+   * key. One that is not a curve point (about half are) fails the point
+   * check; its base64 must not appear in the error. */
+  st_cluster_key_t ck;
+  do {
+    ck_assert_int_eq(st_cluster_key_generate(&ck), 0);
+  } while (crypto_core_ed25519_is_valid_point(ck.key));
+  char secret[64], glued[128], comment[128];
+  b64(ck.key, 32, secret, sizeof(secret));
+  snprintf(glued, sizeof(glued), "starling-cluster-key-v1:%s", secret);
+  snprintf(comment, sizeof(comment), "%s # pasted from cluster.key", secret);
   const struct {
     const char* bad_line; /* appears as line 3 */
     const char* phrase;
+    const char* secret; /* must not appear in the error */
   } cases[] = {
-      {"AAAA", "'AAAA' is not a public key"},
-      {"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "is not a public key"},
-      {"AAAAAAAAAAAAAAAAAAAAAA+AAAAAAAAAAAAAAAAAAAAAA", "is not a public key"},
-      {"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "is not a public key"},
-      {notpoint, "not a valid Ed25519 public key"},
+      {"AAAA", "(4 characters, not shown) is not a public key", "AAAA"},
+      {"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+       "(44 characters, not shown) is not a public key", "AAAAAAAA"},
+      {"AAAAAAAAAAAAAAAAAAAAAA+AAAAAAAAAAAAAAAAAAAAAA", "is not a public key",
+       "AAAAAAAA"},
+      {"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "is not a public key",
+       "AAAAAAAA"},
+      {notpoint, "(43 characters, not shown) is not a valid Ed25519", notpoint},
+      {comment, "(43 characters, not shown) is not a valid Ed25519", secret},
+      {glued, "secret key file", secret},
       {"starling-identity-v1 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-       "secret key file"},
-      {longline, "line too long"},
+       "secret key file", "AAAAAAAA"},
+      {longline, "line too long", "AAAAAAAA"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     char text[4096];
@@ -652,7 +670,10 @@ START_TEST(test_allowlist_bad) {
     ck_assert_msg(strstr(err, where) == err, "case %zu: '%s'", i, err);
     ck_assert_msg(strstr(err, cases[i].phrase) != NULL,
                   "case %zu: '%s' lacks '%s'", i, err, cases[i].phrase);
+    ck_assert_msg(strstr(err, cases[i].secret) == NULL,
+                  "case %zu: '%s' quotes the file", i, err);
   }
+  st_cluster_key_wipe(&ck);
   /* A NUL byte on line 2. */
   const char* p = path_in("nul-allow.txt");
   put(p, "# x\nAB\0CD\n", 10, 0644);
@@ -666,6 +687,44 @@ START_TEST(test_allowlist_bad) {
                    -ENOENT);
   ck_assert_ptr_null(list);
   ck_assert_err_has(missing);
+}
+END_TEST
+
+/* Like sshd's StrictModes: an allow-list that group or others can write
+ * is refused with the chmod that fixes it; readable is fine. */
+START_TEST(test_allowlist_mode) {
+  st_identity_t id;
+  ck_assert_int_eq(st_identity_generate(&id), 0);
+  char text[64];
+  st_public_key_format(id.public_key, text);
+  strcat(text, "\n");
+  const char* p = path_in("allow-mode.txt");
+  static const struct {
+    mode_t mode;
+    int rc;
+  } cases[] = {
+      {0644, 0},       {0600, 0},       {0444, 0},       {0604, 0},
+      {0664, -EACCES}, {0646, -EACCES}, {0666, -EACCES}, {0620, -EACCES},
+      {0602, -EACCES}, {0777, -EACCES},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    unlink(p);
+    put(p, text, strlen(text), cases[i].mode);
+    st_allowlist_t* list = (st_allowlist_t*) 1;
+    err[0] = '\0';
+    ck_assert_msg(st_allowlist_load(p, &list, err, sizeof(err)) == cases[i].rc,
+                  "mode %04o: '%s'", (unsigned) cases[i].mode, err);
+    if (cases[i].rc == 0) {
+      ck_assert_uint_eq(st_allowlist_count(list), 1);
+      st_allowlist_free(list);
+      continue;
+    }
+    ck_assert_ptr_null(list);
+    char fix[1100];
+    snprintf(fix, sizeof(fix), "chmod go-w %s", p);
+    ck_assert_err_has(fix);
+    ck_assert_err_has("writable by group or others");
+  }
 }
 END_TEST
 
@@ -694,6 +753,7 @@ static Suite* crypto_keys_suite(void) {
   tcase_add_test(ta, test_allowlist_good);
   tcase_add_test(ta, test_allowlist_many);
   tcase_add_test(ta, test_allowlist_bad);
+  tcase_add_test(ta, test_allowlist_mode);
   tcase_set_timeout(ta, 60);
   suite_add_tcase(s, ta);
   return s;

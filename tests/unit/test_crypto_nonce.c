@@ -1,9 +1,12 @@
 /* test_crypto_nonce.c: Check suite for crypto/nonce.c, the per-thread
  * nonce pool behind sealed packets: nonces never repeat, are not trivially
- * structured, differ between threads, and a forked child does not repeat
- * its parent's next nonces. */
+ * structured, differ between threads, a forked child does not repeat its
+ * parent's next nonces, and the key left in memory cannot regenerate the
+ * nonces already handed out (fast key erasure). */
+#define _GNU_SOURCE /* memmem */
 #include <check.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -82,12 +85,59 @@ START_TEST(test_fork_does_not_repeat_nonces) {
 }
 END_TEST
 
+/* Key erasure, in a fresh thread (so that its first nonce comes from its
+ * first refill): after nonces have been drawn, the generator key left in
+ * memory must produce none of them, under any ChaCha20 nonce the
+ * generator could have used (a keystream position 0..255 in the first
+ * bytes). Then, since the key changes at every refill, two keys read 64
+ * nonces apart differ. */
+enum { DRAWN = 3 * 64 + 5 }; /* four refills */
+
+static void* erasure(void* arg) {
+  uint8_t(*drawn)[24] = arg;
+  for (int i = 0; i < DRAWN; i++)
+    st__random_nonce24(drawn[i]);
+  uint8_t key[32], key2[32];
+  st__nonce_key_for_test(key);
+  static uint8_t ks[32 + 64 * 24 * 4];
+  int found = 0;
+  for (uint32_t block = 0; block < 256 && !found; block++) {
+    uint8_t sn[crypto_stream_chacha20_ietf_NONCEBYTES] = {0};
+    memcpy(sn, &block, sizeof(block));
+    crypto_stream_chacha20_ietf(ks, sizeof(ks), sn, key);
+    for (int i = 0; i < DRAWN && !found; i++)
+      found = memmem(ks, sizeof(ks), drawn[i], 24) != NULL;
+  }
+  uint8_t more[64][24];
+  for (int i = 0; i < 64; i++)
+    st__random_nonce24(more[i]);
+  st__nonce_key_for_test(key2);
+  int changed = memcmp(key, key2, 32) != 0;
+  sodium_memzero(key, sizeof(key));
+  sodium_memzero(key2, sizeof(key2));
+  return (void*) (intptr_t) (found ? 1 : changed ? 0 : 2);
+}
+
+START_TEST(test_key_erasure) {
+  ck_assert_int_eq(st_crypto_init(), 0);
+  static uint8_t drawn[DRAWN][24];
+  pthread_t t;
+  void* res = NULL;
+  ck_assert_int_eq(pthread_create(&t, NULL, erasure, drawn), 0);
+  pthread_join(t, &res);
+  ck_assert_msg(res != (void*) 1,
+                "the key in memory regenerates nonces already handed out");
+  ck_assert_msg(res != (void*) 2, "the key did not change at a refill");
+}
+END_TEST
+
 int main(void) {
   Suite* s = suite_create("crypto_nonce");
   TCase* tc = tcase_create("nonce");
   tcase_add_test(tc, test_nonces_never_repeat);
   tcase_add_test(tc, test_threads_draw_different_nonces);
   tcase_add_test(tc, test_fork_does_not_repeat_nonces);
+  tcase_add_test(tc, test_key_erasure);
   suite_add_tcase(s, tc);
   SRunner* sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -1,9 +1,10 @@
 /* test_crypto_packet.c: Check suite for sealed UDP packets and replay
  * windows (crypto/packet.c, crypto/replay.c; crypto.h "UDP packets",
  * RFC 6479): round trips at every size boundary, a flipped byte at every
- * position counted under its reason, wrong keys, replays, boot epochs, the
- * window edges, key rotation, a bounded sender table with deletion against
- * a reference model, and a known answer computed with libsodium's raw AEAD. */
+ * position counted under its reason, wrong keys, packets redirected to
+ * another receiver, receiver kinds, replays, boot epochs, the window
+ * edges, key rotation, a bounded sender table with deletion against a
+ * reference model, and known answers computed with libsodium's raw AEAD. */
 #include <check.h>
 #include <errno.h>
 #include <sodium.h>
@@ -20,6 +21,7 @@ typedef struct {
   st_keyring_t ring;
   st_identity_t id;
   st_packet_sealer_t sealer;
+  st_node_id_t to; /* the receiver: the id packets are sealed for */
   st_replay_table_t* table;
   st_crypto_counters_t c;
 } fixture_t;
@@ -33,6 +35,10 @@ static void fixture_init(fixture_t* f, size_t max_senders) {
   f->sealer.keys = &f->ring;
   f->sealer.self = f->id.id;
   f->sealer.boot_epoch = 1000;
+  st_identity_t receiver;
+  ck_assert_int_eq(st_identity_generate(&receiver), 0);
+  f->to = receiver.id;
+  st_identity_wipe(&receiver);
   ck_assert_int_eq(st_replay_table_new(max_senders, &f->table), 0);
 }
 
@@ -54,8 +60,9 @@ static size_t seal_at(fixture_t* f, uint64_t epoch, uint64_t counter,
   size_t n = 0;
   f->sealer.boot_epoch = epoch;
   f->sealer.counter = counter;
-  ck_assert_int_eq(
-      st_packet_seal(&f->sealer, msg, len, out, ST_PACKET_MAX_BYTES, &n), 0);
+  ck_assert_int_eq(st_packet_seal(&f->sealer, &f->to, msg, len, out,
+                                  ST_PACKET_MAX_BYTES, &n),
+                   0);
   return n;
 }
 
@@ -63,8 +70,8 @@ static int open_pkt(fixture_t* f, const uint8_t* pkt, size_t n) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen = 0;
   st_packet_header_t hdr;
-  return st_packet_open(&f->ring, f->table, &f->c, pkt, n, plain, sizeof(plain),
-                        &plen, &hdr);
+  return st_packet_open(&f->ring, &f->to, f->table, &f->c, pkt, n, plain,
+                        sizeof(plain), &plen, &hdr);
 }
 
 /* ---- Round trips ------------------------------------------------------------
@@ -82,14 +89,14 @@ START_TEST(test_round_trip) {
   uint8_t pkt[ST_PACKET_MAX_BYTES];
   size_t n = 0;
   f.sealer.counter = 7;
-  ck_assert_int_eq(st_packet_seal(&f.sealer, msg, len, pkt, sizeof(pkt), &n),
-                   0);
+  ck_assert_int_eq(
+      st_packet_seal(&f.sealer, &f.to, msg, len, pkt, sizeof(pkt), &n), 0);
   ck_assert_uint_eq(n, len + ST_PACKET_OVERHEAD);
   ck_assert_uint_eq(f.sealer.counter, 8);
   uint8_t plain[ST_PACKET_MAX_PLAINTEXT + 1];
   size_t plen = 99;
   st_packet_header_t hdr;
-  ck_assert_int_eq(st_packet_open(&f.ring, f.table, &f.c, pkt, n, plain,
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, n, plain,
                                   sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(plen, len);
@@ -98,6 +105,7 @@ START_TEST(test_round_trip) {
   ck_assert_uint_eq(hdr.boot_epoch, 1000);
   ck_assert_uint_eq(hdr.counter, 7);
   ck_assert_uint_eq(hdr.key_id, f.key.id);
+  ck_assert_uint_eq(hdr.to_kind, ST_PACKET_TO_NODE);
   ck_assert_uint_eq(total_drops(&f.c), 0);
   fixture_close(&f);
 }
@@ -109,15 +117,32 @@ START_TEST(test_seal_limits) {
   static uint8_t msg[ST_PACKET_MAX_PLAINTEXT + 1];
   uint8_t pkt[ST_PACKET_MAX_BYTES + 64];
   size_t n = 0;
-  ck_assert_int_eq(st_packet_seal(&f.sealer, msg, ST_PACKET_MAX_PLAINTEXT + 1,
-                                  pkt, sizeof(pkt), &n),
-                   -EMSGSIZE);
-  ck_assert_int_eq(st_packet_seal(&f.sealer, msg, 10, pkt, 10 + 73, &n),
+  ck_assert_int_eq(
+      st_packet_seal(&f.sealer, &f.to, msg, ST_PACKET_MAX_PLAINTEXT + 1, pkt,
+                     sizeof(pkt), &n),
+      -EMSGSIZE);
+  ck_assert_int_eq(st_packet_seal(&f.sealer, &f.to, msg, 10, pkt,
+                                  10 + ST_PACKET_OVERHEAD - 1, &n),
                    -EINVAL);
+  /* An all-zero receiver id is refused: "unknown" is said with NULL. */
+  st_node_id_t zero = {{0}};
+  ck_assert_int_eq(
+      st_packet_seal(&f.sealer, &zero, msg, 10, pkt, sizeof(pkt), &n), -EINVAL);
+  ck_assert_uint_eq(f.sealer.counter, 0);
   f.sealer.counter = UINT64_MAX;
-  ck_assert_int_eq(st_packet_seal(&f.sealer, msg, 10, pkt, sizeof(pkt), &n),
-                   -EOVERFLOW);
+  ck_assert_int_eq(
+      st_packet_seal(&f.sealer, &f.to, msg, 10, pkt, sizeof(pkt), &n),
+      -EOVERFLOW);
   ck_assert_uint_eq(f.sealer.counter, UINT64_MAX);
+  /* Opening needs the receiver's own id. */
+  uint8_t plain[ST_PACKET_MAX_BYTES];
+  size_t plen;
+  st_packet_header_t hdr;
+  ck_assert_int_eq(
+      st_packet_open(&f.ring, NULL, f.table, &f.c, pkt, ST_PACKET_OVERHEAD,
+                     plain, sizeof(plain), &plen, &hdr),
+      -EINVAL);
+  ck_assert_uint_eq(total_drops(&f.c), 0);
   fixture_close(&f);
 }
 END_TEST
@@ -162,7 +187,9 @@ static uint64_t le64(const uint8_t* p) {
 /* A flip at every position, with several masks, against a sender whose
  * window holds counters 0..9 except 5, epoch 1000; the packet under test
  * has counter 10. The expected reason follows the open order: version,
- * key id, replay check on the (altered) epoch and counter, then the tag. */
+ * key id, receiver kind, replay check on the (altered) epoch and counter,
+ * then the tag (a kind flipped from "this node" to "unknown" changes the
+ * associated data, so it fails there). */
 START_TEST(test_flip_every_byte) {
   static const uint8_t masks[] = {0x01, 0x02, 0x0f, 0x80, 0xff};
   fixture_t f;
@@ -187,11 +214,14 @@ START_TEST(test_flip_every_byte) {
         r = ST_DROP_PACKET_VERSION;
       } else if (pos == 1) {
         r = ST_DROP_PACKET_KEY_ID;
-      } else if (pos >= 18 && pos < 26) {
-        if (le64(bad + 18) < 1000)
+      } else if (pos == 2) {
+        if (bad[2] > ST_PACKET_TO_UNKNOWN)
+          r = ST_DROP_PACKET_VERSION;
+      } else if (pos >= 19 && pos < 27) {
+        if (le64(bad + 19) < 1000)
           r = ST_DROP_PACKET_OLD_EPOCH;
-      } else if (pos >= 26 && pos < 34) {
-        uint64_t ctr = le64(bad + 26);
+      } else if (pos >= 27 && pos < 35) {
+        uint64_t ctr = le64(bad + 27);
         if (ctr < 10 && ctr != 5)
           r = ST_DROP_PACKET_REPLAY;
       }
@@ -234,8 +264,8 @@ START_TEST(test_wrong_cluster_key) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen;
   st_packet_header_t hdr;
-  int rc = st_packet_open(&ring, f.table, &f.c, pkt, n, plain, sizeof(plain),
-                          &plen, &hdr);
+  int rc = st_packet_open(&ring, &f.to, f.table, &f.c, pkt, n, plain,
+                          sizeof(plain), &plen, &hdr);
   ck_assert_int_eq(rc, same_id ? -EBADMSG : -ENOKEY);
   ck_assert_uint_eq(
       f.c.drops[same_id ? ST_DROP_PACKET_AUTH : ST_DROP_PACKET_KEY_ID], 1);
@@ -244,6 +274,122 @@ START_TEST(test_wrong_cluster_key) {
   /* The right key still opens it. */
   ck_assert_int_eq(open_pkt(&f, pkt, n), 0);
   st_keyring_wipe(&ring);
+  fixture_close(&f);
+}
+END_TEST
+
+/* ---- Receivers --------------------------------------------------------------
+ */
+
+/* The reviewer's cross-node replay: A sends counters 0..9, the even ones
+ * to C and the odd ones to B, so C's window has gaps exactly where B's
+ * packets are. An outsider who resends B's packets to C must be refused
+ * by the tag (the receiver id in the associated data), and the refusals
+ * must not move C's window. */
+START_TEST(test_redirected_packet_refused) {
+  fixture_t f; /* f.table is C's window */
+  fixture_init(&f, 4);
+  st_identity_t b, c;
+  ck_assert_int_eq(st_identity_generate(&b), 0);
+  ck_assert_int_eq(st_identity_generate(&c), 0);
+  st_replay_table_t* at_b = NULL;
+  ck_assert_int_eq(st_replay_table_new(4, &at_b), 0);
+  st_crypto_counters_t cb = {{0}};
+  enum { N = 10 };
+  uint8_t pkt[N][ST_PACKET_MAX_BYTES];
+  size_t n[N];
+  uint8_t msg[3] = {'m', 's', 'g'};
+  uint8_t plain[ST_PACKET_MAX_BYTES];
+  size_t plen;
+  st_packet_header_t hdr;
+  for (int k = 0; k < N; k++) {
+    const st_node_id_t* to = (k & 1) ? &b.id : &c.id;
+    ck_assert_int_eq(st_packet_seal(&f.sealer, to, msg, sizeof(msg), pkt[k],
+                                    sizeof(pkt[k]), &n[k]),
+                     0);
+    ck_assert_int_eq(st_packet_open(&f.ring, to, (k & 1) ? at_b : f.table,
+                                    (k & 1) ? &cb : &f.c, pkt[k], n[k], plain,
+                                    sizeof(plain), &plen, &hdr),
+                     0);
+  }
+  for (int k = 1; k < N; k += 2) {
+    ck_assert_int_eq(st_packet_open(&f.ring, &c.id, f.table, &f.c, pkt[k], n[k],
+                                    plain, sizeof(plain), &plen, &hdr),
+                     -EBADMSG);
+  }
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_AUTH], N / 2);
+  ck_assert_uint_eq(total_drops(&f.c), N / 2);
+  ck_assert_uint_eq(total_drops(&cb), 0);
+  /* C's window did not move: the gaps are still open to A's next packet
+   * for C with such a counter (sealed afresh, as A would after a resend). */
+  f.sealer.counter = 3;
+  ck_assert_int_eq(st_packet_seal(&f.sealer, &c.id, msg, sizeof(msg), pkt[0],
+                                  sizeof(pkt[0]), &n[0]),
+                   0);
+  ck_assert_int_eq(st_packet_open(&f.ring, &c.id, f.table, &f.c, pkt[0], n[0],
+                                  plain, sizeof(plain), &plen, &hdr),
+                   0);
+  st_replay_table_free(at_b);
+  fixture_close(&f);
+}
+END_TEST
+
+/* Packets for an unknown receiver (a seed's first contact) open at any
+ * member and say so in the header; the kind cannot be changed in flight
+ * in either direction; an unknown kind is refused before the tag. */
+START_TEST(test_receiver_kinds) {
+  fixture_t f;
+  fixture_init(&f, 4);
+  st_identity_t other;
+  ck_assert_int_eq(st_identity_generate(&other), 0);
+  st_replay_table_t* at_other = NULL;
+  ck_assert_int_eq(st_replay_table_new(4, &at_other), 0);
+  uint8_t msg[4] = {1, 2, 3, 4};
+  uint8_t pkt[ST_PACKET_MAX_BYTES], bad[ST_PACKET_MAX_BYTES];
+  uint8_t plain[ST_PACKET_MAX_BYTES];
+  size_t n, plen;
+  st_packet_header_t hdr;
+  ck_assert_int_eq(
+      st_packet_seal(&f.sealer, NULL, msg, sizeof(msg), pkt, sizeof(pkt), &n),
+      0);
+  ck_assert_uint_eq(pkt[2], ST_PACKET_TO_UNKNOWN);
+  /* "Unknown" relabelled "this node" fails the tag (and moves nothing). */
+  memcpy(bad, pkt, n);
+  bad[2] = ST_PACKET_TO_NODE;
+  ck_assert_int_eq(open_pkt(&f, bad, n), -EBADMSG);
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_AUTH], 1);
+  /* The genuine packet opens at f.to and at another node alike. */
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, n, plain,
+                                  sizeof(plain), &plen, &hdr),
+                   0);
+  ck_assert_uint_eq(hdr.to_kind, ST_PACKET_TO_UNKNOWN);
+  ck_assert_int_eq(st_packet_open(&f.ring, &other.id, at_other, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
+                   0);
+  ck_assert_uint_eq(hdr.to_kind, ST_PACKET_TO_UNKNOWN);
+  ck_assert_uint_eq(plen, sizeof(msg));
+  ck_assert(memcmp(plain, msg, sizeof(msg)) == 0);
+
+  /* "This node" relabelled "unknown" fails the tag too. */
+  size_t m = seal_at(&f, 1000, 50, msg, sizeof(msg), pkt);
+  memcpy(bad, pkt, m);
+  bad[2] = ST_PACKET_TO_UNKNOWN;
+  ck_assert_int_eq(open_pkt(&f, bad, m), -EBADMSG);
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_AUTH], 2);
+
+  /* Kinds this version does not know: counted as a version mismatch. */
+  static const uint8_t kinds[] = {2, 3, 0x80, 0xff};
+  for (size_t i = 0; i < sizeof(kinds); i++) {
+    bad[2] = kinds[i];
+    ck_assert_int_eq(open_pkt(&f, bad, m), -EBADMSG);
+  }
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_VERSION], sizeof(kinds));
+  ck_assert_uint_eq(total_drops(&f.c), 2 + sizeof(kinds));
+  /* Nothing moved the window: the genuine packet opens once. */
+  ck_assert_int_eq(open_pkt(&f, pkt, m), 0);
+  ck_assert_int_eq(open_pkt(&f, pkt, m), -EALREADY);
+  st_replay_table_free(at_other);
+  st_identity_wipe(&other);
   fixture_close(&f);
 }
 END_TEST
@@ -373,17 +519,17 @@ START_TEST(test_rotation) {
   st_packet_header_t hdr;
   /* A node still on the old key: opened with the previous key. */
   size_t n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt);
-  ck_assert_int_eq(st_packet_open(&both, f.table, &f.c, pkt, n, plain,
+  ck_assert_int_eq(st_packet_open(&both, &f.to, f.table, &f.c, pkt, n, plain,
                                   sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.key_id, f.key.id);
   /* A node on the new key seals with the current key only... */
   st_packet_sealer_t s2 = {
       .keys = &both, .self = f.id.id, .boot_epoch = 1, .counter = 1};
-  ck_assert_int_eq(st_packet_seal(&s2, msg, sizeof(msg), pkt, sizeof(pkt), &n),
-                   0);
+  ck_assert_int_eq(
+      st_packet_seal(&s2, &f.to, msg, sizeof(msg), pkt, sizeof(pkt), &n), 0);
   ck_assert_uint_eq(pkt[1], fresh.id);
-  ck_assert_int_eq(st_packet_open(&both, f.table, &f.c, pkt, n, plain,
+  ck_assert_int_eq(st_packet_open(&both, &f.to, f.table, &f.c, pkt, n, plain,
                                   sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.key_id, fresh.id);
@@ -526,12 +672,15 @@ END_TEST
 /* ---- Known answer -----------------------------------------------------------
  */
 
-/* With a fixed cluster key, nonce, header and message the packet must
- * equal what libsodium's raw AEAD gives for the documented layout: the
- * subkey crypto_kdf(id 1, "stpacket"), AD = bytes 0..33. Computed here
- * without any of packet.c or constants.h. */
+/* With a fixed cluster key, nonce, header, receiver and message the packet
+ * must equal what libsodium's raw AEAD gives for the documented layout
+ * (docs/security.md): the subkey crypto_kdf(id 1, "stpacket"), AD = bytes
+ * 0..34 followed by the receiver's id (16 zero bytes for an unknown
+ * receiver). Computed here without any of packet.c or constants.h; loop
+ * index 0 seals for a known receiver, 1 for an unknown one. */
 START_TEST(test_known_answer) {
   ck_assert_int_eq(st_crypto_init(), 0);
+  bool unknown = _i == 1;
   st_cluster_key_t key;
   for (int i = 0; i < 32; i++)
     key.key[i] = (uint8_t) i;
@@ -541,8 +690,11 @@ START_TEST(test_known_answer) {
   st_packet_sealer_t s = {.keys = &ring,
                           .boot_epoch = 0x0102030405060708ull,
                           .counter = 0x1112131415161718ull};
-  for (int i = 0; i < 16; i++)
+  st_node_id_t to;
+  for (int i = 0; i < 16; i++) {
     s.self.b[i] = (uint8_t) (0xa0 + i);
+    to.b[i] = (uint8_t) (0xe0 + i);
+  }
   uint8_t nonce[24];
   for (int i = 0; i < 24; i++)
     nonce[i] = (uint8_t) (0xc0 + i);
@@ -550,30 +702,51 @@ START_TEST(test_known_answer) {
   const size_t len = sizeof(text) - 1;
   uint8_t got[ST_PACKET_MAX_BYTES];
   size_t n = 0;
-  ck_assert_int_eq(st__packet_seal_with_nonce(&s, nonce, (const uint8_t*) text,
-                                              len, got, sizeof(got), &n),
+  ck_assert_int_eq(st__packet_seal_with_nonce(&s, unknown ? NULL : &to, nonce,
+                                              (const uint8_t*) text, len, got,
+                                              sizeof(got), &n),
                    0);
-  ck_assert_uint_eq(n, 58 + len + 16);
+  ck_assert_uint_eq(n, 59 + len + 16);
 
   uint8_t want[ST_PACKET_MAX_BYTES];
   uint8_t subkey[32];
   crypto_kdf_derive_from_key(subkey, 32, 1, "stpacket", key.key);
-  want[0] = 1;
+  want[0] = 2;
   want[1] = 0x5a;
-  memcpy(want + 2, s.self.b, 16);
+  want[2] = unknown ? 1 : 0;
+  memcpy(want + 3, s.self.b, 16);
   for (int i = 0; i < 8; i++) {
-    want[18 + i] = (uint8_t) (8 - i); /* 0x0102030405060708, little-endian */
-    want[26 + i] = (uint8_t) (0x18 - i);
+    want[19 + i] = (uint8_t) (8 - i); /* 0x0102030405060708, little-endian */
+    want[27 + i] = (uint8_t) (0x18 - i);
   }
-  memcpy(want + 34, nonce, 24);
+  memcpy(want + 35, nonce, 24);
+  uint8_t ad[35 + 16];
+  memcpy(ad, want, 35);
+  if (unknown)
+    memset(ad + 35, 0, 16);
+  else
+    memcpy(ad + 35, to.b, 16);
   unsigned long long clen = 0;
-  crypto_aead_xchacha20poly1305_ietf_encrypt(want + 58, &clen,
-                                             (const uint8_t*) text, len, want,
-                                             34, NULL, nonce, subkey);
-  ck_assert_uint_eq(58 + clen, n);
+  crypto_aead_xchacha20poly1305_ietf_encrypt(want + 59, &clen,
+                                             (const uint8_t*) text, len, ad,
+                                             sizeof(ad), NULL, nonce, subkey);
+  ck_assert_uint_eq(59 + clen, n);
   for (size_t i = 0; i < n; i++)
     ck_assert_msg(got[i] == want[i], "byte %zu: %02x, want %02x", i, got[i],
                   want[i]);
+
+  /* And it opens at that receiver (any receiver, when unknown). */
+  st_replay_table_t* t = NULL;
+  ck_assert_int_eq(st_replay_table_new(1, &t), 0);
+  uint8_t plain[ST_PACKET_MAX_BYTES];
+  size_t plen;
+  st_packet_header_t hdr;
+  ck_assert_int_eq(st_packet_open(&ring, &to, t, NULL, got, n, plain,
+                                  sizeof(plain), &plen, &hdr),
+                   0);
+  ck_assert_uint_eq(hdr.to_kind,
+                    unknown ? ST_PACKET_TO_UNKNOWN : ST_PACKET_TO_NODE);
+  st_replay_table_free(t);
   st_keyring_wipe(&ring);
 }
 END_TEST
@@ -590,13 +763,15 @@ static Suite* packet_suite(void) {
   tcase_add_loop_test(tc, test_open_lengths, 0, n_len);
   tcase_add_test(tc, test_flip_every_byte);
   tcase_add_loop_test(tc, test_wrong_cluster_key, 0, 2);
+  tcase_add_test(tc, test_redirected_packet_refused);
+  tcase_add_test(tc, test_receiver_kinds);
   tcase_add_loop_test(tc, test_window, 0, n_win);
   tcase_add_test(tc, test_shuffled_once);
   tcase_add_test(tc, test_rotation);
   tcase_add_test(tc, test_senders_full_and_forget);
   tcase_add_test(tc, test_table_bad_args);
   tcase_add_loop_test(tc, test_table_model, 0, 3);
-  tcase_add_test(tc, test_known_answer);
+  tcase_add_loop_test(tc, test_known_answer, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
