@@ -264,7 +264,10 @@ typedef enum {
   ST_MACT_SEND = 0,      /* send a UDP packet: to, data[0..len) */
   ST_MACT_PUSH_PULL = 1, /* open a stream to `to` and send data[0..len);
                             deliver the peer's reply, if any, to
-                            st_membership_push_pull_in */
+                            st_membership_push_pull_in. A PUSH_PULL
+                            produced by st_membership_push_pull_in is
+                            the reply to the request just fed: send it
+                            back on that stream */
   ST_MACT_TIMER = 2,     /* call st_membership_tick at or after at_ms */
   ST_MACT_MEMBER = 3     /* member changed: member holds its new record */
 } st_maction_kind_t;
@@ -302,6 +305,9 @@ int st_membership_push_pull_in(st_membership_t* m, uint64_t now_ms,
                                const st_wire_addr_t* from_addr,
                                const uint8_t* data, size_t len);
 int st_membership_tick(st_membership_t* m, uint64_t now_ms);
+/* The machine fills status->node and raises status->seq above every seq
+ * it used before, the boot epoch in its high 32 bits (as incarnations),
+ * so a restarted node's records are the newest. */
 int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
                              const st_msg_status_t* status);
 
@@ -310,7 +316,10 @@ int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
 bool st_membership_next_action(st_membership_t* m, st_maction_t* out);
 
 /* Queries. Members are indexed 0..count-1 (self included at some index);
- * the order is unspecified and changes as members come and go. */
+ * the order is unspecified and changes as members come and go (and with
+ * each probe pass). The machine stores members compactly, so at and find
+ * return a copy from a small ring inside the machine: valid until the
+ * next event, and for at least the next 3 queries. */
 size_t st_membership_count(const st_membership_t* m);
 const st_member_t* st_membership_at(const st_membership_t* m, size_t i);
 const st_member_t* st_membership_find(const st_membership_t* m,
