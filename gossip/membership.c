@@ -177,6 +177,27 @@ st__mrec_t* st__table_add(st_membership_t* m, const st_node_id_t* id) {
   return &m->mem[j];
 }
 
+/* Keeps a forgotten DEAD member's id and address in the ring of graves,
+ * for reconnect attempts after a partition (membership_gossip.c). */
+static void bury(st_membership_t* m, uint64_t now, const st__mrec_t* r) {
+  if (!m->grave) {
+    m->grave = malloc(ST_MEMBERSHIP_GRAVES * sizeof *m->grave);
+    if (!m->grave)
+      return;
+  }
+  /* A free slot, or the oldest grave's. */
+  st__grave_t* g = &m->grave[0];
+  if (m->n_grave < ST_MEMBERSHIP_GRAVES)
+    g = &m->grave[m->n_grave++];
+  else
+    for (uint32_t i = 1; i < m->n_grave; i++)
+      if (m->grave[i].at_ms < g->at_ms)
+        g = &m->grave[i];
+  g->id = r->id;
+  st__rec_addr(r, &g->addr);
+  g->at_ms = now;
+}
+
 /* Forgets members dead or left for dead_reclaim_ms: a stable compaction,
  * so the probe order of the others holds. */
 void st__reclaim(st_membership_t* m, uint64_t now) {
@@ -186,6 +207,8 @@ void st__reclaim(st_membership_t* m, uint64_t now) {
     bool gone = st__is_down(r->state) && !st__id_eq(&r->id, &m->self) &&
                 now >= r->since_ms + m->cfg.dead_reclaim_ms;
     if (gone) {
+      if (r->state == ST_MEMBER_DEAD)
+        bury(m, now, r);
       st__bc_drop(m, &r->bcast);
       if (r->status != ST__NONE) {
         st__status_t* s = &m->statuses[r->status];
@@ -312,6 +335,11 @@ bool st_membership_next_action(st_membership_t* m, st_maction_t* out) {
  */
 
 static void begin(st_membership_t* m, uint64_t now) {
+  /* Woken more than a probe interval after the deadline we asked for:
+   * this process stalled (membership_probe.c, st__stall). */
+  if (m->timer_emitted != 0 &&
+      now > m->timer_emitted + m->cfg.probe_interval_ms)
+    st__stall(m, now, now - m->timer_emitted);
   if (m->next_probe_at == 0) {
     /* First event: stagger the periodic timers by a random fraction of
      * their period (memberlist's schedule), so machines started together
@@ -424,6 +452,7 @@ void st_membership_free(st_membership_t* m) {
   free(m->bc_head);
   free(m->q);
   free(m->arena);
+  free(m->grave);
   free(m);
 }
 
@@ -508,6 +537,31 @@ static void dispatch(st_membership_t* m, uint64_t now, const st_node_id_t* from,
   }
 }
 
+/* A packet straight from a member we hold suspect (its sender id is
+ * authenticated: this is the member speaking) is evidence that it lives,
+ * but only the member may say so, with a newer incarnation. So tell it of
+ * the suspicion (Lifeguard's buddy system, applied to every packet it
+ * sends us, not only to our probes of it): it refutes, or, when it has
+ * refuted already and we missed that, sends its ALIVE straight back
+ * (membership_rules.c, tell_alive). One packet per packet it sends us
+ * while the suspicion lasts; a crashed member sends nothing. */
+static void ask_suspect(st_membership_t* m, const st_node_id_t* from) {
+  const st__mrec_t* r = st__mem_get(m, from);
+  if (!r || r->state != ST_MEMBER_SUSPECT || m->leaving)
+    return;
+  st_msg_t sus;
+  memset(&sus, 0, sizeof sus);
+  sus.type = ST_MSG_SUSPECT;
+  sus.u.suspect.node = r->id;
+  sus.u.suspect.incarnation = r->incarnation;
+  sus.u.suspect.from = m->self;
+  st_wire_addr_t to;
+  st__rec_addr(r, &to);
+  st_node_id_t id = r->id;
+  m->stats.buddy_asks++;
+  (void) st__send_packet(m, &to, &id, &sus, NULL);
+}
+
 int st_membership_packet(st_membership_t* m, uint64_t now_ms,
                          const st_node_id_t* from,
                          const st_wire_addr_t* from_addr, const uint8_t* data,
@@ -539,6 +593,8 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
     st_wire_msg_free(&msg);
     off += used;
   }
+  if (rc == 0)
+    ask_suspect(m, from);
   finish(m, now_ms);
   return rc;
 }

@@ -129,6 +129,20 @@
  * a wrongly declared member refute; memberlist removes dead members after
  * GossipToTheDeadTime = 30 s on LAN. */
 #define ST_MEMBERSHIP_DEAD_RECLAIM_MS 30000u
+/* Reconnect after a partition (memberlist leaves this to serf's
+ * reconnect). Once both sides of a split have declared each other dead and
+ * forgotten them, no probe, gossip or push-pull ever crosses again. So
+ * each push-pull period a machine also tries one push-pull with a member
+ * it holds dead or buried recently: after the heal, the first such
+ * exchange teaches each side the other (or makes it refute), and gossip
+ * does the rest. The burial ground keeps the 64 most recently forgotten
+ * DEAD (not LEFT) members' ids and addresses for an hour: 64 entries
+ * cover the far side of a split of a 128-member cluster, one is enough to
+ * heal it, and the cost is about 3.5 KB a machine (allocated when the
+ * first member is buried) and one extra stream a push-pull period while
+ * anyone is held dead (serf's ReconnectInterval is 30 s, comparable). */
+#define ST_MEMBERSHIP_GRAVES 64u
+#define ST_MEMBERSHIP_GRAVE_KEEP_MS 3600000u
 /* The most members one machine holds, a bound on memory whatever the
  * network claims (96 bytes a member in the table, 6 MiB at the cap);
  * ALIVE claims for new members beyond it are refused and counted. */

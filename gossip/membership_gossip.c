@@ -399,17 +399,58 @@ out:
   return rc;
 }
 
+/* Reconnect (membership_constants.h, ST_MEMBERSHIP_GRAVES): one push-pull
+ * with a random member among those held DEAD and those buried within
+ * GRAVE_KEEP_MS. A grave whose member is known again is dropped. */
+static void reconnect(st_membership_t* m, uint64_t now) {
+  /* Expire and drop graves first, compacting in place. */
+  uint32_t w = 0;
+  for (uint32_t i = 0; i < m->n_grave; i++) {
+    const st__grave_t* g = &m->grave[i];
+    if (now >= g->at_ms + ST_MEMBERSHIP_GRAVE_KEEP_MS ||
+        st__mem_find(m, &g->id) != ST__NONE)
+      continue;
+    m->grave[w++] = *g;
+  }
+  m->n_grave = w;
+  uint32_t n_dead = 0;
+  if (m->n_down > 0)
+    for (uint32_t i = 0; i < m->n_mem; i++)
+      n_dead += m->mem[i].state == ST_MEMBER_DEAD;
+  uint32_t total = n_dead + m->n_grave;
+  if (total == 0)
+    return;
+  uint32_t pick = (uint32_t) st_rng_below(m->rng, total);
+  st_wire_addr_t to;
+  st_node_id_t id;
+  if (pick < m->n_grave) {
+    to = m->grave[pick].addr;
+    id = m->grave[pick].id;
+  } else {
+    pick -= m->n_grave;
+    uint32_t i = 0;
+    for (;; i++)
+      if (m->mem[i].state == ST_MEMBER_DEAD && pick-- == 0)
+        break;
+    st__rec_addr(&m->mem[i], &to);
+    id = m->mem[i].id;
+  }
+  m->stats.reconnects++;
+  (void) st__push_pull_send(m, &to, &id, false);
+}
+
 void st__push_pull_tick(st_membership_t* m, uint64_t now) {
   if (m->leaving)
     return;
   uint32_t pick;
-  if (st__random_members(m, 1, NULL, now, true, &pick) != 1)
-    return;
-  const st__mrec_t* r = &m->mem[pick];
-  st_wire_addr_t to;
-  st__rec_addr(r, &to);
-  st_node_id_t id = r->id;
-  (void) st__push_pull_send(m, &to, &id, false);
+  if (st__random_members(m, 1, NULL, now, true, &pick) == 1) {
+    const st__mrec_t* r = &m->mem[pick];
+    st_wire_addr_t to;
+    st__rec_addr(r, &to);
+    st_node_id_t id = r->id;
+    (void) st__push_pull_send(m, &to, &id, false);
+  }
+  reconnect(m, now);
 }
 
 /* One entry of a peer's state, through the same rules as gossip

@@ -74,6 +74,13 @@ typedef struct {
   st_node_id_t who[1 + ST_MEMBERSHIP_MAX_INDIRECT_CHECKS];
 } st__susp_t;
 
+/* A forgotten DEAD member, kept to try to reconnect after a partition. */
+typedef struct {
+  st_node_id_t id;
+  st_wire_addr_t addr;
+  uint64_t at_ms; /* when it was forgotten */
+} st__grave_t;
+
 /* A ping-req this member serves for a prober. */
 typedef struct {
   bool used;
@@ -145,6 +152,9 @@ struct st_membership_s {
   uint32_t* bc_head; /* [ST_MEMBERSHIP_MAX_TRANSMITS + 1] */
   uint32_t bc_pending;
 
+  st__grave_t* grave; /* [ST_MEMBERSHIP_GRAVES] or NULL */
+  uint32_t n_grave;
+
   uint64_t next_gossip_at;
   uint64_t next_push_pull_at;
   uint64_t next_reclaim_at;
@@ -167,7 +177,11 @@ struct st_membership_s {
     uint64_t msgs_ignored;  /* stale, unknown member, about self */
     uint64_t msgs_rejected; /* not allowed in a packet, bad claims */
     uint64_t refutes, suspects, deaths;
+    uint64_t stalls;         /* local stalls detected (st__stall) */
+    uint64_t refutes_resent; /* ALIVEs sent to a stale accuser */
+    uint64_t buddy_asks;     /* SUSPECTs sent to a suspect that spoke */
     uint64_t push_pulls_in, push_pulls_out;
+    uint64_t reconnects; /* push-pulls tried with a dead member */
   } stats;
 };
 typedef struct st__membership_stats_s st__membership_stats_t;
@@ -222,6 +236,8 @@ void st__on_ping(st_membership_t* m, uint64_t now, const st_node_id_t* from,
 void st__on_ping_req(st_membership_t* m, uint64_t now, const st_node_id_t* from,
                      const st_wire_addr_t* from_addr,
                      const st_msg_ping_req_t* p);
+/* The machine was woken late_ms after its deadline: a local stall. */
+void st__stall(st_membership_t* m, uint64_t now, uint64_t late_ms);
 void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq);
 void st__on_nack(st_membership_t* m, uint64_t now, uint32_t seq);
 void st__susp_start(st_membership_t* m, uint64_t now, st__mrec_t* r,

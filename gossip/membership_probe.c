@@ -45,6 +45,8 @@ void st__awareness(st_membership_t* m, int delta) {
 /* ==== Probing ===============================================================
  */
 
+static void susp_recompute_min(st_membership_t* m);
+
 static void send_ping(st_membership_t* m, const st__mrec_t* r, uint32_t seq) {
   st_msg_t ping, sus;
   memset(&ping, 0, sizeof ping);
@@ -164,6 +166,41 @@ void st__probe_tick(st_membership_t* m, uint64_t now) {
     end_probe(m, now);
   if (now >= m->next_probe_at)
     start_probe(m, now);
+}
+
+/* A local stall (Lifeguard section 4.1 applied to the node's own
+ * scheduling): the machine was woken `late_ms` after the deadline it had
+ * asked for, by more than a probe interval, so this process (a GC pause, a
+ * swapped or frozen VM), not its targets, is the slow one. Concluding now
+ * would suspect a target whose ack sits unread in our receive queue, and
+ * let suspicions expire before the refutations queued beside it are read.
+ * Instead: raise awareness, give the running probe its timeout and period
+ * again from now, and push every suspicion deadline back by the stall
+ * (and at least one probe interval from now), so that the backlog is
+ * processed before anything is concluded. Plain SWIM (Lifeguard off) has
+ * no local health and concludes at once, as before. */
+void st__stall(st_membership_t* m, uint64_t now, uint64_t late_ms) {
+  if (!m->cfg.lifeguard)
+    return;
+  m->stats.stalls++;
+  st__awareness(m, 1);
+  uint64_t interval = st__scaled(m, m->cfg.probe_interval_ms);
+  if (m->probing) {
+    if (!m->probe_indirect)
+      m->probe_timeout_at = now + st__scaled(m, m->cfg.probe_timeout_ms);
+    m->probe_end_at = now + interval;
+    m->next_probe_at = m->probe_end_at;
+  } else if (m->next_probe_at < now) {
+    m->next_probe_at = now + interval;
+  }
+  for (uint32_t i = 0; i < m->n_susp; i++) {
+    st__susp_t* s = &m->susp[i];
+    s->start_ms += late_ms;
+    s->deadline_ms += late_ms;
+    if (s->deadline_ms < now + m->cfg.probe_interval_ms)
+      s->deadline_ms = now + m->cfg.probe_interval_ms;
+  }
+  susp_recompute_min(m);
 }
 
 void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq) {

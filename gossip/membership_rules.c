@@ -55,6 +55,33 @@ void st__refute(st_membership_t* m, uint64_t now, uint64_t accused_inc) {
   st__emit_member(m, r);
 }
 
+/* Tells member `to` our current ALIVE in a packet of its own: an answer to
+ * an accusation of an incarnation we have already refuted. The accuser
+ * (or whoever still repeats it) missed the refutation's broadcasts, which
+ * nobody repeats once spent, and would otherwise declare us dead when its
+ * timer runs out; our own word, sent straight to it, clears it (SWIM's
+ * refutation, re-sent on demand). At most one packet per stale claim. */
+static void tell_alive(st_membership_t* m, const st_node_id_t* to_id) {
+  if (st__id_eq(to_id, &m->self))
+    return;
+  const st__mrec_t* to = st__mem_get(m, to_id);
+  const st__mrec_t* me = st__mem_get(m, &m->self);
+  if (!to || !me)
+    return;
+  st_msg_t a;
+  memset(&a, 0, sizeof a);
+  a.type = ST_MSG_ALIVE;
+  a.u.alive.node = me->id;
+  a.u.alive.incarnation = me->incarnation;
+  st__rec_addr(me, &a.u.alive.addr);
+  memcpy(a.u.alive.public_key, me->pk, ST_PUBLIC_KEY_BYTES);
+  st_wire_addr_t addr;
+  st__rec_addr(to, &addr);
+  st_node_id_t id = to->id;
+  m->stats.refutes_resent++;
+  (void) st__send_packet(m, &addr, &id, &a, NULL);
+}
+
 void st__on_alive(st_membership_t* m, uint64_t now, const st_msg_alive_t* a) {
   if (st__id_eq(&a->node, &m->self)) {
     /* Someone holds a newer incarnation of us than we do (our previous
@@ -111,6 +138,9 @@ void st__on_alive(st_membership_t* m, uint64_t now, const st_msg_alive_t* a) {
 void st__on_suspect(st_membership_t* m, uint64_t now,
                     const st_msg_suspect_t* s) {
   st__mrec_t* r = st__mem_get(m, &s->node);
+  if (r && s->incarnation < r->incarnation && st__id_eq(&s->node, &m->self) &&
+      !m->leaving)
+    tell_alive(m, &s->from);
   if (!r || s->incarnation < r->incarnation) {
     m->stats.msgs_ignored++;
     return;
@@ -146,6 +176,9 @@ void st__on_suspect(st_membership_t* m, uint64_t now,
 
 void st__on_dead(st_membership_t* m, uint64_t now, const st_msg_suspect_t* d) {
   st__mrec_t* r = st__mem_get(m, &d->node);
+  if (r && d->incarnation < r->incarnation && st__id_eq(&d->node, &m->self) &&
+      !m->leaving)
+    tell_alive(m, &d->from);
   if (!r || d->incarnation < r->incarnation || st__is_down(r->state)) {
     m->stats.msgs_ignored++;
     return;

@@ -67,6 +67,7 @@ typedef struct {
   size_t n_reply;
   uint8_t* pp; /* the last push-pull sent */
   size_t pp_len;
+  size_t pp_to[HMAX]; /* push-pulls sent to each member */
   uint64_t suspect_at[HMAX], dead_at[HMAX];
 } h_t;
 
@@ -157,6 +158,8 @@ static void drain(h_t* h) {
         ck_assert_ptr_nonnull(h->pp);
         memcpy(h->pp, a.data, a.len);
         h->pp_len = a.len;
+        if (route(h, &a.to) >= 0)
+          h->pp_to[route(h, &a.to)]++;
         break;
       case ST_MACT_TIMER:
         h->timer = a.at_ms;
@@ -608,21 +611,24 @@ END_TEST
 
 /* Refutation: the machine hears itself accused. Equal or newer accusations
  * are refuted with max(own, accused) + 1 and an ALIVE broadcast; older ones
- * are ignored. Having to refute also raises awareness (Lifeguard). */
+ * (a refutation the accuser missed) are not refuted again, but answered
+ * with one packet carrying the current ALIVE straight to the accuser
+ * (`told`). Having to refute also raises awareness (Lifeguard). */
 static const struct {
   st_msg_type_t type;
   uint64_t accused;
   uint64_t want;
   uint32_t health;
+  size_t told;
 } refute_cases[] = {
-    {ST_MSG_SUSPECT, INC1, INC1 + 1, 1},
-    {ST_MSG_SUSPECT, INC1 + 5, INC1 + 6, 1},
-    {ST_MSG_SUSPECT, INC1 - 1, INC1, 0},
-    {ST_MSG_DEAD, INC1, INC1 + 1, 1},
-    {ST_MSG_DEAD, INC1 + 9, INC1 + 10, 1},
-    {ST_MSG_DEAD, INC1 - 1, INC1, 0},
-    {ST_MSG_ALIVE, INC1 + 3, INC1 + 4, 1}, /* a newer "us" than us */
-    {ST_MSG_ALIVE, INC1, INC1, 0},         /* ourselves, relayed back */
+    {ST_MSG_SUSPECT, INC1, INC1 + 1, 1, 0},
+    {ST_MSG_SUSPECT, INC1 + 5, INC1 + 6, 1, 0},
+    {ST_MSG_SUSPECT, INC1 - 1, INC1, 0, 1},
+    {ST_MSG_DEAD, INC1, INC1 + 1, 1, 0},
+    {ST_MSG_DEAD, INC1 + 9, INC1 + 10, 1, 0},
+    {ST_MSG_DEAD, INC1 - 1, INC1, 0, 1},
+    {ST_MSG_ALIVE, INC1 + 3, INC1 + 4, 1, 0}, /* a newer "us" than us */
+    {ST_MSG_ALIVE, INC1, INC1, 0, 0},         /* ourselves, relayed back */
 };
 
 START_TEST(test_refute) {
@@ -640,10 +646,50 @@ START_TEST(test_refute) {
   h_run(&h, h.now + 2000);
   match_t w = {ST_MSG_ALIVE, &h.id[0], refute_cases[_i].want};
   size_t n = count_sent(&h, mark, is_match, &w);
-  if (refute_cases[_i].want != INC1)
+  if (refute_cases[_i].want != INC1) {
     ck_assert_uint_gt(n, 0);
-  else
-    ck_assert_uint_eq(n, 0);
+  } else {
+    ck_assert_uint_eq(n, refute_cases[_i].told);
+    for (size_t i = mark; i < h.n_sent; i++)
+      if (sent_has(&h, i, &w))
+        ck_assert_int_eq(h.sent[i].to, 2); /* the accuser */
+  }
+  h_free(&h);
+}
+END_TEST
+
+/* A packet straight from a member held suspect: the machine answers it
+ * with the suspicion (the buddy system), so that the member refutes or
+ * re-sends the refutation the machine missed; it never clears the
+ * suspicion on its own. Nothing is sent back to a member held alive. */
+START_TEST(test_buddy) {
+  bool suspect = _i == 0;
+  h_t h;
+  h_init(&h, 5, NULL);
+  if (suspect) {
+    st_msg_t sus = accuse_msg(&h, ST_MSG_SUSPECT, 3, INC1, 1);
+    feed(&h, 1, &sus, 1);
+  }
+  size_t mark = h.n_sent;
+  st_msg_t nack;
+  memset(&nack, 0, sizeof nack);
+  nack.type = ST_MSG_NACK; /* any message: here a stray nack */
+  nack.u.nack.seq = 777;
+  ck_assert_int_eq(feed(&h, 3, &nack, 1), 0);
+  match_t w = {ST_MSG_SUSPECT, &h.id[3], INC1};
+  size_t asked = 0;
+  for (size_t i = mark; i < h.n_sent; i++)
+    if (h.sent[i].to == 3 && sent_has(&h, i, &w))
+      asked++;
+  ck_assert_uint_eq(asked, suspect ? 1 : 0);
+  ck_assert_int_eq(state_of(&h, 3),
+                   suspect ? ST_MEMBER_SUSPECT : ST_MEMBER_ALIVE);
+  if (suspect) {
+    /* Member 3 answers with its refutation: cleared. */
+    st_msg_t alive = alive_msg(&h, 3, INC1 + 1);
+    feed(&h, 3, &alive, 1);
+    ck_assert_int_eq(state_of(&h, 3), ST_MEMBER_ALIVE);
+  }
   h_free(&h);
 }
 END_TEST
@@ -940,6 +986,69 @@ START_TEST(test_awareness) {
 }
 END_TEST
 
+/* A local stall: the machine has a probe in flight and holds member 2
+ * suspect, then is not woken until 2 s after both the probe's end and the
+ * suspicion's deadline; the target's ack and member 2's refutation wait in
+ * its receive queue. With Lifeguard the tick that finds its deadline that
+ * overdue treats it as a stall (awareness + 1, deadlines re-armed from
+ * now), so the backlog read next clears both and nobody is wrongly
+ * suspected or declared dead. Plain SWIM concludes at once. */
+START_TEST(test_stall) {
+  bool lifeguard = _i == 0;
+  st_membership_config_t cfg;
+  st_membership_config_default(&cfg);
+  cfg.lifeguard = lifeguard;
+  h_t h;
+  h_init(&h, 5, &cfg);
+  h_run(&h, h.now + 3000);
+  st_msg_t sus = accuse_msg(&h, ST_MSG_SUSPECT, 2, INC1, 1);
+  feed(&h, 1, &sus, 1);
+  ck_assert_int_eq(state_of(&h, 2), ST_MEMBER_SUSPECT);
+  /* Silence, so that the probe started next stays open. */
+  for (int j = 1; j < h.n; j++)
+    h.acks[j] = h.relays[j] = false;
+  for (int k = 0; k < 3000 && !h.m->probing; k++)
+    h_run(&h, h.now + 1);
+  ck_assert(h.m->probing);
+  int t = who(&h, &h.m->probe_target);
+  uint32_t seq = h.m->probe_seq;
+  ck_assert_int_gt(t, 0);
+  uint64_t until = h.m->probe_end_at > h.m->susp_min_at ? h.m->probe_end_at
+                                                        : h.m->susp_min_at;
+  uint32_t health = st_membership_health(h.m);
+  h.now = until + 2000;
+  ck_assert_int_eq(st_membership_tick(h.m, h.now), 0);
+  drain(&h);
+  if (!lifeguard) {
+    ck_assert_int_eq(state_of(&h, 2), ST_MEMBER_DEAD);
+    if (t != 2)
+      ck_assert_int_eq(state_of(&h, t), ST_MEMBER_SUSPECT);
+    h_free(&h);
+    return;
+  }
+  ck_assert_int_eq(state_of(&h, 2), ST_MEMBER_SUSPECT);
+  if (t != 2)
+    ck_assert_int_eq(state_of(&h, t), ST_MEMBER_ALIVE);
+  ck_assert_uint_eq(h.m->stats.stalls, 1);
+  ck_assert_uint_eq(st_membership_health(h.m), health + 1);
+  /* The backlog: the target's ack, member 2's refutation. */
+  st_msg_t ack;
+  memset(&ack, 0, sizeof ack);
+  ack.type = ST_MSG_ACK;
+  ack.u.ack.seq = seq;
+  feed(&h, t, &ack, 1);
+  st_msg_t alive = alive_msg(&h, 2, INC1 + 1);
+  feed(&h, 2, &alive, 1);
+  for (int j = 1; j < h.n; j++)
+    h.acks[j] = h.relays[j] = true;
+  h_run(&h, h.now + 60000);
+  for (int j = 1; j < h.n; j++)
+    ck_assert_int_eq(state_of(&h, j), ST_MEMBER_ALIVE);
+  ck_assert_uint_eq(h.m->stats.stalls, 1);
+  h_free(&h);
+}
+END_TEST
+
 /* The machine as a ping-req intermediary: ping the target, forward its
  * ack, or send a nack at 80% of the probe timeout (400 ms) when asked. */
 static const struct {
@@ -1149,6 +1258,33 @@ START_TEST(test_reclaim) {
 }
 END_TEST
 
+/* Reconnect after a partition: member 4 is declared dead and, 30 s later,
+ * forgotten; the machine still tries a push-pull with it now and then
+ * (with it held dead and, after, buried), so that the two sides of a
+ * healed split find each other again. Member 5, who left, is not
+ * contacted, and neither is anyone once the graves expire. */
+START_TEST(test_reconnect) {
+  h_t h;
+  h_init(&h, 6, NULL);
+  st_msg_t d = accuse_msg(&h, ST_MSG_DEAD, 4, INC1, 1);
+  feed(&h, 1, &d, 1);
+  d = accuse_msg(&h, ST_MSG_DEAD, 5, INC1, 5);
+  feed(&h, 5, &d, 1);
+  h_run(&h, h.now + ST_MEMBERSHIP_DEAD_RECLAIM_MS * 2);
+  ck_assert_int_eq(state_of(&h, 4), -1);
+  size_t before = h.pp_to[4];
+  /* Push-pull every 30 s at 6 members: 10 tries in 5 minutes. */
+  h_run(&h, h.now + 300000);
+  ck_assert_uint_ge(h.pp_to[4], before + 8);
+  ck_assert_uint_eq(h.pp_to[5], 0);
+  h_run(&h, h.now + ST_MEMBERSHIP_GRAVE_KEEP_MS);
+  before = h.pp_to[4];
+  h_run(&h, h.now + 300000);
+  ck_assert_uint_eq(h.pp_to[4], before);
+  h_free(&h);
+}
+END_TEST
+
 /* The defaults are memberlist's LAN configuration. */
 START_TEST(test_defaults) {
   st_membership_config_t c;
@@ -1186,17 +1322,20 @@ static Suite* suite(void) {
   tcase_add_loop_test(tf, test_nack_served, 0,
                       (int) (sizeof relay_cases / sizeof relay_cases[0]));
   tcase_add_loop_test(tf, test_nack_counted, 0, 2);
+  tcase_add_loop_test(tf, test_stall, 0, 2);
   suite_add_tcase(s, tf);
   TCase* tr = tcase_create("rules");
   tcase_add_loop_test(tr, test_rules, 0, NRULES);
   tcase_add_loop_test(tr, test_refute, 0,
                       (int) (sizeof refute_cases / sizeof refute_cases[0]));
   tcase_add_test(tr, test_leave_self);
+  tcase_add_loop_test(tr, test_buddy, 0, 2);
   tcase_add_test(tr, test_push_pull_merge);
   tcase_add_loop_test(tr, test_status, 0,
                       (int) (sizeof status_cases / sizeof status_cases[0]));
   tcase_add_test(tr, test_set_status);
   tcase_add_test(tr, test_reclaim);
+  tcase_add_test(tr, test_reconnect);
   tcase_add_test(tr, test_defaults);
   suite_add_tcase(s, tr);
   TCase* td = tcase_create("dissemination");
