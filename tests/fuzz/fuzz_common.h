@@ -28,4 +28,46 @@ static inline void fuzz_identity(st_identity_t* id, uint8_t b) {
     abort();
 }
 
+/* The handshake targets' fixed parties: cluster key 0x42.., initiator
+ * identity 0x0a.., responder 0x0b.. (gen_fuzz_seeds uses the same). */
+typedef struct {
+  st_keyring_t ring;
+  st_identity_t a, b;
+} fuzz_hs_env_t;
+
+static inline const fuzz_hs_env_t* fuzz_hs_env(void) {
+  static fuzz_hs_env_t env;
+  static int ready;
+  if (!ready) {
+    fuzz_keyring(&env.ring, 0x42);
+    fuzz_identity(&env.a, 0x0a);
+    fuzz_identity(&env.b, 0x0b);
+    ready = 1;
+  }
+  return &env;
+}
+
+/* Decodes the input as a node decodes a frame's message; returns 1 when it
+ * is a message of `type` (then *msg holds it), 0 otherwise. */
+static inline int fuzz_decode_as(const uint8_t* data, size_t size,
+                                 st_msg_type_t type, st_msg_t* msg) {
+  st_wire_counters_t wc = {{0}};
+  if (st_wire_decode(data, size, msg, &wc) != 0)
+    return 0;
+  if (msg->type == type)
+    return 1;
+  st_wire_msg_free(msg);
+  return 0;
+}
+
+/* A fresh initiator and responder over the environment. */
+static inline void fuzz_hs_pair(const fuzz_hs_env_t* env, st_handshake_t* hi,
+                                st_handshake_t* hr, st_crypto_counters_t* cc) {
+  if (st_handshake_init(hi, ST_HS_INITIATOR, &env->a, &env->ring, NULL, cc) !=
+          0 ||
+      st_handshake_init(hr, ST_HS_RESPONDER, &env->b, &env->ring, NULL, cc) !=
+          0)
+    abort();
+}
+
 #endif

@@ -23,35 +23,14 @@ static int all_zero(const void* p, size_t n) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static st_keyring_t ring;
-  static st_identity_t a, b;
-  static int ready;
-  if (!ready) {
-    fuzz_keyring(&ring, 0x42);
-    fuzz_identity(&a, 0x0a);
-    fuzz_identity(&b, 0x0b);
-    ready = 1;
-  }
+  const fuzz_hs_env_t* env = fuzz_hs_env();
   st_msg_t msg;
-  st_wire_counters_t wc = {{0}};
-  if (st_wire_decode(data, size, &msg, &wc) != 0)
+  if (!fuzz_decode_as(data, size, ST_MSG_HS1, &msg))
     return 0;
-  if (msg.type != ST_MSG_HS1) {
-    st_wire_msg_free(&msg);
-    return 0;
-  }
-
   st_crypto_counters_t cc = {{0}};
   st_handshake_t hi, hr;
-  st_hs_msg1_t m1;
+  fuzz_hs_pair(env, &hi, &hr, &cc);
   st_hs_msg2_t m2;
-  st_hs_msg3_t m3;
-  (void) m1;
-  (void) m2;
-  (void) m3;
-  if (st_handshake_init(&hi, ST_HS_INITIATOR, &a, &ring, NULL, &cc) != 0 ||
-      st_handshake_init(&hr, ST_HS_RESPONDER, &b, &ring, NULL, &cc) != 0)
-    abort();
   /* The responder reads a message 1 from anyone and, if it is well formed,
    * answers with message 2. That fails, correctly, for a low-order
    * ephemeral key (the X25519 result is all zero): -EBADMSG, counted as
