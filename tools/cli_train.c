@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "node/node.h"
 #include "tools/cli.h"
@@ -435,6 +436,33 @@ static int save(const train_args_t* a, st_trainer_t* t, FILE* log) {
   return 0;
 }
 
+/* Refuses, before any training, a --checkpoint whose directory is missing
+ * or not writable: finding out at the end of the first epoch (or of a long
+ * run) wastes the work. Returns 0 or prints the reason and returns -1. */
+static int check_checkpoint_dir(const char* path) {
+  char dir[4096];
+  const char* slash = strrchr(path, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof(dir), ".");
+  else if (slash == path)
+    snprintf(dir, sizeof(dir), "/");
+  else
+    snprintf(dir, sizeof(dir), "%.*s", (int) (slash - path), path);
+  if (access(dir, W_OK | X_OK) == 0)
+    return 0;
+  if (errno == ENOENT)
+    fprintf(stderr,
+            "starling train: --checkpoint: directory '%s' does not exist; "
+            "create it first (mkdir -p '%s')\n",
+            dir, dir);
+  else
+    fprintf(stderr,
+            "starling train: --checkpoint: cannot write into directory "
+            "'%s': %s\n",
+            dir, strerror(errno));
+  return -1;
+}
+
 /* ---- Main loop
  * ------------------------------------------------------------------ */
 
@@ -443,6 +471,8 @@ int st__cmd_train(int argc, char** argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc != 0)
     return rc < 0 ? 0 : rc;
+  if (a.checkpoint != NULL && check_checkpoint_dir(a.checkpoint) != 0)
+    return 1;
   FILE* log = a.json ? stderr : stdout;
   setvbuf(log, NULL, _IOLBF, 0);
   /* Handle SIGINT/SIGTERM from the start, so that an interruption while

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
+mkdir -p out
 exec build/starling train --model mlp:784-256-128-10 --data fashion-mnist \
   --epochs 10 --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine \
   --checkpoint out/fashion-mnist-mlp.safetensors "$@"

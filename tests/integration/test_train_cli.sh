@@ -125,7 +125,7 @@ expect_fail "resume from a truncated file" 1 "trunc.safetensors" -- \
   "$STARLING" train "${common[@]}" --resume "$SCRATCH/trunc.safetensors"
 expect_fail "resume from a missing file" 1 "missing.safetensors" -- \
   "$STARLING" train "${common[@]}" --resume "$SCRATCH/missing.safetensors"
-expect_fail "checkpoint into a missing directory" 1 "checkpoint not written: .*nodir" -- \
+expect_fail "checkpoint into a missing directory" 1 "--checkpoint: directory '.*nodir' does not exist" -- \
   "$STARLING" train "${common[@]}" --epochs 1 --checkpoint "$SCRATCH/nodir/c.safetensors"
 
 # --- A diverging run stops with a clear message ------------------------------------
