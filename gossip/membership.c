@@ -83,22 +83,36 @@ static uint32_t id_hash(const st_membership_t* m, const st_node_id_t* id) {
   return (uint32_t) h;
 }
 
-/* Each slot keeps the id's full 32-bit hash beside the index, so that a
+/* Messages of a packet decoded ahead of their dispatch. */
+#define ST__DECODE_BATCH 16u
+
+/* A slot's tag: the hash's high bits, independent of the home position
+ * (its low bits) in tables up to 2^17 slots. */
+static inline uint32_t slot_tag(uint32_t h) {
+  return h >> (32 - ST__TAG_BITS);
+}
+
+/* The index a slot holds; ST__NONE for an empty one. */
+static inline uint32_t slot_idx(st__slot_t v) {
+  return (v >> ST__TAG_BITS) - 1;
+}
+
+/* Each slot keeps a tag of the id's hash beside the index, so that a
  * probe of the table touches a member's record only on a likely match:
  * with thousands of machines in one simulator, every record touched is a
  * cache miss. */
 static uint32_t hash_slot(const st_membership_t* m, const st_node_id_t* id,
                           uint32_t h) {
-  uint32_t mask = m->hash_cap - 1;
+  uint32_t mask = m->hash_cap - 1, tag = slot_tag(h);
   uint32_t s = h & mask;
-  while (m->hash[s].idx != ST__NONE &&
-         (m->hash[s].tag != h || !st__id_eq(&m->mem[m->hash[s].idx].id, id)))
-    s = (s + 1) & mask;
+  for (st__slot_t v; (v = m->hash[s]) != 0; s = (s + 1) & mask)
+    if ((v & ST__TAG_MASK) == tag && st__id_eq(&m->mem[slot_idx(v)].id, id))
+      break;
   return s;
 }
 
 uint32_t st__mem_find(const st_membership_t* m, const st_node_id_t* id) {
-  return m->hash[hash_slot(m, id, id_hash(m, id))].idx;
+  return slot_idx(m->hash[hash_slot(m, id, id_hash(m, id))]);
 }
 
 st__mrec_t* st__mem_get(st_membership_t* m, const st_node_id_t* id) {
@@ -106,20 +120,23 @@ st__mrec_t* st__mem_get(st_membership_t* m, const st_node_id_t* id) {
   return i == ST__NONE ? NULL : &m->mem[i];
 }
 
-static void hash_put(st_membership_t* m, uint32_t i) {
+/* Enters member i in the hash; returns its slot. */
+static uint32_t hash_put(st_membership_t* m, uint32_t i) {
   uint32_t h = id_hash(m, &m->mem[i].id);
   uint32_t s = hash_slot(m, &m->mem[i].id, h);
-  m->hash[s].idx = i;
-  m->hash[s].tag = h;
+  m->hash[s] = (i + 1) << ST__TAG_BITS | slot_tag(h);
+  return s;
 }
 
 /* Rebuilds the hash after the table's order changed (shuffle, reclaim):
  * O(N), once a probe pass or a reclaim sweep. */
 void st__table_rehash(st_membership_t* m) {
-  for (uint32_t s = 0; s < m->hash_cap; s++)
-    m->hash[s].idx = ST__NONE;
-  for (uint32_t i = 0; i < m->n_mem; i++)
+  if (m->hash_cap)
+    memset(m->hash, 0, (size_t) m->hash_cap * sizeof *m->hash);
+  for (uint32_t i = 0; i < m->n_mem; i++) {
     hash_put(m, i);
+    st__bc_rehint(m, i);
+  }
 }
 
 static int table_reserve(st_membership_t* m, uint32_t n) {
@@ -133,10 +150,10 @@ static int table_reserve(st_membership_t* m, uint32_t n) {
     m->mem = p;
     m->cap_mem = cap;
   }
-  /* Load factor at most 3/4. */
-  if ((uint64_t) n * 4 > (uint64_t) m->hash_cap * 3) {
+  /* Load factor at most 1/2: short probe runs, in 4-byte slots. */
+  if ((uint64_t) n * 2 > (uint64_t) m->hash_cap) {
     uint32_t hc = m->hash_cap ? m->hash_cap : 16;
-    while ((uint64_t) n * 4 > (uint64_t) hc * 3)
+    while ((uint64_t) n * 2 > (uint64_t) hc)
       hc *= 2;
     st__slot_t* h = realloc(m->hash, (size_t) hc * sizeof *h);
     if (!h)
@@ -148,16 +165,23 @@ static int table_reserve(st_membership_t* m, uint32_t n) {
   return 0;
 }
 
-static void swap_members(st_membership_t* m, uint32_t i, uint32_t j) {
+static void set_slot_idx(st_membership_t* m, uint32_t s, uint32_t i) {
+  m->hash[s] = (i + 1) << ST__TAG_BITS | (m->hash[s] & ST__TAG_MASK);
+}
+
+/* Swaps members i and j; si is i's slot in the hash. */
+static void swap_members(st_membership_t* m, uint32_t i, uint32_t si,
+                         uint32_t j) {
   if (i == j)
     return;
-  uint32_t si = hash_slot(m, &m->mem[i].id, id_hash(m, &m->mem[i].id));
   uint32_t sj = hash_slot(m, &m->mem[j].id, id_hash(m, &m->mem[j].id));
   st__mrec_t t = m->mem[i];
   m->mem[i] = m->mem[j];
   m->mem[j] = t;
-  m->hash[si].idx = j;
-  m->hash[sj].idx = i;
+  set_slot_idx(m, si, j);
+  set_slot_idx(m, sj, i);
+  st__bc_rehint(m, i);
+  st__bc_rehint(m, j);
 }
 
 /* Adds a member at a random position of the probe order (memberlist's
@@ -171,9 +195,9 @@ st__mrec_t* st__table_add(st_membership_t* m, const st_node_id_t* id) {
   memset(r, 0, sizeof *r);
   r->id = *id;
   r->bcast = r->status = r->susp = ST__NONE;
-  hash_put(m, i);
+  uint32_t si = hash_put(m, i);
   uint32_t j = (uint32_t) st_rng_below(m->rng, (uint64_t) i + 1);
-  swap_members(m, i, j);
+  swap_members(m, i, si, j);
   return &m->mem[j];
 }
 
@@ -502,6 +526,46 @@ int st_membership_leave(st_membership_t* m, uint64_t now_ms) {
   return 0;
 }
 
+/* The member a gossiped update names, or NULL. */
+static const st_node_id_t* msg_node(const st_msg_t* msg) {
+  switch (msg->type) {
+    case ST_MSG_ALIVE:
+      return &msg->u.alive.node;
+    case ST_MSG_SUSPECT:
+      return &msg->u.suspect.node;
+    case ST_MSG_DEAD:
+      return &msg->u.dead.node;
+    case ST_MSG_STATUS:
+      return &msg->u.status.node;
+    default:
+      return NULL;
+  }
+}
+
+/* Starts the cache misses of a batch's lookups together: first the hash
+ * slots of the members named, then the records their home slots point
+ * to. Only hints to the processor: nothing here changes state. */
+static void prefetch_members(const st_membership_t* m, const st_msg_t* msgs,
+                             uint32_t n) {
+  if (m->hash_cap == 0 || n < 2)
+    return;
+  uint32_t mask = m->hash_cap - 1, h[ST__DECODE_BATCH];
+  for (uint32_t i = 0; i < n; i++) {
+    const st_node_id_t* id = msg_node(&msgs[i]);
+    if (!id)
+      continue;
+    h[i] = id_hash(m, id);
+    __builtin_prefetch(&m->hash[h[i] & mask]);
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (!msg_node(&msgs[i]))
+      continue;
+    st__slot_t v = m->hash[h[i] & mask];
+    if (v != 0 && (v & ST__TAG_MASK) == slot_tag(h[i]))
+      __builtin_prefetch(&m->mem[slot_idx(v)]);
+  }
+}
+
 static void dispatch(st_membership_t* m, uint64_t now, const st_node_id_t* from,
                      const st_wire_addr_t* from_addr, const st_msg_t* msg) {
   switch (msg->type) {
@@ -581,17 +645,27 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
   }
   size_t off = 0;
   while (rc == 0 && off < len) {
-    st_msg_t msg;
-    size_t used = 0;
-    int d =
-        st_wire_decode_next(data + off, len - off, &msg, &used, &m->counters);
-    if (d != 0) {
-      rc = -EBADMSG; /* counted by the decoder; the rest is unreadable */
-      break;
+    /* Decode a batch ahead of dispatching it, so that its lookups
+     * overlap (prefetch_members); the rules still run in packet order. */
+    st_msg_t msgs[ST__DECODE_BATCH];
+    uint32_t n = 0;
+    int d = 0;
+    while (n < ST__DECODE_BATCH && off < len) {
+      size_t used = 0;
+      d = st_wire_decode_next(data + off, len - off, &msgs[n], &used,
+                              &m->counters);
+      if (d != 0)
+        break;
+      n++;
+      off += used;
     }
-    dispatch(m, now_ms, from, from_addr, &msg);
-    st_wire_msg_free(&msg);
-    off += used;
+    prefetch_members(m, msgs, n);
+    for (uint32_t i = 0; i < n; i++) {
+      dispatch(m, now_ms, from, from_addr, &msgs[i]);
+      st_wire_msg_free(&msgs[i]);
+    }
+    if (d != 0)
+      rc = -EBADMSG; /* counted by the decoder; the rest is unreadable */
   }
   if (rc == 0)
     ask_suspect(m, from);

@@ -91,7 +91,8 @@ static uint32_t bc_alloc(st_membership_t* m) {
 /* (Re)queues the update held in *slot (a member's bcast or a status's),
  * with a fresh transmit count. */
 static void bc_queue(st_membership_t* m, uint32_t* slot, uint8_t kind,
-                     const st_node_id_t* id, const st_node_id_t* from) {
+                     const st_node_id_t* id, const st_node_id_t* from,
+                     uint32_t mi) {
   uint32_t i = *slot;
   if (i != ST__NONE) {
     bc_unlink(m, i);
@@ -105,6 +106,7 @@ static void bc_queue(st_membership_t* m, uint32_t* slot, uint8_t kind,
   st__bcast_t* b = &m->bc[i];
   b->id = *id;
   b->from = *from;
+  b->mi = mi;
   b->kind = kind;
   b->transmits = 0;
   bc_push_front(m, i);
@@ -123,12 +125,12 @@ void st__bc_shrink(st_membership_t* m) {
 
 void st__bc_queue_member(st_membership_t* m, st__mrec_t* r,
                          const st_node_id_t* from) {
-  bc_queue(m, &r->bcast, ST__BC_MEMBER, &r->id, from);
+  bc_queue(m, &r->bcast, ST__BC_MEMBER, &r->id, from, (uint32_t) (r - m->mem));
 }
 
 void st__bc_queue_status(st_membership_t* m, uint32_t status_idx) {
   st__status_t* s = &m->statuses[status_idx];
-  bc_queue(m, &s->bcast, ST__BC_STATUS, &s->rec.node, &s->rec.node);
+  bc_queue(m, &s->bcast, ST__BC_STATUS, &s->rec.node, &s->rec.node, ST__NONE);
 }
 
 void st__bc_drop(st_membership_t* m, uint32_t* idx) {
@@ -143,9 +145,29 @@ void st__bc_drop(st_membership_t* m, uint32_t* idx) {
   *idx = ST__NONE;
 }
 
+void st__bc_rehint(st_membership_t* m, uint32_t i) {
+  const st__mrec_t* r = &m->mem[i];
+  if (r->bcast != ST__NONE)
+    m->bc[r->bcast].mi = i;
+  if (r->status != ST__NONE && m->statuses[r->status].bcast != ST__NONE)
+    m->bc[m->statuses[r->status].bcast].mi = i;
+}
+
+/* Broadcast b's member, found through its index hint when that still
+ * holds (the id decides), else through the hash; NULL if gone. */
+static st__mrec_t* bc_member(st_membership_t* m, st__bcast_t* b) {
+  if (b->mi < m->n_mem && st__id_eq(&m->mem[b->mi].id, &b->id))
+    return &m->mem[b->mi];
+  uint32_t i = st__mem_find(m, &b->id);
+  if (i == ST__NONE)
+    return NULL;
+  b->mi = i;
+  return &m->mem[i];
+}
+
 /* The owner's pointer to broadcast i, or NULL for an orphan. */
 static uint32_t* bc_owner(st_membership_t* m, uint32_t i) {
-  st__mrec_t* r = st__mem_get(m, &m->bc[i].id);
+  st__mrec_t* r = bc_member(m, &m->bc[i]);
   if (!r)
     return NULL;
   if (m->bc[i].kind == ST__BC_MEMBER)
@@ -170,9 +192,9 @@ static void bc_purge(st_membership_t* m) {
 }
 
 /* Encodes update b from its member's current record. */
-static int bc_encode(st_membership_t* m, const st__bcast_t* b, uint8_t* buf,
+static int bc_encode(st_membership_t* m, st__bcast_t* b, uint8_t* buf,
                      size_t cap, size_t* len) {
-  const st__mrec_t* r = st__mem_get(m, &b->id);
+  const st__mrec_t* r = bc_member(m, b);
   if (!r)
     return -ENOENT;
   st_msg_t msg;
@@ -224,6 +246,8 @@ int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
        t++) {
     for (uint32_t i = m->bc_head[t]; i != ST__NONE;) {
       uint32_t next = m->bc[i].next;
+      if (next != ST__NONE && m->bc[next].mi < m->n_mem)
+        __builtin_prefetch(&m->mem[m->bc[next].mi]); /* overlaps the miss */
       int rc = bc_encode(m, &m->bc[i], buf + pos, sizeof buf - pos, &len);
       if (rc == 0) {
         pos += len;

@@ -6,7 +6,7 @@
  * (Dadgar et al. 2018), as memberlist runs them. Internal to gossip/.
  *
  * Memory: a simulator holds thousands of machines that each know every
- * member, so a member costs 96 bytes in the table plus 11 to 21 in the
+ * member, so a member costs 96 bytes in the table plus 8 to 16 in the
  * id -> index hash; the public st_member_t (with its status record) is
  * only materialized on demand. The table's order is the probe order
  * (shuffled each pass, as memberlist's nodes slice). */
@@ -37,12 +37,15 @@ typedef struct {
   uint32_t susp;   /* index into suspicions or ST__NONE */
 } st__mrec_t;
 
-/* A slot of the id -> index hash: idx (ST__NONE when empty) and the id's
- * hash, compared before the record is touched. */
-typedef struct {
-  uint32_t idx;
-  uint32_t tag;
-} st__slot_t;
+/* A slot of the id -> index hash, 4 bytes: 0 when empty, else
+ * (index + 1) << ST__TAG_BITS | tag, the tag being 15 bits of the id's
+ * hash that the slot's position does not already imply, compared before
+ * the record is touched. */
+#define ST__TAG_BITS 15u
+#define ST__TAG_MASK ((1u << ST__TAG_BITS) - 1)
+typedef uint32_t st__slot_t;
+_Static_assert(ST_MEMBERSHIP_MAX_MEMBERS <= (1u << (32 - ST__TAG_BITS)),
+               "an index + 1 must fit above the tag");
 
 /* A pending broadcast: "tell others the current state of member id". The
  * message is encoded from the member's record when it is packed, so a
@@ -51,6 +54,8 @@ enum { ST__BC_MEMBER = 0, ST__BC_STATUS = 1, ST__BC_FREE = 2 };
 typedef struct {
   st_node_id_t id;
   st_node_id_t from; /* SUSPECT/DEAD: the accuser to name */
+  uint32_t mi;       /* the member's index in the table, a hint checked
+                      * against id (kept current when the table moves) */
   uint32_t prev, next;
   uint8_t kind;
   uint8_t transmits;
@@ -204,6 +209,8 @@ int st__push_action(st_membership_t* m, const st_maction_t* a,
                     const uint8_t* data, size_t len);
 void st__emit_member(st_membership_t* m, const st__mrec_t* r);
 void st__table_rehash(st_membership_t* m);
+/* Points member i's pending broadcasts at index i (after it moved). */
+void st__bc_rehint(st_membership_t* m, uint32_t i);
 /* Adds a member (zeroed but for its id) at a random place in the probe
  * order; NULL at ST_MEMBERSHIP_MAX_MEMBERS or out of memory. Moves other
  * records: pointers into the table do not survive it. */
