@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/wire_same.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
@@ -36,78 +37,6 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
     if (!(x))    \
       abort();   \
   } while (0)
-
-static int f32_same(float a, float b) {
-  return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0;
-}
-
-static int addr_same(const st_wire_addr_t* a, const st_wire_addr_t* b) {
-  return a->ip_len == b->ip_len && a->port == b->port &&
-         memcmp(a->ip, b->ip, a->ip_len) == 0;
-}
-
-static int msg_same(const st_msg_t* a, const st_msg_t* b) {
-  if (a->type != b->type)
-    return 0;
-  switch (a->type) {
-    case ST_MSG_HS1:
-      return memcmp(&a->u.hs1, &b->u.hs1, sizeof a->u.hs1) == 0;
-    case ST_MSG_HS2:
-      return memcmp(&a->u.hs2, &b->u.hs2, sizeof a->u.hs2) == 0;
-    case ST_MSG_HS3:
-      return memcmp(&a->u.hs3, &b->u.hs3, sizeof a->u.hs3) == 0;
-    case ST_MSG_PING:
-      return a->u.ping.seq == b->u.ping.seq &&
-             memcmp(&a->u.ping.target, &b->u.ping.target, 16) == 0;
-    case ST_MSG_PING_REQ:
-      return a->u.ping_req.seq == b->u.ping_req.seq &&
-             memcmp(&a->u.ping_req.target, &b->u.ping_req.target, 16) == 0 &&
-             addr_same(&a->u.ping_req.target_addr,
-                       &b->u.ping_req.target_addr) &&
-             a->u.ping_req.want_nack == b->u.ping_req.want_nack;
-    case ST_MSG_ACK:
-    case ST_MSG_NACK:
-      return a->u.ack.seq == b->u.ack.seq;
-    case ST_MSG_ALIVE:
-      return memcmp(&a->u.alive.node, &b->u.alive.node, 16) == 0 &&
-             a->u.alive.incarnation == b->u.alive.incarnation &&
-             addr_same(&a->u.alive.addr, &b->u.alive.addr) &&
-             memcmp(a->u.alive.public_key, b->u.alive.public_key, 32) == 0;
-    case ST_MSG_SUSPECT:
-    case ST_MSG_DEAD:
-      return memcmp(&a->u.suspect, &b->u.suspect, sizeof a->u.suspect) == 0;
-    case ST_MSG_STATUS: {
-      const st_msg_status_t *x = &a->u.status, *y = &b->u.status;
-      return memcmp(&x->node, &y->node, 16) == 0 && x->seq == y->seq &&
-             x->step == y->step && f32_same(x->loss, y->loss) &&
-             f32_same(x->accuracy, y->accuracy) &&
-             f32_same(x->samples_per_sec, y->samples_per_sec) &&
-             memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
-             x->ring_capable == y->ring_capable;
-    }
-    case ST_MSG_PUSH_PULL: {
-      const st_msg_push_pull_t *x = &a->u.push_pull, *y = &b->u.push_pull;
-      if (x->is_reply != y->is_reply || x->n_entries != y->n_entries)
-        return 0;
-      for (uint32_t i = 0; i < x->n_entries; i++) {
-        const st_push_pull_entry_t *e = &x->entries[i], *f = &y->entries[i];
-        if (memcmp(&e->node, &f->node, 16) != 0 ||
-            e->incarnation != f->incarnation || e->state != f->state ||
-            !addr_same(&e->addr, &f->addr) ||
-            memcmp(e->public_key, f->public_key, 32) != 0)
-          return 0;
-      }
-      return 1;
-    }
-    case ST_MSG_TENSOR_CHUNK: {
-      const st_msg_tensor_chunk_t *x = &a->u.chunk, *y = &b->u.chunk;
-      return x->transfer_id == y->transfer_id && x->offset == y->offset &&
-             x->total == y->total && x->data_len == y->data_len &&
-             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
-    }
-  }
-  return 0;
-}
 
 static uint64_t drops_total(const st_wire_counters_t* c) {
   uint64_t t = 0;

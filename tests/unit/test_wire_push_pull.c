@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "gossip/gossip.h"
+#include "tests/wire_same.h"
 #include "tests/unit/testutil.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -296,58 +297,6 @@ static void rand_free(st_msg_t* m) {
   if (m->type == ST_MSG_TENSOR_CHUNK)
     free((void*) m->u.chunk.data);
   memset(m, 0, sizeof *m);
-}
-
-static int addr_same(const st_wire_addr_t* a, const st_wire_addr_t* b) {
-  return a->ip_len == b->ip_len && a->port == b->port &&
-         memcmp(a->ip, b->ip, a->ip_len) == 0;
-}
-
-static int entry_same(const st_push_pull_entry_t* a,
-                      const st_push_pull_entry_t* b) {
-  return memcmp(&a->node, &b->node, 16) == 0 &&
-         a->incarnation == b->incarnation && a->state == b->state &&
-         addr_same(&a->addr, &b->addr) &&
-         memcmp(a->public_key, b->public_key, 32) == 0;
-}
-
-/* Equality for the types rand_any makes. */
-static int msg_same(const st_msg_t* a, const st_msg_t* b) {
-  if (a->type != b->type)
-    return 0;
-  switch (a->type) {
-    case ST_MSG_PUSH_PULL: {
-      const st_msg_push_pull_t *x = &a->u.push_pull, *y = &b->u.push_pull;
-      if (x->is_reply != y->is_reply || x->n_entries != y->n_entries)
-        return 0;
-      for (uint32_t i = 0; i < x->n_entries; i++)
-        if (!entry_same(&x->entries[i], &y->entries[i]))
-          return 0;
-      return 1;
-    }
-    case ST_MSG_PING:
-      return a->u.ping.seq == b->u.ping.seq &&
-             memcmp(&a->u.ping.target, &b->u.ping.target, 16) == 0;
-    case ST_MSG_ACK:
-    case ST_MSG_NACK:
-      return a->u.ack.seq == b->u.ack.seq;
-    case ST_MSG_ALIVE:
-      return memcmp(&a->u.alive.node, &b->u.alive.node, 16) == 0 &&
-             a->u.alive.incarnation == b->u.alive.incarnation &&
-             addr_same(&a->u.alive.addr, &b->u.alive.addr) &&
-             memcmp(a->u.alive.public_key, b->u.alive.public_key, 32) == 0;
-    case ST_MSG_SUSPECT:
-    case ST_MSG_DEAD:
-      return memcmp(&a->u.suspect, &b->u.suspect, sizeof a->u.suspect) == 0;
-    case ST_MSG_TENSOR_CHUNK: {
-      const st_msg_tensor_chunk_t *x = &a->u.chunk, *y = &b->u.chunk;
-      return x->transfer_id == y->transfer_id && x->offset == y->offset &&
-             x->total == y->total && x->data_len == y->data_len &&
-             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
-    }
-    default:
-      return 0;
-  }
 }
 
 static uint64_t drops_total(const st_wire_counters_t* c) {
