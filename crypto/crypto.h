@@ -356,6 +356,35 @@ int st_handshake_finish(st_handshake_t* hs, st_session_t* out);
 void st_handshake_wipe(st_handshake_t* hs);
 void st_session_wipe(st_session_t* s);
 
+/* ==== Hashing =============================================================
+ *
+ * BLAKE2b-256, incremental, for verifying transferred tensors (state
+ * transfer and averaging exchanges) and for model fingerprints. Not keyed:
+ * integrity against corruption and bugs; the stream already authenticates.
+ */
+
+#define ST_HASH_BYTES 32
+
+typedef struct {
+  _Alignas(64) uint8_t state[384]; /* libsodium's blake2b state; internal */
+} st_hash_t;
+
+/* The incremental calls: init, any number of updates (len 0 is allowed,
+ * data may then be NULL), final; out is BLAKE2b-256 of the bytes fed in
+ * order, however they were split. final wipes the state; init it again to
+ * reuse it. h may live anywhere an st_hash_t is aligned (64 bytes: a
+ * malloc'd struct that holds one needs aligned_alloc). */
+void st_hash_init(st_hash_t* h);
+void st_hash_update(st_hash_t* h, const void* data, size_t len);
+void st_hash_final(st_hash_t* h, uint8_t out[ST_HASH_BYTES]);
+
+/* One call: out = BLAKE2b of data[0..len) with a digest of out_len bytes
+ * (16..32; other lengths are a programmer error). The digest length is a
+ * parameter of BLAKE2b, so a 16-byte result (a fingerprint) is BLAKE2b-128,
+ * not the first 16 bytes of BLAKE2b-256; out_len 32 equals the incremental
+ * calls' result. */
+void st_hash_once(const void* data, size_t len, uint8_t* out, size_t out_len);
+
 /* ==== Streams
  * ======================================================================= */
 

@@ -74,7 +74,10 @@ typedef enum {
   ST_MSG_DEAD = 22,
   ST_MSG_STATUS = 23,
   ST_MSG_PUSH_PULL = 24,
-  ST_MSG_TENSOR_CHUNK = 32
+  ST_MSG_TENSOR_CHUNK = 32,
+  ST_MSG_XCHG_REQ = 33,
+  ST_MSG_XCHG_REPLY = 34,
+  ST_MSG_XCHG_DONE = 35
 } st_msg_type_t;
 
 typedef struct {
@@ -160,6 +163,39 @@ typedef struct {
   uint32_t data_len;   /* bytes */
 } st_msg_tensor_chunk_t;
 
+#define ST_XCHG_MODEL_MAX 96
+#define ST_XCHG_CHUNKS_IN_FLIGHT 2
+#define ST_XCHG_HASH_BYTES 32
+
+typedef enum { ST_XCHG_AVERAGE = 1, ST_XCHG_FETCH = 2 } st_xchg_kind_t;
+
+typedef enum {
+  ST_XCHG_STATUS_OK = 0,
+  ST_XCHG_STATUS_BUSY = 1,     /* already in an exchange; try another */
+  ST_XCHG_STATUS_MISMATCH = 2, /* another model (fingerprint differs) */
+  ST_XCHG_STATUS_NOT_READY = 3 /* has no parameters to give yet */
+} st_xchg_status_t;
+
+typedef struct {
+  uint8_t kind; /* st_xchg_kind_t */
+  uint8_t fingerprint[16];
+  char model[ST_XCHG_MODEL_MAX];
+  uint64_t n_params;
+  uint64_t step;
+} st_msg_xchg_req_t;
+
+typedef struct {
+  uint8_t status; /* st_xchg_status_t */
+  uint8_t fingerprint[16];
+  char model[ST_XCHG_MODEL_MAX];
+  uint64_t n_params;
+  uint64_t step;
+} st_msg_xchg_reply_t;
+
+typedef struct {
+  uint8_t hash[ST_XCHG_HASH_BYTES];
+} st_msg_xchg_done_t;
+
 typedef struct {
   st_msg_type_t type;
   union {
@@ -176,6 +212,9 @@ typedef struct {
     st_msg_status_t status;
     st_msg_push_pull_t push_pull;
     st_msg_tensor_chunk_t chunk;
+    st_msg_xchg_req_t xchg_req;
+    st_msg_xchg_reply_t xchg_reply;
+    st_msg_xchg_done_t xchg_done;
   } u;
 } st_msg_t;
 
@@ -328,6 +367,147 @@ size_t st_membership_alive_count(const st_membership_t* m);
 /* The local health score (Lifeguard's awareness), 0 = healthy. */
 uint32_t st_membership_health(const st_membership_t* m);
 const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
+
+/* ==== Exchanges (gossip/exchange.c): averaging and state transfer ==========
+ *
+ * One machine per TCP connection (after the handshake, over the encrypted
+ * stream), sans-IO like membership: the driver feeds it events with the
+ * current time in milliseconds and drains its actions. Two kinds:
+ *
+ * - AVERAGE (pairwise gossip averaging, AD-PSGD style): the initiator
+ *   sends XCHG_REQ; the responder answers XCHG_REPLY (OK, BUSY or
+ *   MISMATCH). On OK both sides take a snapshot of their parameters
+ *   (WANT_SNAPSHOT), stream it as TENSOR_CHUNKs of at most
+ *   ST_WIRE_CHUNK_MAX_BYTES, then XCHG_DONE carrying the BLAKE2b-256 hash
+ *   of the bytes sent. A side that has received the peer's whole snapshot
+ *   with a matching hash, and has sent its own, emits APPLY with
+ *   delta = (s_peer - s_own) / 2, which the node adds to its current
+ *   parameters at its next step boundary, so the pair's sum is preserved
+ *   and local steps taken meanwhile are kept.
+ * - FETCH (state transfer to a joining node): the initiator (the joiner)
+ *   sends XCHG_REQ; the responder (the donor) answers XCHG_REPLY with its
+ *   step, takes a snapshot and streams it; the initiator verifies the hash
+ *   and emits APPLY with the parameters themselves and the donor's step.
+ *
+ * Guard: a received snapshot that holds NaN or Inf, has the wrong length,
+ * or (AVERAGE) whose L2 norm exceeds norm_mult times the local snapshot's
+ * norm (plus 1, so that a model near zero is not refused) is dropped and
+ * the exchange fails with that reason; nothing is applied. Any malformed
+ * or out-of-order message, a hash mismatch, the connection closing early,
+ * or the timeout fails the exchange; a failed exchange applies nothing.
+ *
+ * Flow control: the machine keeps at most ST_XCHG_CHUNKS_IN_FLIGHT chunk
+ * SENDs outstanding; the driver reports each written frame with
+ * st_xchg_sent, so a large model streams without being copied whole into
+ * the send queue.
+ *
+ * Wire (after [type, version]):
+ *   XCHG_REQ   [kind u8, fingerprint bin16, model str, n_params u64,
+ *               step u64]
+ *   XCHG_REPLY [status u8, fingerprint bin16, model str, n_params u64,
+ *               step u64]
+ *   XCHG_DONE  [hash bin32]
+ * model is a short description for messages ("mlp:784-256-128-10 f32"),
+ * at most ST_XCHG_MODEL_MAX - 1 bytes.
+ */
+
+/* How an exchange ended (ST_XACT_DONE). The failures are the node's
+ * counters; st_xchg_result_name gives their names. */
+typedef enum {
+  ST_XCHG_OK = 0,
+  ST_XCHG_BUSY,          /* the peer answered busy (or we did) */
+  ST_XCHG_MISMATCH,      /* the models differ: peer_model says what it runs */
+  ST_XCHG_NOT_READY,     /* the peer had no state to give */
+  ST_XCHG_FAIL_PROTOCOL, /* malformed or out-of-order message */
+  ST_XCHG_FAIL_SIZE,     /* a snapshot of the wrong length */
+  ST_XCHG_FAIL_NONFINITE,
+  ST_XCHG_FAIL_NORM,
+  ST_XCHG_FAIL_HASH,
+  ST_XCHG_FAIL_CLOSED, /* the connection ended before the exchange did */
+  ST_XCHG_FAIL_TIMEOUT,
+  ST_XCHG_RESULT_COUNT
+} st_xchg_result_t;
+
+/* "ok", "busy", "mismatch", "not_ready", "protocol", "size", "nonfinite",
+ * "norm", "hash", "closed", "timeout". */
+const char* st_xchg_result_name(st_xchg_result_t r);
+
+typedef struct {
+  uint32_t timeout_ms; /* the whole exchange; default 30000 */
+  double norm_mult;    /* guard; default 10; 0 disables the norm check */
+} st_xchg_config_t;
+
+void st_xchg_config_default(st_xchg_config_t* cfg);
+
+/* What this node runs, for the request/reply and the checks. */
+typedef struct {
+  uint8_t fingerprint[16];
+  char model[ST_XCHG_MODEL_MAX];
+  uint64_t n_params;
+  uint64_t step; /* informational in REQ; the donor's step in FETCH */
+} st_xchg_local_t;
+
+typedef enum {
+  ST_XACT_SEND = 0,     /* send data[0..len) as one stream frame; borrowed
+                           until the next call into the machine */
+  ST_XACT_WANT_SNAPSHOT,/* ask the trainer for a snapshot of the parameters,
+                           then call st_xchg_snapshot */
+  ST_XACT_APPLY,        /* AVERAGE: add values[0..n) to the parameters at
+                           the next step boundary; FETCH (initiator): set the
+                           parameters to values[0..n) and the step to step.
+                           values is owned by the machine, valid until
+                           st_xchg_free */
+  ST_XACT_TIMER,        /* call st_xchg_tick at or after at_ms */
+  ST_XACT_DONE          /* finished: result (and peer_model on MISMATCH);
+                           close the connection after the queued frames */
+} st_xact_kind_t;
+
+typedef struct {
+  st_xact_kind_t kind;
+  const uint8_t* data;
+  size_t len;
+  const float* values;
+  size_t n;
+  uint64_t step;
+  uint64_t at_ms;
+  st_xchg_result_t result;
+  const char* peer_model; /* DONE: the peer's model description, when known
+                             (borrowed until st_xchg_free) */
+} st_xact_t;
+
+typedef struct st_xchg_s st_xchg_t;
+
+/* An initiator of `kind`: st_xchg_new queues the XCHG_REQ (and, for
+ * AVERAGE, WANT_SNAPSHOT). A responder waits for the XCHG_REQ; when busy is
+ * true it answers BUSY and finishes. Both arm the timeout. */
+int st_xchg_new_initiator(const st_xchg_config_t* cfg, st_xchg_kind_t kind,
+                          const st_xchg_local_t* local, uint64_t now_ms,
+                          st_xchg_t** out);
+int st_xchg_new_responder(const st_xchg_config_t* cfg,
+                          const st_xchg_local_t* local, bool busy,
+                          uint64_t now_ms, st_xchg_t** out);
+void st_xchg_free(st_xchg_t* x);
+
+/* Events. A protocol failure is not an error of the call: it ends the
+ * exchange with a DONE action. The calls return -EINVAL only for misuse. */
+/* One received stream frame's plaintext (one wire message). */
+int st_xchg_message(st_xchg_t* x, uint64_t now_ms, const uint8_t* data,
+                    size_t len);
+/* The snapshot asked for: n floats (host memory, copied by the machine or
+ * borrowed until st_xchg_free; the driver keeps it alive) and the step it
+ * was taken at. */
+int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
+                     size_t n, uint64_t step);
+/* One SEND frame has been written to the socket. */
+int st_xchg_sent(st_xchg_t* x, uint64_t now_ms);
+int st_xchg_tick(st_xchg_t* x, uint64_t now_ms);
+/* The connection ended (read EOF or error). */
+int st_xchg_closed(st_xchg_t* x, uint64_t now_ms);
+
+bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out);
+/* The kind (responders learn it from the request; 0 before). */
+st_xchg_kind_t st_xchg_kind(const st_xchg_t* x);
+bool st_xchg_finished(const st_xchg_t* x);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,13 @@
  * a float64 is narrowed to float32. NaN and infinities are legal values (a
  * diverged node reports a NaN loss; `starling peers` shows it) and round
  * trip; a finite float64 beyond the float32 range is a field error, since
- * narrowing it would invent an infinity. */
+ * narrowing it would invent an infinity.
+ *
+ * Exchanges (XCHG_REQ, XCHG_REPLY): kind is AVERAGE or FETCH, status one
+ * of st_xchg_status_t, and the model description a str of at most
+ * ST_XCHG_MODEL_MAX - 1 bytes of printable UTF-8 (st__wire_model_ok), since
+ * `starling` prints it in its messages; anything else is a field error,
+ * and the encoder refuses it (-EINVAL). */
 #include "gossip/gossip.h"
 
 #include <assert.h>
@@ -80,6 +86,11 @@ static size_t field_count(uint64_t type) {
       return 2;
     case ST_MSG_TENSOR_CHUNK:
       return 4;
+    case ST_MSG_XCHG_REQ:
+    case ST_MSG_XCHG_REPLY:
+      return 5;
+    case ST_MSG_XCHG_DONE:
+      return 1;
     default:
       return 0;
   }
@@ -173,6 +184,26 @@ static int pack_push_pull(msgpack_packer* pk, const st_msg_push_pull_t* m) {
   return r;
 }
 
+static int kind_ok(uint8_t kind) {
+  return kind == ST_XCHG_AVERAGE || kind == ST_XCHG_FETCH;
+}
+
+/* An exchange's model description: NUL-terminated within
+ * ST_XCHG_MODEL_MAX, printable UTF-8 (st__wire_model_ok). */
+static int model_ok(const char* model) {
+  size_t n = strnlen(model, ST_XCHG_MODEL_MAX);
+  return n < ST_XCHG_MODEL_MAX && st__wire_model_ok(model, n);
+}
+
+/* The fields that XCHG_REQ and XCHG_REPLY share after their first. */
+static int pack_xchg_info(msgpack_packer* pk, const uint8_t fingerprint[16],
+                          const char* model, uint64_t n_params, uint64_t step) {
+  size_t n = strlen(model);
+  return pack_bin(pk, fingerprint, 16) | msgpack_pack_str(pk, n) |
+         msgpack_pack_str_body(pk, model, n) |
+         msgpack_pack_uint64(pk, n_params) | msgpack_pack_uint64(pk, step);
+}
+
 int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
   if (msg == NULL || len == NULL || (buf == NULL && cap > 0))
     return -EINVAL;
@@ -201,6 +232,15 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
       if (chunk_check(&msg->u.chunk, &why) != 0)
         return -EINVAL;
       if (msg->u.chunk.data == NULL && msg->u.chunk.data_len > 0)
+        return -EINVAL;
+      break;
+    case ST_MSG_XCHG_REQ:
+      if (!kind_ok(msg->u.xchg_req.kind) || !model_ok(msg->u.xchg_req.model))
+        return -EINVAL;
+      break;
+    case ST_MSG_XCHG_REPLY:
+      if (msg->u.xchg_reply.status > ST_XCHG_STATUS_NOT_READY ||
+          !model_ok(msg->u.xchg_reply.model))
         return -EINVAL;
       break;
     default:
@@ -284,6 +324,21 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
     }
     case ST_MSG_PUSH_PULL:
       r |= pack_push_pull(&pk, &msg->u.push_pull);
+      break;
+    case ST_MSG_XCHG_REQ: {
+      const st_msg_xchg_req_t* m = &msg->u.xchg_req;
+      r |= msgpack_pack_uint8(&pk, m->kind) |
+           pack_xchg_info(&pk, m->fingerprint, m->model, m->n_params, m->step);
+      break;
+    }
+    case ST_MSG_XCHG_REPLY: {
+      const st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
+      r |= msgpack_pack_uint8(&pk, m->status) |
+           pack_xchg_info(&pk, m->fingerprint, m->model, m->n_params, m->step);
+      break;
+    }
+    case ST_MSG_XCHG_DONE:
+      r |= pack_bin(&pk, msg->u.xchg_done.hash, sizeof msg->u.xchg_done.hash);
       break;
   }
   if (r != 0 || out.overflow)
@@ -377,6 +432,26 @@ static int get_addr(const msgpack_object* o, st_wire_addr_t* a) {
   a->ip_len = (uint8_t) n;
   memcpy(a->ip, f[0].via.bin.ptr, n);
   return get_u16(&f[1], &a->port);
+}
+
+/* An exchange's model description: a str of at most ST_XCHG_MODEL_MAX - 1
+ * bytes of printable UTF-8, copied NUL-terminated into dst. */
+static int get_model(const msgpack_object* o, char dst[ST_XCHG_MODEL_MAX]) {
+  if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= ST_XCHG_MODEL_MAX)
+    return -1;
+  if (!st__wire_model_ok(o->via.str.ptr, o->via.str.size))
+    return -1;
+  memcpy(dst, o->via.str.ptr, o->via.str.size);
+  dst[o->via.str.size] = '\0';
+  return 0;
+}
+
+/* [fingerprint, model, n_params, step], shared by XCHG_REQ and REPLY. */
+static int get_xchg_info(const msgpack_object* f, uint8_t fingerprint[16],
+                         char model[ST_XCHG_MODEL_MAX], uint64_t* n_params,
+                         uint64_t* step) {
+  return get_bin(&f[0], fingerprint, 16) | get_model(&f[1], model) |
+         get_u64(&f[2], n_params) | get_u64(&f[3], step);
 }
 
 /* [is_reply, [entry...]]. The walk bounded the count by
@@ -496,6 +571,24 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     }
     case ST_MSG_PUSH_PULL:
       return get_push_pull(f, &msg->u.push_pull, why);
+    case ST_MSG_XCHG_REQ: {
+      st_msg_xchg_req_t* m = &msg->u.xchg_req;
+      if (get_u8(&f[0], &m->kind) != 0 || !kind_ok(m->kind))
+        return -1;
+      return get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
+                           &m->step);
+    }
+    case ST_MSG_XCHG_REPLY: {
+      st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
+      if (get_u8(&f[0], &m->status) != 0 ||
+          m->status > ST_XCHG_STATUS_NOT_READY)
+        return -1;
+      return get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
+                           &m->step);
+    }
+    case ST_MSG_XCHG_DONE:
+      return get_bin(&f[0], msg->u.xchg_done.hash,
+                     sizeof msg->u.xchg_done.hash);
   }
   return -1;
 }

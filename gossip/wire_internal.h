@@ -5,6 +5,7 @@
 #ifndef STARLING_GOSSIP_WIRE_INTERNAL_H
 #define STARLING_GOSSIP_WIRE_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -105,5 +106,13 @@ void st__wire_rules_for(uint64_t type, st__wire_rules_t* r);
  * -EBADMSG and the reason in *why. */
 int st__wire_scan(const uint8_t* buf, size_t len, const st__wire_rules_t* r,
                   size_t* used, st_wire_drop_t* why);
+
+/* Whether s[0..n) is a model description an exchange may carry: valid
+ * UTF-8 (RFC 3629: no overlong forms, surrogates or code points past
+ * U+10FFFF) holding no control character (C0, DEL, C1, so no NUL either)
+ * and none of the characters that change how the rest of a terminal line
+ * reads (U+2028, U+2029, the bidirectional embeddings, overrides and
+ * isolates U+202A..U+202E and U+2066..U+2069). The empty string is valid. */
+bool st__wire_model_ok(const char* s, size_t n);
 
 #endif /* STARLING_GOSSIP_WIRE_INTERNAL_H */

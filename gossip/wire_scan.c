@@ -8,7 +8,8 @@
  * after this walk, no count it sees exceeds ST__WIRE_MAX_ELEMENTS (but for
  * a push-pull's entries, at most ST_WIRE_PUSH_PULL_MAX_ENTRIES and no more
  * than the bytes left hold at the smallest entry) and no length exceeds
- * the buffer. No msgpack-c call lives here. */
+ * the buffer. No msgpack-c call lives here; nor in the check of an
+ * exchange's model description, the other raw-byte check kept here. */
 #include "gossip/wire_internal.h"
 
 #include <errno.h>
@@ -282,4 +283,66 @@ int st__wire_scan(const uint8_t* buf, size_t len, const st__wire_rules_t* r,
   } while (open > 0);
   *used = pos;
   return 0;
+}
+
+/* ==== Model descriptions ====================================================
+ */
+
+/* Decodes the UTF-8 sequence at p[0..left) into *cp; returns its length,
+ * or 0 when it is malformed (RFC 3629, section 4: the second byte's range
+ * depends on the first, which rules out overlong forms, surrogates and
+ * code points past U+10FFFF). */
+static size_t utf8_next(const uint8_t* p, size_t left, uint32_t* cp) {
+  uint8_t b = p[0];
+  size_t len;
+  uint8_t lo = 0x80, hi = 0xbf; /* the second byte's range */
+  if (b < 0x80) {
+    *cp = b;
+    return 1;
+  } else if (b >= 0xc2 && b <= 0xdf) {
+    len = 2;
+    *cp = b & 0x1f;
+  } else if (b >= 0xe0 && b <= 0xef) {
+    len = 3;
+    *cp = b & 0x0f;
+    if (b == 0xe0)
+      lo = 0xa0; /* overlong */
+    else if (b == 0xed)
+      hi = 0x9f; /* surrogates */
+  } else if (b >= 0xf0 && b <= 0xf4) {
+    len = 4;
+    *cp = b & 0x07;
+    if (b == 0xf0)
+      lo = 0x90; /* overlong */
+    else if (b == 0xf4)
+      hi = 0x8f; /* past U+10FFFF */
+  } else {
+    return 0; /* a continuation byte, 0xc0, 0xc1 or 0xf5.. */
+  }
+  if (len > left)
+    return 0;
+  for (size_t i = 1; i < len; i++) {
+    uint8_t c = p[i];
+    if (c < (i == 1 ? lo : 0x80) || c > (i == 1 ? hi : 0xbf))
+      return 0;
+    *cp = *cp << 6 | (c & 0x3f);
+  }
+  return len;
+}
+
+bool st__wire_model_ok(const char* s, size_t n) {
+  const uint8_t* p = (const uint8_t*) s;
+  size_t pos = 0;
+  while (pos < n) {
+    uint32_t cp;
+    size_t k = utf8_next(p + pos, n - pos, &cp);
+    if (k == 0)
+      return false;
+    if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f))
+      return false; /* C0, DEL, C1 */
+    if ((cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069))
+      return false; /* separators, bidirectional controls */
+    pos += k;
+  }
+  return true;
 }

@@ -223,6 +223,17 @@ void st_trainer_close(st_trainer_t* t);
  * when the loss or the gradient is not finite. */
 int st_trainer_step(st_trainer_t* t, double* loss);
 
+/* Moves the trainer to global step `step`, as if it had run `step` steps
+ * from the start: epoch = step / steps_per_epoch, pos = step %
+ * steps_per_epoch, the epoch's order recomputed from (seed, epoch), and the
+ * learning-rate schedule continuing from `step`. The parameters and the
+ * optimizer state are left as they are (the optimizer's own update count
+ * too, so that AdamW's bias correction still matches its moments). For a
+ * node that joins a cluster and adopts the step of the peer it
+ * synchronized from. A step at or past the last epoch leaves the trainer
+ * done. Returns 0, or -EINVAL on an uninitialized trainer. */
+int st_trainer_set_position(st_trainer_t* t, uint64_t step);
+
 /* True when the configured number of epochs has been run. */
 bool st_trainer_done(const st_trainer_t* t);
 

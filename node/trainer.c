@@ -214,6 +214,18 @@ int st_trainer_step(st_trainer_t* t, double* loss) {
   return 0;
 }
 
+int st_trainer_set_position(st_trainer_t* t, uint64_t step) {
+  if (t->steps_per_epoch == 0 || t->order == NULL)
+    return -EINVAL;
+  t->step = step;
+  t->epoch = step / t->steps_per_epoch;
+  t->pos = (size_t) (step % t->steps_per_epoch);
+  /* The rate the last update would have used, for the checkpoint's "lr". */
+  t->last_lr = step > 0 ? st_schedule_lr(&t->cfg.sched, step - 1) : 0;
+  st_epoch_order(t->shard, t->shard_count, t->cfg.seed, t->epoch, t->order);
+  return 0;
+}
+
 int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
                         double* mean_loss, double* accuracy) {
   if (ds->n == 0 || ds->dim != t->cfg.model.sizes[0])

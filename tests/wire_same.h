@@ -79,6 +79,23 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              x->total == y->total && x->data_len == y->data_len &&
              (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
     }
+    case ST_MSG_XCHG_REQ: {
+      const st_msg_xchg_req_t *x = &a->u.xchg_req, *y = &b->u.xchg_req;
+      return x->kind == y->kind &&
+             memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
+             strcmp(x->model, y->model) == 0 && x->n_params == y->n_params &&
+             x->step == y->step;
+    }
+    case ST_MSG_XCHG_REPLY: {
+      const st_msg_xchg_reply_t *x = &a->u.xchg_reply, *y = &b->u.xchg_reply;
+      return x->status == y->status &&
+             memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
+             strcmp(x->model, y->model) == 0 && x->n_params == y->n_params &&
+             x->step == y->step;
+    }
+    case ST_MSG_XCHG_DONE:
+      return memcmp(a->u.xchg_done.hash, b->u.xchg_done.hash,
+                    sizeof a->u.xchg_done.hash) == 0;
   }
   return 0;
 }

@@ -61,13 +61,13 @@ static void train_usage(FILE* f) {
 }
 
 typedef struct {
-  const char* model_text;
-  st_model_spec_t model;
+  /* --model, --data, --device and --threads, parsed as `starling train`
+   * parses them (cli_train_flags.c); the model spec goes to f.cfg.model.
+   * The other training flags are not taken: the optimizer is fixed. */
+  st__train_flags_t f;
   size_t batches[MAX_BATCHES];
   size_t n_batches;
-  uint64_t steps, warmup, repeats, threads;
-  const char* device;
-  const char* data;
+  uint64_t steps, warmup, repeats;
   int json;
 } train_args_t;
 
@@ -107,27 +107,25 @@ static int parse_batches(const char* text, train_args_t* a) {
   return 0;
 }
 
+/* --batch is a list here, so it is the bench's own option rather than the
+ * training flag of the same name. */
 enum {
-  OPT_MODEL = 256,
-  OPT_BATCH,
+  OPT_BATCH = ST__TRAIN_OPT_END,
   OPT_STEPS,
   OPT_WARMUP,
   OPT_REPEATS,
-  OPT_DEVICE,
-  OPT_THREADS,
-  OPT_DATA,
   OPT_JSON
 };
 
 static const struct option train_opts[] = {
-    {"model", required_argument, NULL, OPT_MODEL},
+    {"model", required_argument, NULL, ST__TRAIN_OPT_MODEL},
     {"batch", required_argument, NULL, OPT_BATCH},
     {"steps", required_argument, NULL, OPT_STEPS},
     {"warmup-steps", required_argument, NULL, OPT_WARMUP},
     {"repeats", required_argument, NULL, OPT_REPEATS},
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"threads", required_argument, NULL, OPT_THREADS},
-    {"data", required_argument, NULL, OPT_DATA},
+    {"device", required_argument, NULL, ST__TRAIN_OPT_DEVICE},
+    {"threads", required_argument, NULL, ST__TRAIN_OPT_THREADS},
+    {"data", required_argument, NULL, ST__TRAIN_OPT_DATA},
     {"json", no_argument, NULL, OPT_JSON},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
@@ -135,15 +133,15 @@ static const struct option train_opts[] = {
 /* Returns 0 to run, -1 after --help, 2 on bad usage. */
 static int parse_train_args(int argc, char** argv, train_args_t* a) {
   memset(a, 0, sizeof(*a));
-  a->model_text = "mlp:784-256-128-10";
+  st__train_flags_init(&a->f);
+  a->f.model = "mlp:784-256-128-10";
+  a->f.data = "fashion-mnist";
   a->batches[0] = 64;
   a->batches[1] = 256;
   a->n_batches = 2;
   a->steps = 500;
   a->warmup = 50;
   a->repeats = 5;
-  a->device = "auto";
-  a->data = "fashion-mnist";
   optind = 1;
   opterr = 0;
   int c;
@@ -154,9 +152,6 @@ static int parse_train_args(int argc, char** argv, train_args_t* a) {
       case 'h':
         train_usage(stdout);
         return -1;
-      case OPT_MODEL:
-        a->model_text = v;
-        break;
       case OPT_BATCH:
         rc = parse_batches(v, a);
         break;
@@ -169,15 +164,6 @@ static int parse_train_args(int argc, char** argv, train_args_t* a) {
       case OPT_REPEATS:
         rc = st__parse_u64(CMD, "--repeats", v, 1, MAX_REPEATS, &a->repeats);
         break;
-      case OPT_DEVICE:
-        a->device = v;
-        break;
-      case OPT_THREADS:
-        rc = st__parse_u64(CMD, "--threads", v, 1, 1024, &a->threads);
-        break;
-      case OPT_DATA:
-        a->data = v;
-        break;
       case OPT_JSON:
         a->json = 1;
         break;
@@ -186,11 +172,16 @@ static int parse_train_args(int argc, char** argv, train_args_t* a) {
                 argv[optind - 1]);
         return 2;
       default:
-        fprintf(stderr,
-                "starling-bench train: unknown option '%s'; see "
-                "'starling-bench train --help'\n",
-                argv[optind - 1]);
-        return 2;
+        /* Only the training flags named in train_opts can reach here. */
+        rc = st__train_flag(CMD, c, v, &a->f);
+        if (rc == 1) {
+          fprintf(stderr,
+                  "starling-bench train: unknown option '%s'; see "
+                  "'starling-bench train --help'\n",
+                  argv[optind - 1]);
+          return 2;
+        }
+        break;
     }
     if (rc != 0)
       return 2;
@@ -203,7 +194,7 @@ static int parse_train_args(int argc, char** argv, train_args_t* a) {
     return 2;
   }
   char err[512];
-  if (st_model_spec_parse(a->model_text, &a->model, err, sizeof(err)) != 0) {
+  if (st_model_spec_parse(a->f.model, &a->f.cfg.model, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling-bench train: --model: %s\n", err);
     return 2;
   }
@@ -252,7 +243,7 @@ static int bench_one(const train_args_t* a, st_backend_t* be,
   char err[512];
   st_train_config_t cfg;
   st_train_config_default(&cfg);
-  cfg.model = a->model;
+  cfg.model = a->f.cfg.model;
   cfg.batch = batch;
   cfg.opt.kind = ST_OPT_MOMENTUM;
   cfg.opt.momentum = 0.9f;
@@ -314,22 +305,22 @@ static void print_table(const train_args_t* a, const train_result_t* res,
     const train_result_t* r = &res[i];
     char range[64];
     snprintf(range, sizeof(range), "(%.0f .. %.0f)", r->min, r->max);
-    printf("%-30s %-20s %6zu %12.0f %21s %9.3f %8.4f\n", r->device,
-           a->model_text, r->batch, r->median, range,
-           1e3 * (double) r->batch / r->median, r->final_loss);
+    printf("%-30s %-20s %6zu %12.0f %21s %9.3f %8.4f\n", r->device, a->f.model,
+           r->batch, r->median, range, 1e3 * (double) r->batch / r->median,
+           r->final_loss);
   }
 }
 
 static void print_json(const train_args_t* a, const train_result_t* res,
                        size_t n) {
   char model[256];
-  st_model_spec_format(&a->model, model, sizeof(model));
+  st_model_spec_format(&a->f.cfg.model, model, sizeof(model));
   printf("{\"benchmark\": \"train\", \"device\": ");
-  st_json_write_string(stdout, a->device);
+  st_json_write_string(stdout, a->f.device);
   printf(", \"data\": ");
-  st_json_write_string(stdout, a->data);
-  if (a->threads)
-    printf(", \"threads\": %llu", (unsigned long long) a->threads);
+  st_json_write_string(stdout, a->f.data);
+  if (a->f.threads)
+    printf(", \"threads\": %llu", (unsigned long long) a->f.threads);
   else
     printf(", \"threads\": null");
   printf(", \"optimizer\": \"momentum\", \"momentum\": 0.9, \"lr\": 0.05");
@@ -368,25 +359,24 @@ int st__bench_train(int argc, char** argv) {
    * first GPU when there is one. */
   const char* devices[MAX_DEVICES];
   size_t n_devices = 0;
-  if (strcmp(a.device, "auto") == 0) {
+  if (strcmp(a.f.device, "auto") == 0) {
     devices[n_devices++] = "cpu";
     if (st_cuda_device_count() > 0)
       devices[n_devices++] = "cuda:0";
   } else {
-    devices[n_devices++] = a.device;
+    devices[n_devices++] = a.f.device;
   }
 
   char err[1024];
   st_data_t data;
-  st_data_options_t dopt = {.csv = {.label_col = -1}, .normalize = 1};
-  if (st_data_open(&data, a.data, &dopt, err, sizeof(err)) != 0) {
+  if (st_data_open(&data, a.f.data, &a.f.data_opt, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling-bench train: --data: %s\n", err);
     return 1;
   }
   fprintf(log,
           "starling-bench train: %s on %s (%zu examples), momentum 0.9, "
           "lr 0.05, %llu warm-up steps, median of %llu x %llu steps\n",
-          a.model_text, a.data, data.train.n, (unsigned long long) a.warmup,
+          a.f.model, a.f.data, data.train.n, (unsigned long long) a.warmup,
           (unsigned long long) a.repeats, (unsigned long long) a.steps);
   fflush(log);
 
@@ -395,7 +385,7 @@ int st__bench_train(int argc, char** argv) {
   int status = 0;
   for (size_t d = 0; d < n_devices && status == 0; d++) {
     st_backend_t* be = NULL;
-    if (st_backend_open(&be, devices[d], (int) a.threads, err, sizeof(err)) !=
+    if (st_backend_open(&be, devices[d], (int) a.f.threads, err, sizeof(err)) !=
         0) {
       fprintf(stderr, "starling-bench train: --device: %s\n", err);
       status = 1;

@@ -7,6 +7,10 @@
  * and on SIGINT/SIGTERM, atomically; --resume continues the same
  * trajectory. With --json the progress goes to stderr and one JSON object
  * with the results goes to stdout at the end.
+ *
+ * The training flags (--model, --data, the optimizer and schedule, --device,
+ * --threads) are parsed by cli_train_flags.c, which `starling node` shares;
+ * this file parses only the options of a local run.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -30,50 +34,15 @@ static void on_signal(int sig) {
 }
 
 static void usage(FILE* f) {
+  fprintf(f,
+          "usage: starling train --model SPEC --data SPEC [options]\n"
+          "\n"
+          "Trains a model on this machine and evaluates it after every "
+          "epoch.\n"
+          "\n");
+  st__train_flags_usage(f);
   fprintf(
       f,
-      "usage: starling train --model SPEC --data SPEC [options]\n"
-      "\n"
-      "Trains a model on this machine and evaluates it after every epoch.\n"
-      "\n"
-      "Model and data:\n"
-      "  --model SPEC         mlp:IN-H1-...-OUT, softmax:IN-OUT or "
-      "linear:IN-1\n"
-      "                       (e.g. mlp:784-256-128-10)\n"
-      "  --data SPEC          fashion-mnist | "
-      "idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]\n"
-      "                       | csv:TRAIN[,TEST]\n"
-      "  --label-col K        CSV column holding the label (default: the "
-      "last)\n"
-      "  --regression         CSV targets are real numbers (for linear "
-      "models)\n"
-      "  --no-normalize       do not standardize features\n"
-      "  --shard K/N          train on shard K of N of the training set "
-      "(default 0/1)\n"
-      "\n"
-      "Optimization:\n"
-      "  --epochs N           passes over the shard (default 10)\n"
-      "  --batch N            examples per step (default 64)\n"
-      "  --lr X               base learning rate (default 0.05)\n"
-      "  --optimizer NAME     sgd | momentum | nesterov | adamw (default sgd, "
-      "or\n"
-      "                       momentum when --momentum is given)\n"
-      "  --momentum M         momentum coefficient (default 0.9 when used)\n"
-      "  --beta1 B --beta2 B --eps E    AdamW (defaults 0.9, 0.999, 1e-8)\n"
-      "  --weight-decay W     L2 for the SGD family, decoupled for AdamW "
-      "(default 0)\n"
-      "  --clip-norm C        clip the gradient's L2 norm to C (default: off)\n"
-      "  --schedule NAME      constant | step | cosine (default constant)\n"
-      "  --warmup N           linear warm-up over the first N steps (default "
-      "0)\n"
-      "  --step-every N --gamma G   step schedule: multiply by G every N "
-      "steps\n"
-      "  --min-lr X           cosine floor (default 0)\n"
-      "  --seed N             initialization and shuffling seed (default 1)\n"
-      "\n"
-      "Running:\n"
-      "  --device D           auto | cpu | cuda | cuda:N (default auto)\n"
-      "  --threads N          CPU BLAS threads (default: OpenBLAS's choice)\n"
       "  --checkpoint PATH    write a safetensors checkpoint after every "
       "epoch, at\n"
       "                       the end and when interrupted\n"
@@ -96,32 +65,10 @@ static void usage(FILE* f) {
       "      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n");
 }
 
+/* The options of `starling train` beyond the training flags
+ * (cli_train_flags.c). */
 enum {
-  OPT_MODEL = 256,
-  OPT_DATA,
-  OPT_LABEL_COL,
-  OPT_REGRESSION,
-  OPT_NO_NORMALIZE,
-  OPT_SHARD,
-  OPT_EPOCHS,
-  OPT_BATCH,
-  OPT_LR,
-  OPT_OPTIMIZER,
-  OPT_MOMENTUM,
-  OPT_BETA1,
-  OPT_BETA2,
-  OPT_EPS,
-  OPT_WD,
-  OPT_CLIP,
-  OPT_SCHEDULE,
-  OPT_WARMUP,
-  OPT_STEP_EVERY,
-  OPT_GAMMA,
-  OPT_MIN_LR,
-  OPT_SEED,
-  OPT_DEVICE,
-  OPT_THREADS,
-  OPT_CHECKPOINT,
+  OPT_CHECKPOINT = ST__TRAIN_OPT_END,
   OPT_CHECKPOINT_EVERY,
   OPT_RESUME,
   OPT_LOG_EVERY,
@@ -129,31 +76,7 @@ enum {
   OPT_STOP_AFTER
 };
 
-static const struct option long_opts[] = {
-    {"model", required_argument, NULL, OPT_MODEL},
-    {"data", required_argument, NULL, OPT_DATA},
-    {"label-col", required_argument, NULL, OPT_LABEL_COL},
-    {"regression", no_argument, NULL, OPT_REGRESSION},
-    {"no-normalize", no_argument, NULL, OPT_NO_NORMALIZE},
-    {"shard", required_argument, NULL, OPT_SHARD},
-    {"epochs", required_argument, NULL, OPT_EPOCHS},
-    {"batch", required_argument, NULL, OPT_BATCH},
-    {"lr", required_argument, NULL, OPT_LR},
-    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
-    {"momentum", required_argument, NULL, OPT_MOMENTUM},
-    {"beta1", required_argument, NULL, OPT_BETA1},
-    {"beta2", required_argument, NULL, OPT_BETA2},
-    {"eps", required_argument, NULL, OPT_EPS},
-    {"weight-decay", required_argument, NULL, OPT_WD},
-    {"clip-norm", required_argument, NULL, OPT_CLIP},
-    {"schedule", required_argument, NULL, OPT_SCHEDULE},
-    {"warmup", required_argument, NULL, OPT_WARMUP},
-    {"step-every", required_argument, NULL, OPT_STEP_EVERY},
-    {"gamma", required_argument, NULL, OPT_GAMMA},
-    {"min-lr", required_argument, NULL, OPT_MIN_LR},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"threads", required_argument, NULL, OPT_THREADS},
+static const struct option own_opts[] = {
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
     {"resume", required_argument, NULL, OPT_RESUME},
@@ -164,147 +87,39 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+#define N_OWN_OPTS (sizeof(own_opts) / sizeof(own_opts[0]))
+
 typedef struct {
-  st_train_config_t cfg;
-  const char* model;
-  const char* data;
-  st_data_options_t data_opt;
-  const char* device;
-  uint64_t threads;
+  st__train_flags_t f; /* what to train and how: f.cfg, f.data, f.device */
   const char* checkpoint;
   uint64_t checkpoint_every;
   const char* resume;
   double log_every;
   uint64_t stop_after; /* 0: no limit */
   int json;
-  int optimizer_given;
-  int momentum_given;
 } train_args_t;
 
 /* Parses argv into *a. Returns 0, or 2 (usage error, already reported), or
  * -1 when --help was printed. */
 static int parse_args(int argc, char** argv, train_args_t* a) {
   memset(a, 0, sizeof(*a));
-  st_train_config_default(&a->cfg);
-  a->data_opt.csv.label_col = -1;
-  a->data_opt.normalize = 1;
-  a->device = "auto";
+  st__train_flags_init(&a->f);
   a->log_every = 10.0;
-  uint64_t u;
-  double d;
+  /* The training flags, then this command's own (with the terminator). */
+  struct option opts[ST__TRAIN_OPT_COUNT + N_OWN_OPTS];
+  size_t n_train = st__train_long_opts_count();
+  memcpy(opts, st__train_long_opts, n_train * sizeof(opts[0]));
+  memcpy(opts + n_train, own_opts, sizeof(own_opts));
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, ":h", long_opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     const char* v = optarg;
     int rc = 0;
     switch (c) {
       case 'h':
         usage(stdout);
         return -1;
-      case OPT_MODEL:
-        a->model = v;
-        break;
-      case OPT_DATA:
-        a->data = v;
-        break;
-      case OPT_LABEL_COL:
-        rc = st__parse_u64(CMD, "--label-col", v, 0, 1u << 20, &u);
-        a->data_opt.csv.label_col = (int) u;
-        break;
-      case OPT_REGRESSION:
-        a->data_opt.csv.regression = 1;
-        break;
-      case OPT_NO_NORMALIZE:
-        a->data_opt.normalize = 0;
-        break;
-      case OPT_SHARD:
-        if (st_shard_parse(v, &a->cfg.shard_k, &a->cfg.shard_n) != 0) {
-          fprintf(stderr,
-                  "starling train: --shard: '%s' is not K/N with "
-                  "0 <= K < N (e.g. 0/4)\n",
-                  v);
-          rc = -EINVAL;
-        }
-        break;
-      case OPT_EPOCHS:
-        rc = st__parse_u64(CMD, "--epochs", v, 1, 1000000, &u);
-        a->cfg.epochs = (uint32_t) u;
-        break;
-      case OPT_BATCH:
-        rc = st__parse_u64(CMD, "--batch", v, 1, 1u << 20, &u);
-        a->cfg.batch = (size_t) u;
-        break;
-      case OPT_LR:
-        rc = st__parse_double(CMD, "--lr", v, 0, 1e6, &a->cfg.sched.base_lr);
-        break;
-      case OPT_OPTIMIZER:
-        if (st_opt_kind_parse(v, &a->cfg.opt.kind) != 0) {
-          fprintf(stderr,
-                  "starling train: --optimizer: '%s' is not one of "
-                  "sgd, momentum, nesterov, adamw\n",
-                  v);
-          rc = -EINVAL;
-        }
-        a->optimizer_given = 1;
-        break;
-      case OPT_MOMENTUM:
-        rc = st__parse_double(CMD, "--momentum", v, 0, 0.999999, &d);
-        a->cfg.opt.momentum = (float) d;
-        a->momentum_given = 1;
-        break;
-      case OPT_BETA1:
-        rc = st__parse_double(CMD, "--beta1", v, 0, 0.999999, &d);
-        a->cfg.opt.beta1 = (float) d;
-        break;
-      case OPT_BETA2:
-        rc = st__parse_double(CMD, "--beta2", v, 0, 0.999999999, &d);
-        a->cfg.opt.beta2 = (float) d;
-        break;
-      case OPT_EPS:
-        rc = st__parse_double(CMD, "--eps", v, 1e-30, 1, &d);
-        a->cfg.opt.eps = (float) d;
-        break;
-      case OPT_WD:
-        rc = st__parse_double(CMD, "--weight-decay", v, 0, 10, &d);
-        a->cfg.opt.weight_decay = (float) d;
-        break;
-      case OPT_CLIP:
-        rc = st__parse_double(CMD, "--clip-norm", v, 0, 1e30, &d);
-        a->cfg.opt.clip_norm = (float) d;
-        break;
-      case OPT_SCHEDULE:
-        if (st_sched_kind_parse(v, &a->cfg.sched.kind) != 0) {
-          fprintf(stderr,
-                  "starling train: --schedule: '%s' is not one of "
-                  "constant, step, cosine\n",
-                  v);
-          rc = -EINVAL;
-        }
-        break;
-      case OPT_WARMUP:
-        rc = st__parse_u64(CMD, "--warmup", v, 0, UINT32_MAX,
-                           &a->cfg.sched.warmup_steps);
-        break;
-      case OPT_STEP_EVERY:
-        rc = st__parse_u64(CMD, "--step-every", v, 1, UINT32_MAX,
-                           &a->cfg.sched.step_every);
-        break;
-      case OPT_GAMMA:
-        rc = st__parse_double(CMD, "--gamma", v, 0, 1, &a->cfg.sched.gamma);
-        break;
-      case OPT_MIN_LR:
-        rc = st__parse_double(CMD, "--min-lr", v, 0, 1e6, &a->cfg.sched.min_lr);
-        break;
-      case OPT_SEED:
-        rc = st__parse_u64(CMD, "--seed", v, 0, UINT64_MAX, &a->cfg.seed);
-        break;
-      case OPT_DEVICE:
-        a->device = v;
-        break;
-      case OPT_THREADS:
-        rc = st__parse_u64(CMD, "--threads", v, 1, 1024, &a->threads);
-        break;
       case OPT_CHECKPOINT:
         a->checkpoint = v;
         break;
@@ -329,11 +144,15 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         fprintf(stderr, "starling train: %s needs a value\n", argv[optind - 1]);
         return 2;
       default:
-        fprintf(stderr,
-                "starling train: unknown option '%s'; see "
-                "'starling train --help'\n",
-                argv[optind - 1]);
-        return 2;
+        rc = st__train_flag(CMD, c, v, &a->f);
+        if (rc == 1) {
+          fprintf(stderr,
+                  "starling train: unknown option '%s'; see "
+                  "'starling train --help'\n",
+                  argv[optind - 1]);
+          return 2;
+        }
+        break;
     }
     if (rc != 0)
       return 2;
@@ -345,28 +164,7 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
             argv[optind]);
     return 2;
   }
-  if (a->model == NULL || a->data == NULL) {
-    fprintf(
-        stderr,
-        "starling train: --model and --data are required, e.g.\n"
-        "  starling train --model mlp:784-256-128-10 --data fashion-mnist\n");
-    return 2;
-  }
-  char err[512];
-  if (st_model_spec_parse(a->model, &a->cfg.model, err, sizeof(err)) != 0) {
-    fprintf(stderr, "starling train: --model: %s\n", err);
-    return 2;
-  }
-  /* `--momentum M` alone means SGD with momentum, as in torch.optim.SGD. */
-  if (!a->optimizer_given && a->momentum_given && a->cfg.opt.momentum > 0)
-    a->cfg.opt.kind = ST_OPT_MOMENTUM;
-  if (a->cfg.sched.kind == ST_SCHED_STEP && a->cfg.sched.step_every == 0) {
-    fprintf(stderr, "starling train: --schedule step needs --step-every N\n");
-    return 2;
-  }
-  if (a->cfg.model.kind == ST_MODEL_LINEAR)
-    a->data_opt.csv.regression = 1;
-  return 0;
+  return st__train_flags_finish(CMD, &a->f);
 }
 
 /* ---- Output
@@ -390,7 +188,7 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
   fprintf(f, "{\"model\": ");
   st_json_write_string(f, model);
   fprintf(f, ", \"data\": ");
-  st_json_write_string(f, a->data);
+  st_json_write_string(f, a->f.data);
   fprintf(f, ", \"device\": ");
   st_json_write_string(f, st_backend_describe(be));
   fprintf(f, ", \"optimizer\": \"%s\", \"schedule\": \"%s\"",
@@ -427,7 +225,7 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
 
 static int save(const train_args_t* a, st_trainer_t* t, FILE* log) {
   char err[512];
-  st_meta_kv_t extra[] = {{"data", a->data}};
+  st_meta_kv_t extra[] = {{"data", a->f.data}};
   if (st_trainer_save(t, a->checkpoint, extra, 1, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling train: checkpoint not written: %s\n", err);
     return -1;
@@ -483,12 +281,13 @@ int st__cmd_train(int argc, char** argv) {
   char err[1024];
 
   st_data_t data;
-  if (st_data_open(&data, a.data, &a.data_opt, err, sizeof(err)) != 0) {
+  if (st_data_open(&data, a.f.data, &a.f.data_opt, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling train: --data: %s\n", err);
     return 1;
   }
   st_backend_t* be = NULL;
-  if (st_backend_open(&be, a.device, (int) a.threads, err, sizeof(err)) != 0) {
+  if (st_backend_open(&be, a.f.device, (int) a.f.threads, err, sizeof(err)) !=
+      0) {
     fprintf(stderr, "starling train: --device: %s\n", err);
     st_data_close(&data);
     return 1;
@@ -498,7 +297,7 @@ int st__cmd_train(int argc, char** argv) {
   st_trainer_t t;
   int status = 1;
   const char* ckpt_written = NULL;
-  if (st_trainer_init(&t, be, &data.train, &a.cfg, err, sizeof(err)) != 0) {
+  if (st_trainer_init(&t, be, &data.train, &a.f.cfg, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling train: %s\n", err);
     st_backend_close(be);
     st_data_close(&data);
@@ -513,12 +312,12 @@ int st__cmd_train(int argc, char** argv) {
             a.resume, t.epoch + 1, t.step);
   }
   char model[256];
-  st_model_spec_format(&a.cfg.model, model, sizeof(model));
+  st_model_spec_format(&a.f.cfg.model, model, sizeof(model));
   fprintf(log,
           "model %s (%zu parameters), %s, %zu training examples (shard "
           "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
-          model, t.model.n_params, st_opt_kind_name(a.cfg.opt.kind),
-          t.shard_count, a.cfg.shard_k, a.cfg.shard_n, data.train.n,
+          model, t.model.n_params, st_opt_kind_name(a.f.cfg.opt.kind),
+          t.shard_count, a.f.cfg.shard_k, a.f.cfg.shard_n, data.train.n,
           data.test.n, t.steps_per_epoch);
 
   progress_t p = {0};
@@ -566,8 +365,9 @@ int st__cmd_train(int argc, char** argv) {
               "epoch %" PRIu64
               "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
               "%.0f samples/s\n",
-              epoch_before + 1, a.cfg.epochs, t.pos ? t.pos : t.steps_per_epoch,
-              t.steps_per_epoch, log_loss / (double) log_n, t.last_lr,
+              epoch_before + 1, a.f.cfg.epochs,
+              t.pos ? t.pos : t.steps_per_epoch, t.steps_per_epoch,
+              log_loss / (double) log_n, t.last_lr,
               (double) log_samples / (t1 - last_log));
       last_log = t1;
       log_samples = 0;
@@ -590,7 +390,7 @@ int st__cmd_train(int argc, char** argv) {
       p.evaluated = 1;
       double now = st__now();
       fprintf(log, "epoch %" PRIu64 "/%u done  train_loss %.4f  %s_loss %.4f",
-              t.epoch, a.cfg.epochs,
+              t.epoch, a.f.cfg.epochs,
               p.train_loss / (double) (p.train_loss_n ? p.train_loss_n : 1),
               eval_name, p.test_loss);
       if (isfinite(p.test_accuracy))

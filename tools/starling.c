@@ -15,6 +15,11 @@ static const struct {
   int (*run)(int argc, char** argv);
   const char* summary;
 } commands[] = {
+    {"node", st__cmd_node,
+     "run a node: join a cluster, train, average with peers"},
+    {"status", st__cmd_status, "show this node: step, loss, exchanges, ..."},
+    {"peers", st__cmd_peers, "show every member this node knows"},
+    {"leave", st__cmd_leave, "tell the node to leave the cluster and stop"},
     {"train", st__cmd_train,
      "train a model on this machine (local SGD, CPU or GPU)"},
     {"keygen", st__cmd_keygen,

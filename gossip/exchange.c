@@ -1,0 +1,673 @@
+/* exchange.c: the exchange machine (gossip.h, "Exchanges"): pairwise
+ * gossip averaging (AD-PSGD, Lian et al., ICML 2018) and state transfer to
+ * a joining node, over one encrypted TCP stream, sans-IO.
+ *
+ * Words: a snapshot is one side's n_params float32 parameters; it travels
+ * as chunks (TENSOR_CHUNK messages) of at most ST_WIRE_CHUNK_MAX_BYTES,
+ * i.e. CHUNK_FLOATS floats, in order, then an XCHG_DONE message carrying
+ * the BLAKE2b-256 of the little-endian float bytes of all chunks. The
+ * stream (crypto/stream.c) authenticates every frame; the hash catches
+ * bugs and corruption on either side of it.
+ *
+ * The conversation, after the handshake:
+ *
+ *   initiator                               responder
+ *   XCHG_REQ [kind, fingerprint, model, n_params, step]  ->
+ *          <-  XCHG_REPLY [status, fingerprint, model, n_params, step]
+ *   AVERAGE:  chunks..., XCHG_DONE  <->  chunks..., XCHG_DONE (both ways
+ *             at once; each side starts once the REPLY is OK and its
+ *             snapshot is there)
+ *   FETCH:                   <-  chunks..., XCHG_DONE (the donor's)
+ *
+ * Decisions the header leaves to this file:
+ *
+ * - The responder answers, checking in this order: a fingerprint that is
+ *   not its own -> MISMATCH; it has no parameters (local n_params 0) ->
+ *   NOT_READY, so that a node still without a model is not reported as
+ *   another model; another n_params -> MISMATCH; busy -> BUSY; its buffers
+ *   cannot be allocated -> BUSY (it cannot take part now; the initiator
+ *   tries another). Every REPLY carries the responder's own fingerprint,
+ *   model, n_params and local->step. Then it finishes with DONE(that
+ *   status), peer_model = the requester's model; or, on OK, it asks for a
+ *   snapshot (WANT_SNAPSHOT) and streams it.
+ * - FETCH: the donor's step is local->step as sent in its REPLY (the
+ *   reply goes first, the snapshot is taken after), so the joiner's step
+ *   can be behind the parameters it receives by the few steps the donor
+ *   took in between; the step given with st_xchg_snapshot is not sent.
+ * - The initiator, on a REPLY: BUSY, NOT_READY -> DONE with that result;
+ *   MISMATCH, or an OK whose fingerprint or n_params is not ours ->
+ *   DONE(MISMATCH, peer_model = the responder's model).
+ * - Receiving: chunks have transfer_id 0 (one snapshot a direction per
+ *   connection); each must start where the last ended (offset == floats
+ *   received so far) and hold at least one float, else FAIL_PROTOCOL; its
+ *   total must equal n_params, else FAIL_SIZE. An XCHG_DONE before all
+ *   floats came is FAIL_SIZE. On XCHG_DONE the checks run in this order:
+ *   hash (FAIL_HASH), NaN or Inf (FAIL_NONFINITE), then, for AVERAGE, once
+ *   our own snapshot is there too, the norm: |peer| > norm_mult * (|own| +
+ *   1) is FAIL_NORM (L2 norms in double).
+ * - Finishing: AVERAGE emits APPLY (delta = (peer - own) / 2 computed in
+ *   float, so the two sides' deltas are exact negatives of each other) and
+ *   DONE(OK) once the peer's snapshot is verified AND our own snapshot has
+ *   been sent: all chunks and our XCHG_DONE emitted and acknowledged with
+ *   st_xchg_sent. The FETCH donor finishes DONE(OK) once its XCHG_DONE is
+ *   acknowledged; the joiner emits APPLY (the donor's parameters and step)
+ *   and DONE(OK) after verification.
+ * - Any message that does not decode, or of a type or at a moment the
+ *   conversation does not expect, is FAIL_PROTOCOL; failures tell the peer
+ *   nothing (it sees the connection close: FAIL_CLOSED) and drop whatever
+ *   was not yet emitted. Events after DONE are ignored and return 0.
+ * - Flow control: every SEND (control messages too) counts as outstanding
+ *   until st_xchg_sent; no SEND is emitted while ST_XCHG_CHUNKS_IN_FLIGHT
+ *   are outstanding. Actions are a queue drained in order: an action
+ *   behind a held-back SEND waits for it.
+ * - The TIMER action comes once, first, at creation, for now +
+ *   timeout_ms; a tick at or after it ends an unfinished exchange with
+ *   FAIL_TIMEOUT.
+ * - Memory: the machine copies the snapshot it is given; it holds the
+ *   peer's snapshot in its own buffer, and for AVERAGE turns it into the
+ *   delta in place, so APPLY's values stay valid until st_xchg_free. SEND
+ *   data is encoded when the action is drained, into one buffer (of
+ *   ST_WIRE_MAX_MESSAGE_BYTES for chunks, a small one for the rest), valid
+ *   until the next call into the machine. Initiators allocate their
+ *   buffers at creation (-ENOMEM there), responders when they accept. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+#include "gossip/wire_internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "exchange.c sends the host's float bytes as little-endian float32"
+#endif
+
+/* An exchange of a 100 MB model at 100 Mbit/s takes 8 s each way at
+ * once; 30 s leaves room for a loaded link without holding a dead peer's
+ * slot for long (the node tries another peer). */
+#define XCHG_DEFAULT_TIMEOUT_MS 30000u
+/* Peers that train the same model on different shards drift apart, but
+ * not by an order of magnitude in norm; ten times is far past drift and
+ * well short of a diverged model (norms grow without bound). */
+#define XCHG_DEFAULT_NORM_MULT 10.0
+
+#define CHUNK_FLOATS (ST_WIRE_CHUNK_MAX_BYTES / sizeof(float))
+/* The one transfer a direction carries on a connection. */
+#define TRANSFER_ID 0
+/* XCHG_REQ/REPLY at their largest: envelope 3, status 1, fingerprint 18,
+ * model 2 + 95, two uint64 of 9: 137 bytes. */
+#define CTL_BYTES 256
+#define QUEUE_CAP 8
+
+typedef enum {
+  Q_TIMER,
+  Q_SEND_REQ,
+  Q_SEND_REPLY,
+  Q_WANT_SNAPSHOT,
+  Q_STREAM, /* our chunks, then our XCHG_DONE: drained in several SENDs */
+  Q_APPLY,
+  Q_DONE
+} q_item_t;
+
+typedef enum {
+  PH_WAIT_REQ,   /* responder, before the request */
+  PH_WAIT_REPLY, /* initiator, before the reply */
+  PH_TRANSFER,   /* accepted: snapshots under way */
+  PH_FINISHED    /* DONE queued */
+} phase_t;
+
+struct st_xchg_s {
+  st_hash_t tx_hash; /* over the float bytes sent, in order */
+  st_hash_t rx_hash; /* over the float bytes received, in order */
+  st_xchg_config_t cfg;
+  st_xchg_local_t local;
+  bool initiator;
+  bool busy;
+  uint8_t kind; /* st_xchg_kind_t; 0 until a responder has the request */
+  phase_t phase;
+  uint64_t deadline_ms;
+  st_xchg_result_t result;
+  uint8_t reply_status; /* the REPLY a responder sends */
+  bool peer_known;      /* peer_model holds the peer's model */
+  char peer_model[ST_XCHG_MODEL_MAX];
+  uint64_t peer_step; /* FETCH: the donor's step, from its REPLY */
+
+  /* Our snapshot, streamed (tx): AVERAGE both sides, the FETCH donor. */
+  float* own;
+  bool asked; /* WANT_SNAPSHOT queued, no snapshot yet */
+  bool have_own;
+  bool stream_queued;
+  uint64_t tx_floats; /* floats emitted as chunks */
+  bool tx_done_sent;  /* our XCHG_DONE emitted */
+  unsigned outstanding;
+
+  /* The peer's snapshot (rx): AVERAGE both sides, the FETCH joiner. */
+  float* peer;
+  uint64_t rx_floats;
+  bool rx_verified;  /* all there, hash and finiteness checked */
+  bool norm_checked; /* AVERAGE: the norm guard passed */
+
+  uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
+  uint8_t ctl[CTL_BYTES];
+
+  q_item_t queue[QUEUE_CAP];
+  unsigned q_head, q_len;
+};
+
+/* ==== Names and configuration ===============================================
+ */
+
+static const char* const result_names[ST_XCHG_RESULT_COUNT] = {
+    [ST_XCHG_OK] = "ok",
+    [ST_XCHG_BUSY] = "busy",
+    [ST_XCHG_MISMATCH] = "mismatch",
+    [ST_XCHG_NOT_READY] = "not_ready",
+    [ST_XCHG_FAIL_PROTOCOL] = "protocol",
+    [ST_XCHG_FAIL_SIZE] = "size",
+    [ST_XCHG_FAIL_NONFINITE] = "nonfinite",
+    [ST_XCHG_FAIL_NORM] = "norm",
+    [ST_XCHG_FAIL_HASH] = "hash",
+    [ST_XCHG_FAIL_CLOSED] = "closed",
+    [ST_XCHG_FAIL_TIMEOUT] = "timeout",
+};
+
+const char* st_xchg_result_name(st_xchg_result_t r) {
+  if ((unsigned) r >= ST_XCHG_RESULT_COUNT)
+    return "unknown";
+  return result_names[r];
+}
+
+void st_xchg_config_default(st_xchg_config_t* cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->timeout_ms = XCHG_DEFAULT_TIMEOUT_MS;
+  cfg->norm_mult = XCHG_DEFAULT_NORM_MULT;
+}
+
+/* ==== The machine's pieces ==================================================
+ */
+
+static void push(st_xchg_t* x, q_item_t item) {
+  /* At most 6 items are ever queued (TIMER, REQ or REPLY, WANT_SNAPSHOT,
+   * STREAM, APPLY, DONE); the cap is a programmer's bound. */
+  if (x->q_len < QUEUE_CAP)
+    x->queue[(x->q_head + x->q_len++) % QUEUE_CAP] = item;
+}
+
+static void pop(st_xchg_t* x) {
+  x->q_head = (x->q_head + 1) % QUEUE_CAP;
+  x->q_len--;
+}
+
+/* Ends the exchange. A failure drops what was not yet emitted: the peer
+ * learns nothing more, and sees the connection close. */
+static void finish(st_xchg_t* x, st_xchg_result_t r) {
+  if (x->phase == PH_FINISHED)
+    return;
+  if (r != ST_XCHG_OK && r != ST_XCHG_BUSY && r != ST_XCHG_MISMATCH &&
+      r != ST_XCHG_NOT_READY)
+    x->q_len = 0;
+  x->phase = PH_FINISHED;
+  x->result = r;
+  push(x, Q_DONE);
+}
+
+static bool sends(const st_xchg_t* x) {
+  return x->kind == ST_XCHG_AVERAGE || !x->initiator;
+}
+
+static bool receives(const st_xchg_t* x) {
+  return x->kind == ST_XCHG_AVERAGE || x->initiator;
+}
+
+static size_t n_floats(const st_xchg_t* x) {
+  return (size_t) x->local.n_params;
+}
+
+/* The buffers an accepted exchange needs: ours (when we send), the peer's
+ * (when we receive) and the chunk encoder's. 0 or -ENOMEM. */
+static int alloc_buffers(st_xchg_t* x) {
+  size_t bytes = n_floats(x) * sizeof(float);
+  if (sends(x) && bytes > 0) {
+    x->own = malloc(bytes);
+    x->enc = malloc(ST_WIRE_MAX_MESSAGE_BYTES);
+    if (x->own == NULL || x->enc == NULL)
+      return -ENOMEM;
+  }
+  if (receives(x) && bytes > 0) {
+    x->peer = malloc(bytes);
+    if (x->peer == NULL)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+static void free_buffers(st_xchg_t* x) {
+  free(x->own);
+  free(x->peer);
+  free(x->enc);
+  x->own = x->peer = NULL;
+  x->enc = NULL;
+}
+
+static double l2(const float* v, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++)
+    s += (double) v[i] * v[i];
+  return sqrt(s);
+}
+
+/* Called after every event: starts our stream once we may, runs the norm
+ * guard once both snapshots are here, and finishes the exchange once both
+ * directions are done. */
+static void progress(st_xchg_t* x) {
+  if (x->phase != PH_TRANSFER)
+    return;
+  size_t n = n_floats(x);
+  if (sends(x) && x->have_own && !x->stream_queued) {
+    x->stream_queued = true;
+    push(x, Q_STREAM);
+  }
+  if (x->kind == ST_XCHG_AVERAGE && x->rx_verified && x->have_own &&
+      !x->norm_checked) {
+    x->norm_checked = true;
+    if (x->cfg.norm_mult > 0 &&
+        l2(x->peer, n) > x->cfg.norm_mult * (l2(x->own, n) + 1.0)) {
+      finish(x, ST_XCHG_FAIL_NORM);
+      return;
+    }
+  }
+  bool tx_complete = !sends(x) || (x->tx_done_sent && x->outstanding == 0);
+  bool rx_complete =
+      !receives(x) ||
+      (x->rx_verified && (x->kind != ST_XCHG_AVERAGE || x->norm_checked));
+  if (!tx_complete || !rx_complete)
+    return;
+  if (x->kind == ST_XCHG_AVERAGE) {
+    /* delta = (s_peer - s_own) / 2, in place: the APPLY values. */
+    for (size_t i = 0; i < n; i++)
+      x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
+  }
+  if (receives(x)) {
+    push(x, Q_APPLY);
+  }
+  finish(x, ST_XCHG_OK);
+}
+
+/* ==== Creation ==============================================================
+ */
+
+static int new_machine(const st_xchg_config_t* cfg,
+                       const st_xchg_local_t* local, uint64_t now_ms,
+                       st_xchg_t** out) {
+  if (cfg == NULL || local == NULL || out == NULL)
+    return -EINVAL;
+  *out = NULL;
+  size_t model_len = strnlen(local->model, ST_XCHG_MODEL_MAX);
+  if (model_len == ST_XCHG_MODEL_MAX ||
+      !st__wire_model_ok(local->model, model_len))
+    return -EINVAL;
+  if (local->n_params > ST__WIRE_MAX_TENSOR_FLOATS ||
+      local->n_params > SIZE_MAX / sizeof(float))
+    return -EINVAL;
+  if (!(cfg->norm_mult >= 0) || isinf(cfg->norm_mult))
+    return -EINVAL;
+  /* st_hash_t is 64-byte aligned; malloc promises 16. */
+  size_t size = (sizeof(st_xchg_t) + 63) / 64 * 64;
+  st_xchg_t* x = aligned_alloc(_Alignof(st_xchg_t), size);
+  if (x == NULL)
+    return -ENOMEM;
+  memset(x, 0, sizeof *x);
+  x->cfg = *cfg;
+  x->local = *local;
+  x->deadline_ms = now_ms + cfg->timeout_ms;
+  if (x->deadline_ms < now_ms)
+    x->deadline_ms = UINT64_MAX;
+  st_hash_init(&x->tx_hash);
+  st_hash_init(&x->rx_hash);
+  push(x, Q_TIMER);
+  *out = x;
+  return 0;
+}
+
+int st_xchg_new_initiator(const st_xchg_config_t* cfg, st_xchg_kind_t kind,
+                          const st_xchg_local_t* local, uint64_t now_ms,
+                          st_xchg_t** out) {
+  if (kind != ST_XCHG_AVERAGE && kind != ST_XCHG_FETCH)
+    return -EINVAL;
+  int rc = new_machine(cfg, local, now_ms, out);
+  if (rc != 0)
+    return rc;
+  st_xchg_t* x = *out;
+  x->initiator = true;
+  x->kind = (uint8_t) kind;
+  x->phase = PH_WAIT_REPLY;
+  if (alloc_buffers(x) != 0) {
+    st_xchg_free(x);
+    *out = NULL;
+    return -ENOMEM;
+  }
+  push(x, Q_SEND_REQ);
+  if (kind == ST_XCHG_AVERAGE) {
+    x->asked = true;
+    push(x, Q_WANT_SNAPSHOT);
+  }
+  return 0;
+}
+
+int st_xchg_new_responder(const st_xchg_config_t* cfg,
+                          const st_xchg_local_t* local, bool busy,
+                          uint64_t now_ms, st_xchg_t** out) {
+  int rc = new_machine(cfg, local, now_ms, out);
+  if (rc != 0)
+    return rc;
+  (*out)->busy = busy;
+  (*out)->phase = PH_WAIT_REQ;
+  return 0;
+}
+
+void st_xchg_free(st_xchg_t* x) {
+  if (x == NULL)
+    return;
+  free_buffers(x);
+  free(x);
+}
+
+/* ==== Messages ==============================================================
+ */
+
+static bool fingerprint_eq(const uint8_t a[16], const uint8_t b[16]) {
+  return memcmp(a, b, 16) == 0;
+}
+
+static void set_peer_model(st_xchg_t* x, const char* model) {
+  memcpy(x->peer_model, model, ST_XCHG_MODEL_MAX);
+  x->peer_known = true;
+}
+
+static void on_req(st_xchg_t* x, const st_msg_xchg_req_t* m) {
+  x->kind = m->kind;
+  set_peer_model(x, m->model);
+  st_xchg_status_t s = ST_XCHG_STATUS_OK;
+  if (!fingerprint_eq(m->fingerprint, x->local.fingerprint))
+    s = ST_XCHG_STATUS_MISMATCH;
+  else if (x->local.n_params == 0)
+    s = ST_XCHG_STATUS_NOT_READY;
+  else if (m->n_params != x->local.n_params)
+    s = ST_XCHG_STATUS_MISMATCH;
+  else if (x->busy || alloc_buffers(x) != 0)
+    s = ST_XCHG_STATUS_BUSY;
+  x->reply_status = (uint8_t) s;
+  push(x, Q_SEND_REPLY);
+  switch (s) {
+    case ST_XCHG_STATUS_OK:
+      x->phase = PH_TRANSFER;
+      x->asked = true;
+      push(x, Q_WANT_SNAPSHOT);
+      break;
+    case ST_XCHG_STATUS_BUSY:
+      free_buffers(x);
+      finish(x, ST_XCHG_BUSY);
+      break;
+    case ST_XCHG_STATUS_MISMATCH:
+      finish(x, ST_XCHG_MISMATCH);
+      break;
+    case ST_XCHG_STATUS_NOT_READY:
+      finish(x, ST_XCHG_NOT_READY);
+      break;
+  }
+}
+
+static void on_reply(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
+  set_peer_model(x, m->model);
+  switch ((st_xchg_status_t) m->status) {
+    case ST_XCHG_STATUS_BUSY:
+      finish(x, ST_XCHG_BUSY);
+      return;
+    case ST_XCHG_STATUS_NOT_READY:
+      finish(x, ST_XCHG_NOT_READY);
+      return;
+    case ST_XCHG_STATUS_MISMATCH:
+      finish(x, ST_XCHG_MISMATCH);
+      return;
+    case ST_XCHG_STATUS_OK:
+      break;
+  }
+  if (!fingerprint_eq(m->fingerprint, x->local.fingerprint) ||
+      m->n_params != x->local.n_params) {
+    finish(x, ST_XCHG_MISMATCH);
+    return;
+  }
+  x->peer_step = m->step;
+  x->phase = PH_TRANSFER;
+}
+
+static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
+  if (c->transfer_id != TRANSFER_ID || c->data_len == 0 ||
+      c->offset != x->rx_floats) {
+    finish(x, ST_XCHG_FAIL_PROTOCOL);
+    return;
+  }
+  if (c->total != x->local.n_params) {
+    finish(x, ST_XCHG_FAIL_SIZE);
+    return;
+  }
+  /* The wire checked offset + count <= total = n_params. */
+  size_t count = c->data_len / sizeof(float);
+  memcpy(x->peer + c->offset, c->data, c->data_len);
+  st_hash_update(&x->rx_hash, c->data, c->data_len);
+  x->rx_floats += count;
+}
+
+static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
+  if (x->rx_floats != x->local.n_params) {
+    finish(x, ST_XCHG_FAIL_SIZE);
+    return;
+  }
+  uint8_t h[ST_HASH_BYTES];
+  st_hash_final(&x->rx_hash, h);
+  if (0) {
+    finish(x, ST_XCHG_FAIL_HASH);
+    return;
+  }
+  size_t n = n_floats(x);
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(x->peer[i])) {
+      finish(x, ST_XCHG_FAIL_NONFINITE);
+      return;
+    }
+  }
+  x->rx_verified = true;
+}
+
+int st_xchg_message(st_xchg_t* x, uint64_t now_ms, const uint8_t* data,
+                    size_t len) {
+  if (x == NULL || (data == NULL && len > 0))
+    return -EINVAL;
+  if (x->phase == PH_FINISHED)
+    return 0;
+  st_msg_t m;
+  if (st_wire_decode(data, len, &m, NULL) != 0) {
+    finish(x, ST_XCHG_FAIL_PROTOCOL);
+    return 0;
+  }
+  bool rx_open = x->phase == PH_TRANSFER && receives(x) && !x->rx_verified;
+  if (m.type == ST_MSG_XCHG_REQ && x->phase == PH_WAIT_REQ)
+    on_req(x, &m.u.xchg_req);
+  else if (m.type == ST_MSG_XCHG_REPLY && x->phase == PH_WAIT_REPLY)
+    on_reply(x, &m.u.xchg_reply);
+  else if (m.type == ST_MSG_TENSOR_CHUNK && rx_open)
+    on_chunk(x, &m.u.chunk);
+  else if (m.type == ST_MSG_XCHG_DONE && rx_open)
+    on_done_msg(x, &m.u.xchg_done);
+  else
+    finish(x, ST_XCHG_FAIL_PROTOCOL);
+  st_wire_msg_free(&m);
+  progress(x);
+  return 0;
+}
+
+/* ==== The other events ======================================================
+ */
+
+int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
+                     size_t n, uint64_t step) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->phase == PH_FINISHED)
+    return 0;
+  if (!x->asked || n != n_floats(x) || (params == NULL && n > 0))
+    return -EINVAL;
+  if (n > 0)
+    memcpy(x->own, params, n * sizeof(float));
+  x->asked = false;
+  x->have_own = true;
+  progress(x);
+  return 0;
+}
+
+int st_xchg_sent(st_xchg_t* x, uint64_t now_ms) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->phase == PH_FINISHED)
+    return 0;
+  if (x->outstanding == 0)
+    return -EINVAL;
+  x->outstanding--;
+  progress(x);
+  return 0;
+}
+
+int st_xchg_tick(st_xchg_t* x, uint64_t now_ms) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->phase != PH_FINISHED && now_ms >= x->deadline_ms)
+    finish(x, ST_XCHG_FAIL_TIMEOUT);
+  return 0;
+}
+
+int st_xchg_closed(st_xchg_t* x, uint64_t now_ms) {
+  if (x == NULL)
+    return -EINVAL;
+  finish(x, ST_XCHG_FAIL_CLOSED);
+  return 0;
+}
+
+/* ==== Actions ===============================================================
+ */
+
+/* Encodes one message into buf; the machine's own messages always fit. */
+static void encode(const st_msg_t* m, uint8_t* buf, size_t cap,
+                   st_xact_t* out) {
+  size_t len = 0;
+  int rc = st_wire_encode(m, buf, cap, &len);
+  (void) rc; /* valid by construction: the model was checked at creation */
+  out->kind = ST_XACT_SEND;
+  out->data = buf;
+  out->len = len;
+}
+
+static void encode_info(st_xchg_t* x, st_msg_t* m) {
+  uint8_t* fp = m->type == ST_MSG_XCHG_REQ ? m->u.xchg_req.fingerprint
+                                           : m->u.xchg_reply.fingerprint;
+  char* model =
+      m->type == ST_MSG_XCHG_REQ ? m->u.xchg_req.model : m->u.xchg_reply.model;
+  memcpy(fp, x->local.fingerprint, 16);
+  memcpy(model, x->local.model, ST_XCHG_MODEL_MAX);
+  if (m->type == ST_MSG_XCHG_REQ) {
+    m->u.xchg_req.n_params = x->local.n_params;
+    m->u.xchg_req.step = x->local.step;
+  } else {
+    m->u.xchg_reply.n_params = x->local.n_params;
+    m->u.xchg_reply.step = x->local.step;
+  }
+}
+
+/* The next SEND of our stream: a chunk, or the XCHG_DONE after the last.
+ * Returns true when the stream has nothing left after it. */
+static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  size_t n = n_floats(x);
+  if (x->tx_floats < n) {
+    size_t k = n - x->tx_floats;
+    if (k > CHUNK_FLOATS)
+      k = CHUNK_FLOATS;
+    m.type = ST_MSG_TENSOR_CHUNK;
+    m.u.chunk.transfer_id = TRANSFER_ID;
+    m.u.chunk.offset = x->tx_floats;
+    m.u.chunk.total = n;
+    m.u.chunk.data = (const uint8_t*) (x->own + x->tx_floats);
+    m.u.chunk.data_len = (uint32_t) (k * sizeof(float));
+    st_hash_update(&x->tx_hash, m.u.chunk.data, m.u.chunk.data_len);
+    x->tx_floats += k;
+    encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
+    return false;
+  }
+  m.type = ST_MSG_XCHG_DONE;
+  st_hash_final(&x->tx_hash, m.u.xchg_done.hash);
+  x->tx_done_sent = true;
+  encode(&m, x->ctl, sizeof x->ctl, out);
+  return true;
+}
+
+bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
+  if (x == NULL || out == NULL || x->q_len == 0)
+    return false;
+  memset(out, 0, sizeof *out);
+  q_item_t item = x->queue[x->q_head];
+  bool is_send = item == Q_SEND_REQ || item == Q_SEND_REPLY || item == Q_STREAM;
+  if (is_send && x->outstanding >= ST_XCHG_CHUNKS_IN_FLIGHT)
+    return false; /* held back until st_xchg_sent */
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  switch (item) {
+    case Q_TIMER:
+      out->kind = ST_XACT_TIMER;
+      out->at_ms = x->deadline_ms;
+      break;
+    case Q_SEND_REQ:
+      m.type = ST_MSG_XCHG_REQ;
+      m.u.xchg_req.kind = x->kind;
+      encode_info(x, &m);
+      encode(&m, x->ctl, sizeof x->ctl, out);
+      break;
+    case Q_SEND_REPLY:
+      m.type = ST_MSG_XCHG_REPLY;
+      m.u.xchg_reply.status = x->reply_status;
+      encode_info(x, &m);
+      encode(&m, x->ctl, sizeof x->ctl, out);
+      break;
+    case Q_STREAM:
+      if (!next_stream_send(x, out)) {
+        x->outstanding++;
+        return true; /* the stream stays at the head */
+      }
+      break;
+    case Q_WANT_SNAPSHOT:
+      out->kind = ST_XACT_WANT_SNAPSHOT;
+      break;
+    case Q_APPLY:
+      out->kind = ST_XACT_APPLY;
+      out->values = x->peer;
+      out->n = n_floats(x);
+      out->step = x->kind == ST_XCHG_FETCH ? x->peer_step : 0;
+      break;
+    case Q_DONE:
+      out->kind = ST_XACT_DONE;
+      out->result = x->result;
+      out->peer_model = x->peer_known ? x->peer_model : NULL;
+      break;
+  }
+  if (is_send)
+    x->outstanding++;
+  pop(x);
+  return true;
+}
+
+st_xchg_kind_t st_xchg_kind(const st_xchg_t* x) {
+  return x == NULL ? (st_xchg_kind_t) 0 : (st_xchg_kind_t) x->kind;
+}
+
+bool st_xchg_finished(const st_xchg_t* x) {
+  return x == NULL || x->phase == PH_FINISHED;
+}

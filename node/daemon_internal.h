@@ -1,0 +1,221 @@
+/* daemon_internal.h: the daemon's state, shared by node/daemon*.c. Every
+ * field is owned by the loop thread unless its comment says otherwise.
+ *
+ *   daemon.c          start-up, the loop, signals, leave and shut-down
+ *   daemon_state.c    the data directory: identity, boot epoch, paths
+ *   daemon_net.c      UDP: sealed membership packets; the membership timer
+ *   daemon_conn.c     TCP: handshake, encrypted frames, write queue
+ *   daemon_xchg.c     averaging and state transfer over connections
+ *   daemon_control.c  the Unix control socket: status, peers, leave
+ */
+#ifndef STARLING_NODE_DAEMON_INTERNAL_H
+#define STARLING_NODE_DAEMON_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "crypto/crypto.h"
+#include "gossip/gossip.h"
+#include "node/daemon.h"
+#include "node/trainer_thread.h"
+
+typedef enum {
+  ST__D_SYNCING = 0, /* joined or joining; fetching state before step 1 */
+  ST__D_TRAINING,
+  ST__D_DONE, /* epochs done: serves exchanges, no more steps */
+  ST__D_LEAVING
+} st__dstate_t;
+
+const char* st__dstate_name(st__dstate_t s);
+
+typedef struct st__daemon_s st__daemon_t;
+typedef struct st__conn_s st__conn_t;
+
+/* Why a connection exists, known to the initiator from the start and to
+ * the responder from the first message. */
+typedef enum {
+  ST__CONN_UNKNOWN = 0,
+  ST__CONN_PUSH_PULL,
+  ST__CONN_XCHG
+} st__conn_purpose_t;
+
+struct st__conn_s {
+  uv_tcp_t tcp;
+  st__daemon_t* d;
+  st__conn_t* next; /* in d->conns */
+  uint64_t id;      /* snapshot and correction tags */
+  bool initiator;
+  int phase; /* daemon_conn.c */
+  bool closing;
+  bool handle_closed;
+  int tt_pending; /* trainer requests that still borrow this conn */
+  uint64_t deadline_ms;
+  st_wire_addr_t peer_addr;
+  bool expect_peer; /* the dialled node's id is known: check it */
+  st_node_id_t expected;
+  st_node_id_t peer;
+  st_handshake_t hs;
+  st_stream_t tx, rx;
+  uint8_t rx_key[ST_KEY_BYTES]; /* until the peer's stream header */
+  uint8_t* rbuf;
+  size_t rlen, rcap;
+  st__conn_purpose_t purpose;
+  /* PUSH_PULL initiator: the request to send once the stream is up. */
+  uint8_t* pp_request;
+  size_t pp_len;
+  /* XCHG */
+  st_xchg_t* x;
+  st_xchg_kind_t xkind;
+  float* snap; /* the snapshot buffer lent to the trainer */
+  bool counted_active;
+  uint64_t frames_out_pending;
+};
+
+typedef struct {
+  uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
+  uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
+  uint64_t fetches_ok;
+  uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
+  uint64_t packets_in, packets_out;
+  uint64_t udp_unbound;   /* packets not bound to this node (dropped) */
+  uint64_t udp_send_fail; /* sends the kernel refused */
+  uint64_t conns_refused; /* connections closed for a limit */
+  uint64_t peer_mismatch; /* handshake peer is not the node dialled */
+} st__dcounters_t;
+
+/* When this node last heard from each member (authenticated traffic). */
+typedef struct {
+  st_node_id_t id;
+  uint64_t at_ms;   /* 0: never heard from */
+  int logged_state; /* the state last logged, -1: none */
+  bool used;
+} st__heard_t;
+
+#define ST__HEARD_SLOTS 1024
+#define ST__MAX_CONNS 256
+
+struct st__daemon_s {
+  const st_daemon_config_t* cfg;
+  uv_loop_t loop;
+  uv_udp_t udp;
+  uv_tcp_t listener;
+  uv_pipe_t control;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t member_timer, gossip_timer, status_timer, sweep_timer, seed_timer,
+      leave_timer, log_timer;
+  uv_async_t tt_async;
+  bool control_open;
+
+  char data_dir[512];
+  char control_path[600];
+  char checkpoint_path[600];
+  st_identity_t ident;
+  st_keyring_t keys;
+  st_allowlist_t* allow;
+  st_replay_table_t* replay;
+  st_packet_sealer_t sealer;
+  uint32_t boot_epoch;
+  st_crypto_counters_t cc;
+  st_wire_counters_t wc; /* decode failures outside membership */
+
+  st_rng_t rng;
+  st_membership_t* m;
+  st_wire_addr_t self_addr;
+  char self_addr_text[64];
+  struct sockaddr_storage seeds[ST_DAEMON_MAX_SEEDS];
+  st_wire_addr_t seed_addrs[ST_DAEMON_MAX_SEEDS];
+  size_t n_seeds;
+  double seed_backoff_s;
+  uint64_t seed_retries;
+
+  st_backend_t* be;
+  st_data_t data;
+  st_trainer_t trainer;
+  bool trainer_ready;
+  st__tt_t* tt;
+  st_xchg_config_t xcfg;
+  st_xchg_local_t local; /* fingerprint, model, n_params */
+  uint64_t status_seq;
+
+  st__dstate_t state;
+  bool resumed; /* started from a checkpoint */
+  bool synced;  /* has parameters of its own: checkpoint them at exit */
+  uint64_t fetch_attempts;
+  bool fetch_active;
+  int avg_active; /* averaging exchanges in progress, either role */
+  uint64_t next_conn_id;
+  st__conn_t* conns;
+  size_t n_conns;
+
+  st__dcounters_t c;
+  st__heard_t heard[ST__HEARD_SLOTS];
+  uint64_t started_ms;
+  int exit_code; /* set by a fatal condition (model mismatch) */
+  char fatal[512];
+};
+
+uint64_t st__dnow(const st__daemon_t* d);
+void st__dlog(const st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void st__dwarn(const st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* daemon.c */
+void st__daemon_leave(st__daemon_t* d, const char* why);
+void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* daemon_state.c */
+int st__state_prepare(st__daemon_t* d, char* err, size_t err_len);
+void st__model_fingerprint(const st_model_spec_t* spec, uint8_t fp[16],
+                           char* desc, size_t desc_len);
+int st__addr_parse(const char* text, struct sockaddr_storage* ss,
+                   st_wire_addr_t* wa, char* err, size_t err_len);
+void st__addr_to_sockaddr(const st_wire_addr_t* wa,
+                          struct sockaddr_storage* ss);
+void st__addr_from_sockaddr(const struct sockaddr* sa, st_wire_addr_t* wa);
+void st__addr_format(const st_wire_addr_t* wa, char* buf, size_t len);
+
+/* daemon_net.c */
+int st__net_start(st__daemon_t* d, char* err, size_t err_len);
+void st__net_drain(st__daemon_t* d);
+void st__net_heard(st__daemon_t* d, const st_node_id_t* id);
+uint64_t st__net_last_heard(const st__daemon_t* d, const st_node_id_t* id);
+
+/* daemon_conn.c */
+int st__conn_listen(st__daemon_t* d, char* err, size_t err_len);
+/* Dials addr (expected: the node's id, or NULL for a seed). */
+st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
+                          const st_node_id_t* expected,
+                          st__conn_purpose_t purpose);
+/* Seals msg as one frame and queues it; xchg_ack: report the write to the
+ * connection's exchange machine (st_xchg_sent). */
+int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len, bool xchg_ack);
+/* Closes after the queued frames are written. */
+void st__conn_close(st__conn_t* c);
+/* The trainer is done with a request that borrowed from c (its snapshot
+ * buffer or its exchange's delta): frees c when it is closed. */
+void st__conn_release(st__conn_t* c);
+void st__wipe(void* p, size_t n);
+/* The push-pull that the membership machine produced while the daemon
+ * fed it a request from this connection goes back on it. */
+extern st__conn_t* st__pp_reply_conn;
+void st__conn_sweep(st__daemon_t* d);
+st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id);
+
+/* daemon_xchg.c */
+void st__xchg_on_ready(st__conn_t* c); /* initiator up */
+void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__xchg_on_closed(st__conn_t* c);
+void st__xchg_on_sent(st__conn_t* c);
+void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
+void st__xchg_gossip_tick(st__daemon_t* d);
+void st__xchg_sync_tick(st__daemon_t* d);
+void st__xchg_sweep(st__daemon_t* d);
+
+/* daemon_control.c */
+int st__control_start(st__daemon_t* d, char* err, size_t err_len);
+void st__control_close(st__daemon_t* d);
+
+#endif

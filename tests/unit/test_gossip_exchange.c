@@ -1,0 +1,1086 @@
+/* test_gossip_exchange.c: the Check suite for the exchange machine
+ * (gossip/exchange.c; the contract in gossip.h, "Exchanges"). Two machines,
+ * an initiator A and a responder B, are wired back to back through an
+ * in-memory pump: each side's actions are drained, a SEND is queued as a
+ * frame that counts as written once the pump acknowledges it (st_xchg_sent,
+ * eagerly or one a round), written frames are delivered in order to the
+ * other side's st_xchg_message, WANT_SNAPSHOT is answered with the side's
+ * random float vector (whose buffer is then overwritten, as a driver may),
+ * and a side's DONE closes the connection once its frames are delivered. A
+ * hook may change, drop, repeat or cut any frame in transit.
+ *
+ * Checked over sizes 1, 1000 and 2 * 262144 + 3 floats (three chunks, the
+ * last not full): AVERAGE gives both sides APPLY with delta = (peer - own)
+ * / 2 bit for bit, the two deltas summing to zero; FETCH gives the joiner
+ * the donor's exact parameters and step; BUSY, MISMATCH (each side sees
+ * the other's model), NOT_READY; the guards (NaN, Inf, norm, hash, size)
+ * and protocol failures (cut, garbage, repeated or out-of-order messages),
+ * a connection closed mid-transfer and the timeout, each with no APPLY on
+ * the failing side; and flow control: never more than
+ * ST_XCHG_CHUNKS_IN_FLIGHT SENDs unacknowledged, checked on every action. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+#include "tests/unit/testutil.h"
+
+#define CHUNK_FLOATS (ST_WIRE_CHUNK_MAX_BYTES / 4)
+#define BIG_N (2 * CHUNK_FLOATS + 3)
+#define FRAME_CAP (ST_WIRE_MAX_MESSAGE_BYTES + 64)
+/* A hook may rewrite a frame a few bytes longer (a wider integer). */
+#define FRAME_SLACK 64
+#define T0 1000
+
+static st_rng_t rng;
+
+static void setup(void) {
+  st_rng_seed(&rng, tu_seed());
+}
+
+/* ==== The pump ==============================================================
+ */
+
+typedef enum { H_DELIVER, H_DROP, H_CLOSE, H_TWICE } hook_rc_t;
+
+/* Sees frame `index` (0, 1, ... per direction) from side `from` (0 = A)
+ * before delivery; may rewrite data[0..*len), at most FRAME_SLACK bytes
+ * longer. */
+typedef hook_rc_t (*hook_fn)(void* ctx, int from, int index, uint8_t* data,
+                             size_t* len);
+
+typedef struct {
+  uint8_t* data;
+  size_t len;
+} frame_t;
+
+typedef struct {
+  st_xchg_t* x;
+  frame_t* out; /* frames sent, oldest first; the last `unacked` of them
+                   are not yet written */
+  size_t out_head, out_len, out_cap;
+  unsigned unacked, max_unacked;
+  int sent_frames; /* SENDs emitted */
+  int delivered;   /* frames of ours handed to the other side */
+  int n_timer;
+  uint64_t timer_at;
+  int n_want, n_want_answered;
+  int n_apply;
+  float* apply; /* a copy of APPLY's values */
+  const float* apply_ptr;
+  size_t apply_n;
+  uint64_t apply_step;
+  int n_done;
+  st_xchg_result_t result;
+  bool has_peer_model;
+  char peer_model[ST_XCHG_MODEL_MAX];
+  bool closed_seen; /* the connection closed while we were not done */
+  const float* snap;
+  size_t snap_n;
+  uint64_t snap_step;
+} side_t;
+
+typedef struct {
+  side_t s[2];
+  hook_fn hook;
+  void* hook_ctx;
+  bool lazy_acks; /* one ack per side a round, else all at once */
+  bool closed;
+} pump_t;
+
+static void drain(side_t* s) {
+  st_xact_t a;
+  while (st_xchg_next_action(s->x, &a)) {
+    switch (a.kind) {
+      case ST_XACT_SEND:
+        ck_assert_uint_gt(a.len, 0);
+        ck_assert_uint_le(a.len, ST_WIRE_MAX_MESSAGE_BYTES);
+        ck_assert_int_eq(s->n_done, 0);
+        if (s->out_head + s->out_len == s->out_cap) {
+          s->out_cap = s->out_cap ? 2 * s->out_cap : 16;
+          s->out = realloc(s->out, s->out_cap * sizeof *s->out);
+          ck_assert_ptr_nonnull(s->out);
+        }
+        frame_t* f = &s->out[s->out_head + s->out_len++];
+        f->data = malloc(a.len + FRAME_SLACK);
+        ck_assert_ptr_nonnull(f->data);
+        memcpy(f->data, a.data, a.len);
+        f->len = a.len;
+        s->sent_frames++;
+        s->unacked++;
+        if (s->unacked > s->max_unacked)
+          s->max_unacked = s->unacked;
+        ck_assert_uint_le(s->unacked, ST_XCHG_CHUNKS_IN_FLIGHT);
+        break;
+      case ST_XACT_WANT_SNAPSHOT:
+        s->n_want++;
+        break;
+      case ST_XACT_APPLY:
+        ck_assert_int_eq(s->n_done, 0);
+        ck_assert_int_eq(s->n_apply, 0);
+        s->n_apply++;
+        s->apply_n = a.n;
+        s->apply_ptr = a.values;
+        s->apply_step = a.step;
+        s->apply = malloc(a.n * sizeof(float) + 1);
+        ck_assert_ptr_nonnull(s->apply);
+        memcpy(s->apply, a.values, a.n * sizeof(float));
+        break;
+      case ST_XACT_TIMER:
+        s->n_timer++;
+        s->timer_at = a.at_ms;
+        break;
+      case ST_XACT_DONE:
+        ck_assert_int_eq(s->n_done, 0);
+        s->n_done++;
+        s->result = a.result;
+        s->has_peer_model = a.peer_model != NULL;
+        if (a.peer_model != NULL) {
+          ck_assert_uint_lt(strlen(a.peer_model), ST_XCHG_MODEL_MAX);
+          strcpy(s->peer_model, a.peer_model);
+        }
+        ck_assert(st_xchg_finished(s->x));
+        break;
+    }
+  }
+}
+
+static void close_both(pump_t* p) {
+  p->closed = true;
+  for (int i = 0; i < 2; i++) {
+    p->s[i].closed_seen = p->s[i].n_done == 0;
+    ck_assert_int_eq(st_xchg_closed(p->s[i].x, T0), 0);
+    drain(&p->s[i]);
+  }
+}
+
+/* Runs until nothing moves. */
+static void pump_run(pump_t* p) {
+  static float scratch[BIG_N];
+  for (int round = 0; round < 100000; round++) {
+    bool moved = false;
+    for (int i = 0; i < 2; i++) {
+      side_t* s = &p->s[i];
+      drain(s);
+      if (s->n_want > s->n_want_answered) {
+        ck_assert_uint_le(s->snap_n, BIG_N);
+        memcpy(scratch, s->snap, s->snap_n * sizeof(float));
+        ck_assert_int_eq(
+            st_xchg_snapshot(s->x, T0, scratch, s->snap_n, s->snap_step), 0);
+        /* The machine copied it: the driver may reuse its buffer. */
+        for (size_t k = 0; k < s->snap_n; k++)
+          scratch[k] = 7.0f;
+        s->n_want_answered++;
+        moved = true;
+        drain(s);
+      }
+      for (int acks = 0; s->unacked > 0 && (!p->lazy_acks || acks < 1);
+           acks++) {
+        s->unacked--;
+        ck_assert_int_eq(st_xchg_sent(s->x, T0), 0);
+        moved = true;
+        drain(s);
+      }
+    }
+    for (int i = 0; i < 2 && !p->closed; i++) {
+      side_t *s = &p->s[i], *o = &p->s[1 - i];
+      if (s->out_len <= s->unacked)
+        continue; /* nothing written yet */
+      frame_t f = s->out[s->out_head++];
+      s->out_len--;
+      moved = true;
+      int index = s->delivered++;
+      hook_rc_t h =
+          p->hook ? p->hook(p->hook_ctx, i, index, f.data, &f.len) : H_DELIVER;
+      if (h == H_CLOSE) {
+        free(f.data);
+        close_both(p);
+        break;
+      }
+      for (int times = h == H_TWICE  ? 2
+                       : h == H_DROP ? 0
+                                     : 1;
+           times > 0; times--) {
+        ck_assert_int_eq(st_xchg_message(o->x, T0, f.data, f.len), 0);
+        drain(o);
+      }
+      free(f.data);
+    }
+    /* A side that is done closes the connection after its frames. */
+    for (int i = 0; i < 2 && !p->closed; i++) {
+      side_t* s = &p->s[i];
+      if (s->n_done > 0 && s->out_len == 0) {
+        side_t* o = &p->s[1 - i];
+        p->closed = true;
+        o->closed_seen = o->n_done == 0;
+        ck_assert_int_eq(st_xchg_closed(o->x, T0), 0);
+        drain(o);
+        moved = true;
+      }
+    }
+    if (!moved)
+      return;
+  }
+  ck_abort_msg("the pump did not settle");
+}
+
+static void pump_free(pump_t* p) {
+  for (int i = 0; i < 2; i++) {
+    side_t* s = &p->s[i];
+    /* APPLY's values are still the machine's, unchanged, until free. */
+    if (s->n_apply > 0 && s->apply_n > 0)
+      ck_assert_mem_eq(s->apply_ptr, s->apply, s->apply_n * sizeof(float));
+    st_xchg_free(s->x);
+    for (size_t k = s->out_head; k < s->out_head + s->out_len; k++)
+      free(s->out[k].data);
+    free(s->out);
+    free(s->apply);
+  }
+}
+
+/* ==== Set-ups ===============================================================
+ */
+
+static void local_init(st_xchg_local_t* l, uint8_t fp, const char* model,
+                       uint64_t n, uint64_t step) {
+  memset(l, 0, sizeof *l);
+  memset(l->fingerprint, fp, 16);
+  strcpy(l->model, model);
+  l->n_params = n;
+  l->step = step;
+}
+
+static float* rand_vec(size_t n, float lo, float hi) {
+  float* v = malloc(n * sizeof(float) + 1);
+  ck_assert_ptr_nonnull(v);
+  tu_fill_uniform(&rng, v, n, lo, hi);
+  return v;
+}
+
+typedef struct {
+  st_xchg_kind_t kind;
+  st_xchg_local_t la, lb;
+  bool busy;
+  st_xchg_config_t cfg;
+  const float *snap_a, *snap_b;
+  hook_fn hook;
+  void* hook_ctx;
+  bool lazy_acks;
+} run_t;
+
+static void run_init(run_t* r, st_xchg_kind_t kind, size_t n) {
+  memset(r, 0, sizeof *r);
+  r->kind = kind;
+  local_init(&r->la, 0x11, "mlp:784-256-128-10 f32", n, 10);
+  local_init(&r->lb, 0x11, "mlp:784-256-128-10 f32", n, 4242);
+  st_xchg_config_default(&r->cfg);
+}
+
+static void pump_start(pump_t* p, const run_t* r) {
+  memset(p, 0, sizeof *p);
+  p->hook = r->hook;
+  p->hook_ctx = r->hook_ctx;
+  p->lazy_acks = r->lazy_acks;
+  ck_assert_int_eq(
+      st_xchg_new_initiator(&r->cfg, r->kind, &r->la, T0, &p->s[0].x), 0);
+  ck_assert_int_eq(
+      st_xchg_new_responder(&r->cfg, &r->lb, r->busy, T0, &p->s[1].x), 0);
+  p->s[0].snap = r->snap_a;
+  p->s[0].snap_n = r->la.n_params;
+  p->s[1].snap = r->snap_b;
+  p->s[1].snap_n = r->lb.n_params;
+  p->s[1].snap_step = r->lb.step + 3;
+  pump_run(p);
+  for (int i = 0; i < 2; i++)
+    ck_assert_int_eq(p->s[i].n_timer, 1);
+}
+
+/* ==== Successful exchanges ==================================================
+ */
+
+static const size_t sizes[] = {1, 1000, BIG_N};
+#define NSIZES 3
+
+/* _i: size index * 2 + lazy acks. */
+START_TEST(test_average) {
+  size_t n = sizes[_i / 2];
+  run_t r;
+  run_init(&r, ST_XCHG_AVERAGE, n);
+  r.lazy_acks = _i % 2;
+  float* a = rand_vec(n, -1, 1);
+  float* b = rand_vec(n, -1, 1);
+  r.snap_a = a;
+  r.snap_b = b;
+  pump_t p;
+  pump_start(&p, &r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  ck_assert_int_eq(sa->result, ST_XCHG_OK);
+  ck_assert_int_eq(sb->result, ST_XCHG_OK);
+  ck_assert_int_eq(sa->n_apply, 1);
+  ck_assert_int_eq(sb->n_apply, 1);
+  ck_assert_uint_eq(sa->apply_n, n);
+  ck_assert_uint_eq(sb->apply_n, n);
+  ck_assert_int_eq(st_xchg_kind(sb->x), ST_XCHG_AVERAGE);
+  /* (Check logs every assertion to a file: one check after the loop.) */
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float da = (b[i] - a[i]) / 2, db = (a[i] - b[i]) / 2;
+    /* The pair's sum is preserved: the deltas cancel exactly. */
+    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
+        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  /* REQ or REPLY, the chunks, XCHG_DONE. */
+  int frames = 1 + (int) ((n + CHUNK_FLOATS - 1) / CHUNK_FLOATS) + 1;
+  ck_assert_int_eq(sa->sent_frames, frames);
+  ck_assert_int_eq(sb->sent_frames, frames);
+  if (n == BIG_N && r.lazy_acks)
+    ck_assert_uint_eq(sa->max_unacked, ST_XCHG_CHUNKS_IN_FLIGHT);
+  ck_assert(sa->has_peer_model && sb->has_peer_model);
+  pump_free(&p);
+  free(a);
+  free(b);
+}
+END_TEST
+
+START_TEST(test_fetch) {
+  size_t n = sizes[_i / 2];
+  run_t r;
+  run_init(&r, ST_XCHG_FETCH, n);
+  r.lazy_acks = _i % 2;
+  float* b = rand_vec(n, -3, 3);
+  r.snap_b = b;
+  pump_t p;
+  pump_start(&p, &r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  ck_assert_int_eq(sa->result, ST_XCHG_OK);
+  ck_assert_int_eq(sb->result, ST_XCHG_OK);
+  ck_assert_int_eq(sa->n_want, 0); /* the joiner sends nothing */
+  ck_assert_int_eq(sb->n_want, 1);
+  ck_assert_int_eq(sa->n_apply, 1);
+  ck_assert_int_eq(sb->n_apply, 0);
+  ck_assert_uint_eq(sa->apply_n, n);
+  ck_assert_mem_eq(sa->apply, b, n * sizeof(float));
+  ck_assert_uint_eq(sa->apply_step, 4242); /* the donor's, from its REPLY */
+  ck_assert_int_eq(sa->sent_frames, 1);
+  ck_assert_int_eq(st_xchg_kind(sb->x), ST_XCHG_FETCH);
+  pump_free(&p);
+  free(b);
+}
+END_TEST
+
+/* ==== Refusals ==============================================================
+ */
+
+typedef struct {
+  const char* what;
+  st_xchg_kind_t kind;
+  uint64_t na, nb;
+  uint8_t fpa, fpb;
+  bool busy;
+  st_xchg_result_t want;
+} refusal_t;
+
+static const refusal_t refusals[] = {
+    {"busy average", ST_XCHG_AVERAGE, 1000, 1000, 1, 1, true, ST_XCHG_BUSY},
+    {"busy fetch", ST_XCHG_FETCH, 1000, 1000, 1, 1, true, ST_XCHG_BUSY},
+    {"fingerprint average", ST_XCHG_AVERAGE, 1000, 1000, 1, 2, false,
+     ST_XCHG_MISMATCH},
+    {"fingerprint fetch", ST_XCHG_FETCH, 1000, 1000, 1, 2, false,
+     ST_XCHG_MISMATCH},
+    {"fingerprint and busy", ST_XCHG_FETCH, 10, 10, 1, 2, true,
+     ST_XCHG_MISMATCH},
+    {"n_params average", ST_XCHG_AVERAGE, 1000, 1001, 1, 1, false,
+     ST_XCHG_MISMATCH},
+    {"n_params fetch", ST_XCHG_FETCH, 1000, 999, 1, 1, false, ST_XCHG_MISMATCH},
+    {"not ready, both empty", ST_XCHG_FETCH, 0, 0, 1, 1, false,
+     ST_XCHG_NOT_READY},
+    {"not ready, donor empty", ST_XCHG_FETCH, 1000, 0, 1, 1, false,
+     ST_XCHG_NOT_READY},
+    {"not ready, average", ST_XCHG_AVERAGE, 0, 0, 1, 1, false,
+     ST_XCHG_NOT_READY},
+};
+#define NREFUSALS (sizeof refusals / sizeof refusals[0])
+
+START_TEST(test_refusals) {
+  const refusal_t* t = &refusals[_i];
+  run_t r;
+  run_init(&r, t->kind, 0);
+  local_init(&r.la, t->fpa, "mlp:784-256-128-10 f32", t->na, 1);
+  local_init(&r.lb, t->fpb, "cnn:\xc3\xa9-32 bf16", t->nb, 2);
+  r.busy = t->busy;
+  float* a = rand_vec(t->na + 1, -1, 1);
+  r.snap_a = a;
+  pump_t p;
+  pump_start(&p, &r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  ck_assert_msg(sa->result == t->want, "%s: A %s", t->what,
+                st_xchg_result_name(sa->result));
+  ck_assert_msg(sb->result == t->want, "%s: B %s", t->what,
+                st_xchg_result_name(sb->result));
+  ck_assert_int_eq(sa->n_apply + sb->n_apply, 0);
+  ck_assert_int_eq(sb->n_want, 0); /* the responder never snapshots */
+  ck_assert_int_eq(sb->sent_frames, 1);
+  /* Each side names the other's model. */
+  ck_assert(sa->has_peer_model && sb->has_peer_model);
+  ck_assert_str_eq(sa->peer_model, "cnn:\xc3\xa9-32 bf16");
+  ck_assert_str_eq(sb->peer_model, "mlp:784-256-128-10 f32");
+  ck_assert(!sb->closed_seen); /* B finished before A closed */
+  pump_free(&p);
+  free(a);
+}
+END_TEST
+
+/* ==== Guards ================================================================
+ */
+
+/* A poisoned value in B's snapshot (A receives it), or norms. */
+typedef struct {
+  const char* what;
+  st_xchg_kind_t kind;
+  size_t n;
+  float bad; /* written at bad_at in B's snapshot, unless 0 */
+  size_t bad_at;
+  float a_val, b_val; /* nonzero: A's and B's snapshots are all this */
+  double norm_mult;
+  st_xchg_result_t want_a;
+} guard_t;
+
+static const guard_t guards[] = {
+    {"NaN first", ST_XCHG_AVERAGE, 1000, NAN, 0, 0, 0, 10,
+     ST_XCHG_FAIL_NONFINITE},
+    {"NaN last chunk", ST_XCHG_AVERAGE, BIG_N, NAN, BIG_N - 1, 0, 0, 10,
+     ST_XCHG_FAIL_NONFINITE},
+    {"Inf", ST_XCHG_AVERAGE, 1000, INFINITY, 500, 0, 0, 10,
+     ST_XCHG_FAIL_NONFINITE},
+    {"-Inf fetch", ST_XCHG_FETCH, 1000, -INFINITY, 999, 0, 0, 10,
+     ST_XCHG_FAIL_NONFINITE},
+    {"NaN fetch, no norm", ST_XCHG_FETCH, BIG_N, NAN, CHUNK_FLOATS, 0, 0, 0,
+     ST_XCHG_FAIL_NONFINITE},
+    /* n = 100, all v: norm 10 v. Limit norm_mult * (|own| + 1). */
+    {"norm far beyond", ST_XCHG_AVERAGE, 100, 0, 0, 1.0f, 1000.0f, 10,
+     ST_XCHG_FAIL_NORM},
+    {"norm just beyond", ST_XCHG_AVERAGE, 100, 0, 0, 1.0f, 11.5f, 10,
+     ST_XCHG_FAIL_NORM},
+    {"norm just within", ST_XCHG_AVERAGE, 100, 0, 0, 1.0f, 10.5f, 10,
+     ST_XCHG_OK},
+    {"norm guard off", ST_XCHG_AVERAGE, 100, 0, 0, 1.0f, 1000.0f, 0,
+     ST_XCHG_OK},
+    {"near zero, +1 lets 5 in", ST_XCHG_AVERAGE, 100, 0, 0, 1e-30f, 0.5f, 10,
+     ST_XCHG_OK},
+    {"near zero, 11 refused", ST_XCHG_AVERAGE, 100, 0, 0, 1e-30f, 1.1f, 10,
+     ST_XCHG_FAIL_NORM},
+    {"fetch has no norm guard", ST_XCHG_FETCH, 100, 0, 0, 1.0f, 1000.0f, 10,
+     ST_XCHG_OK},
+};
+#define NGUARDS (sizeof guards / sizeof guards[0])
+
+START_TEST(test_guards) {
+  const guard_t* g = &guards[_i];
+  run_t r;
+  run_init(&r, g->kind, g->n);
+  r.cfg.norm_mult = g->norm_mult;
+  float* a = rand_vec(g->n, -1, 1);
+  float* b = rand_vec(g->n, -1, 1);
+  if (g->a_val != 0)
+    for (size_t i = 0; i < g->n; i++)
+      a[i] = g->a_val, b[i] = g->b_val;
+  if (g->bad != 0)
+    b[g->bad_at] = g->bad;
+  r.snap_a = a;
+  r.snap_b = b;
+  pump_t p;
+  pump_start(&p, &r);
+  side_t* sa = &p.s[0];
+  ck_assert_msg(sa->result == g->want_a, "%s: A %s", g->what,
+                st_xchg_result_name(sa->result));
+  ck_assert_int_eq(sa->n_apply, g->want_a == ST_XCHG_OK ? 1 : 0);
+  pump_free(&p);
+  free(a);
+  free(b);
+}
+END_TEST
+
+/* ==== Frames changed in transit =============================================
+ */
+
+typedef enum {
+  M_FLIP_DATA,   /* a byte of a chunk's floats: chunk valid, hash wrong */
+  M_TOTAL_PLUS,  /* a chunk's total one more than n_params */
+  M_TRANSFER_ID, /* a chunk's transfer id not 0 */
+  M_DROP_CHUNK,  /* one chunk dropped */
+  M_TWICE,       /* a frame delivered twice */
+  M_TRUNCATE,    /* a frame cut by one byte */
+  M_GARBAGE,     /* a frame replaced by random bytes */
+  M_PING,        /* a frame replaced by a valid PING */
+  M_HASH_FLIP,   /* XCHG_DONE's hash changed */
+  M_CLOSE,       /* the connection closes instead */
+  M_EMPTY_CHUNK, /* a chunk replaced by an empty one at the same offset */
+  M_EMPTY_FRAME, /* a frame of 0 bytes */
+} mutation_t;
+
+typedef struct {
+  const char* what;
+  st_xchg_kind_t kind;
+  size_t n;
+  int from;  /* the side whose frame is changed */
+  int index; /* which of its frames (0: REQ or REPLY); -1: the last */
+  mutation_t m;
+  st_xchg_result_t want_to;   /* the receiving side's result */
+  st_xchg_result_t want_from; /* the sending side's; ANY: either (a FETCH
+                                 donor whose frames were all written before
+                                 the joiner failed has finished OK: it
+                                 cannot know) */
+} transit_t;
+
+#define ANY ((st_xchg_result_t) -1)
+
+static const transit_t transits[] = {
+    {"flip in chunk 0", ST_XCHG_FETCH, 1000, 1, 1, M_FLIP_DATA,
+     ST_XCHG_FAIL_HASH, ANY},
+    {"flip in chunk 2 avg", ST_XCHG_AVERAGE, BIG_N, 1, 3, M_FLIP_DATA,
+     ST_XCHG_FAIL_HASH, ANY},
+    {"flip from initiator", ST_XCHG_AVERAGE, BIG_N, 0, 2, M_FLIP_DATA,
+     ST_XCHG_FAIL_HASH, ANY},
+    {"hash flipped", ST_XCHG_FETCH, 1000, 1, -1, M_HASH_FLIP, ST_XCHG_FAIL_HASH,
+     ANY},
+    {"total + 1", ST_XCHG_FETCH, 1000, 1, 1, M_TOTAL_PLUS, ST_XCHG_FAIL_SIZE,
+     ST_XCHG_FAIL_CLOSED},
+    {"total + 1 later chunk", ST_XCHG_AVERAGE, BIG_N, 0, 2, M_TOTAL_PLUS,
+     ST_XCHG_FAIL_SIZE, ANY},
+    {"last chunk dropped", ST_XCHG_FETCH, BIG_N, 1, 3, M_DROP_CHUNK,
+     ST_XCHG_FAIL_SIZE, ANY},
+    {"first chunk dropped", ST_XCHG_FETCH, BIG_N, 1, 1, M_DROP_CHUNK,
+     ST_XCHG_FAIL_PROTOCOL, ST_XCHG_FAIL_CLOSED},
+    {"transfer id", ST_XCHG_FETCH, 1000, 1, 1, M_TRANSFER_ID,
+     ST_XCHG_FAIL_PROTOCOL, ST_XCHG_FAIL_CLOSED},
+    {"empty chunk", ST_XCHG_FETCH, 1000, 1, 1, M_EMPTY_CHUNK,
+     ST_XCHG_FAIL_PROTOCOL, ST_XCHG_FAIL_CLOSED},
+    {"chunk twice", ST_XCHG_FETCH, BIG_N, 1, 1, M_TWICE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"REQ twice", ST_XCHG_AVERAGE, 1000, 0, 0, M_TWICE, ST_XCHG_FAIL_PROTOCOL,
+     ANY},
+    {"REPLY twice", ST_XCHG_FETCH, 1000, 1, 0, M_TWICE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"REQ cut", ST_XCHG_AVERAGE, 1000, 0, 0, M_TRUNCATE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"REPLY cut", ST_XCHG_FETCH, 1000, 1, 0, M_TRUNCATE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"chunk cut", ST_XCHG_FETCH, 1000, 1, 1, M_TRUNCATE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"DONE cut", ST_XCHG_FETCH, 1000, 1, -1, M_TRUNCATE, ST_XCHG_FAIL_PROTOCOL,
+     ANY},
+    {"REQ garbage", ST_XCHG_FETCH, 1000, 0, 0, M_GARBAGE, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"chunk garbage", ST_XCHG_AVERAGE, 1000, 1, 1, M_GARBAGE,
+     ST_XCHG_FAIL_PROTOCOL, ANY},
+    {"empty frame", ST_XCHG_AVERAGE, 1000, 1, 0, M_EMPTY_FRAME,
+     ST_XCHG_FAIL_PROTOCOL, ST_XCHG_FAIL_CLOSED},
+    {"PING for REPLY", ST_XCHG_AVERAGE, 1000, 1, 0, M_PING,
+     ST_XCHG_FAIL_PROTOCOL, ST_XCHG_FAIL_CLOSED},
+    {"PING for chunk", ST_XCHG_FETCH, 1000, 1, 1, M_PING, ST_XCHG_FAIL_PROTOCOL,
+     ST_XCHG_FAIL_CLOSED},
+    {"closed before REPLY", ST_XCHG_AVERAGE, 1000, 1, 0, M_CLOSE,
+     ST_XCHG_FAIL_CLOSED, ST_XCHG_FAIL_CLOSED},
+    {"closed mid-transfer", ST_XCHG_FETCH, BIG_N, 1, 2, M_CLOSE,
+     ST_XCHG_FAIL_CLOSED, ST_XCHG_FAIL_CLOSED},
+    /* B may have finished (it had all of A's): only A is sure to fail. */
+    {"closed before DONE avg", ST_XCHG_AVERAGE, BIG_N, 1, -1, M_CLOSE,
+     ST_XCHG_FAIL_CLOSED, ANY},
+};
+#define NTRANSITS (sizeof transits / sizeof transits[0])
+
+typedef struct {
+  const transit_t* t;
+  int last_index; /* the index of the sender's last frame */
+  int hits;
+} transit_ctx_t;
+
+static void reencode(uint8_t* data, size_t* len, const st_msg_t* m) {
+  static uint8_t tmp[FRAME_CAP];
+  size_t n = 0;
+  ck_assert_int_eq(st_wire_encode(m, tmp, sizeof tmp, &n), 0);
+  ck_assert_uint_le(n, *len + FRAME_SLACK);
+  memcpy(data, tmp, n);
+  *len = n;
+}
+
+static hook_rc_t transit_hook(void* ctx, int from, int index, uint8_t* data,
+                              size_t* len) {
+  transit_ctx_t* c = ctx;
+  const transit_t* t = c->t;
+  int want = t->index >= 0 ? t->index : c->last_index;
+  if (from != t->from || index != want)
+    return H_DELIVER;
+  c->hits++;
+  st_msg_t m;
+  ck_assert_int_eq(st_wire_decode(data, *len, &m, NULL), 0);
+  bool chunk = m.type == ST_MSG_TENSOR_CHUNK;
+  switch (t->m) {
+    case M_FLIP_DATA:
+      ck_assert(chunk);
+      /* The lowest mantissa byte of the last float: still finite. */
+      data[*len - 4] ^= 0x01;
+      return H_DELIVER;
+    case M_TOTAL_PLUS:
+      ck_assert(chunk);
+      m.u.chunk.total++;
+      reencode(data, len, &m);
+      return H_DELIVER;
+    case M_TRANSFER_ID:
+      ck_assert(chunk);
+      m.u.chunk.transfer_id = 1;
+      reencode(data, len, &m);
+      return H_DELIVER;
+    case M_EMPTY_CHUNK:
+      ck_assert(chunk);
+      m.u.chunk.data_len = 0;
+      reencode(data, len, &m);
+      return H_DELIVER;
+    case M_DROP_CHUNK:
+      ck_assert(chunk);
+      return H_DROP;
+    case M_TWICE:
+      return H_TWICE;
+    case M_TRUNCATE:
+      (*len)--;
+      return H_DELIVER;
+    case M_GARBAGE:
+      for (size_t i = 0; i < *len; i++)
+        data[i] = (uint8_t) st_rng_next(&rng);
+      data[0] = 0xc1; /* never valid msgpack, whatever follows */
+      return H_DELIVER;
+    case M_EMPTY_FRAME:
+      *len = 0;
+      return H_DELIVER;
+    case M_PING:
+      memset(&m, 0, sizeof m);
+      m.type = ST_MSG_PING;
+      m.u.ping.seq = 1;
+      reencode(data, len, &m);
+      return H_DELIVER;
+    case M_HASH_FLIP:
+      ck_assert_int_eq(m.type, ST_MSG_XCHG_DONE);
+      m.u.xchg_done.hash[7] ^= 0x80;
+      reencode(data, len, &m);
+      return H_DELIVER;
+    case M_CLOSE:
+      return H_CLOSE;
+  }
+  return H_DELIVER;
+}
+
+START_TEST(test_transit) {
+  const transit_t* t = &transits[_i];
+  transit_ctx_t ctx = {t, 0, 0};
+  /* The sender's frames: REQ or REPLY, chunks, XCHG_DONE. */
+  ctx.last_index = 1 + (int) ((t->n + CHUNK_FLOATS - 1) / CHUNK_FLOATS);
+  run_t r;
+  run_init(&r, t->kind, t->n);
+  r.hook = transit_hook;
+  r.hook_ctx = &ctx;
+  r.lazy_acks = true;
+  float* a = rand_vec(t->n, -1, 1);
+  float* b = rand_vec(t->n, -1, 1);
+  r.snap_a = a;
+  r.snap_b = b;
+  pump_t p;
+  pump_start(&p, &r);
+  ck_assert_msg(ctx.hits == 1, "%s: the hook hit %d frames", t->what, ctx.hits);
+  side_t *to = &p.s[1 - t->from], *from = &p.s[t->from];
+  ck_assert_msg(to->result == t->want_to, "%s: receiver %s", t->what,
+                st_xchg_result_name(to->result));
+  if (t->want_from != ANY)
+    ck_assert_msg(from->result == t->want_from, "%s: sender %s", t->what,
+                  st_xchg_result_name(from->result));
+  ck_assert_int_eq(to->n_done, 1);
+  ck_assert_int_eq(from->n_done, 1);
+  ck_assert_msg(to->n_apply == 0, "%s: the failing side applied", t->what);
+  if (from->result != ST_XCHG_OK)
+    ck_assert_int_eq(from->n_apply, 0);
+  pump_free(&p);
+  free(a);
+  free(b);
+}
+END_TEST
+
+/* ==== Driving one machine by hand ===========================================
+ */
+
+/* The frames s sent since `from`, for delivery by hand. */
+static void deliver_all(side_t* s, size_t* next, side_t* to) {
+  for (; *next < s->out_head + s->out_len; (*next)++) {
+    frame_t* f = &s->out[*next];
+    ck_assert_int_eq(st_xchg_message(to->x, T0, f->data, f->len), 0);
+    drain(to);
+  }
+}
+
+static void ack(side_t* s) {
+  ck_assert_uint_gt(s->unacked, 0);
+  s->unacked--;
+  ck_assert_int_eq(st_xchg_sent(s->x, T0), 0);
+  drain(s);
+}
+
+static void side_free(side_t* s) {
+  st_xchg_free(s->x);
+  for (size_t k = 0; k < s->out_head + s->out_len; k++)
+    free(s->out[k].data);
+  free(s->out);
+  free(s->apply);
+}
+
+/* Without acknowledgements the machine stops at ST_XCHG_CHUNKS_IN_FLIGHT
+ * SENDs; each st_xchg_sent lets exactly one more out; and an AVERAGE side
+ * that has the peer's whole snapshot applies only once its own has been
+ * sent (every frame acknowledged). */
+START_TEST(test_flow_control) {
+  size_t n = 5 * CHUNK_FLOATS + 1; /* 6 chunks */
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  st_xchg_local_t l;
+  local_init(&l, 3, "m", n, 0);
+  side_t a, b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &a.x),
+                   0);
+  ck_assert_int_eq(st_xchg_new_responder(&cfg, &l, false, T0, &b.x), 0);
+  ck_assert_int_eq(st_xchg_kind(b.x), 0);
+  float* va = rand_vec(n, -1, 1);
+  float* vb = rand_vec(n, -1, 1);
+  drain(&a);
+  ck_assert_int_eq(a.sent_frames, 1); /* REQ */
+  ck_assert_int_eq(a.n_want, 1);
+  ck_assert_int_eq(st_xchg_snapshot(a.x, T0, va, n, 1), 0);
+  drain(&a);
+  ck_assert_int_eq(a.sent_frames, 1); /* no chunk before the REPLY */
+  size_t a_next = 0, b_next = 0;
+  deliver_all(&a, &a_next, &b);
+  ck_assert_int_eq(st_xchg_kind(b.x), ST_XCHG_AVERAGE);
+  ck_assert_int_eq(b.sent_frames, 1); /* REPLY */
+  ck_assert_int_eq(b.n_want, 1);
+  ck_assert_int_eq(st_xchg_snapshot(b.x, T0, vb, n, 1), 0);
+  drain(&b);
+  ck_assert_int_eq(b.sent_frames, 2); /* REPLY and chunk 0: held there */
+  ck_assert_uint_eq(b.unacked, ST_XCHG_CHUNKS_IN_FLIGHT);
+  /* B streams everything, one frame per acknowledgement. */
+  for (int k = 0; k < 6; k++) {
+    ack(&b);
+    ck_assert_int_eq(b.sent_frames, 3 + k);
+  }
+  deliver_all(&b, &b_next, &a);
+  /* A has B's REPLY, chunks and XCHG_DONE... */
+  ck_assert_int_eq(b.sent_frames, 8);
+  /* ...and has sent its REQ and chunk 0, neither acknowledged. */
+  ck_assert_int_eq(a.sent_frames, 2);
+  ck_assert_uint_eq(a.unacked, ST_XCHG_CHUNKS_IN_FLIGHT);
+  ck_assert_int_eq(a.n_apply, 0);
+  for (int k = 0; k < 6; k++) {
+    ack(&a);
+    ck_assert_int_eq(a.sent_frames, 3 + k);
+  }
+  ck_assert_int_eq(a.sent_frames, 1 + 6 + 1);
+  ck_assert_uint_eq(a.unacked, 2); /* the last chunk and XCHG_DONE */
+  ck_assert_int_eq(a.n_apply, 0);
+  ack(&a);
+  ck_assert_int_eq(a.n_apply, 0);
+  ck_assert_int_eq(a.n_done, 0);
+  ack(&a); /* XCHG_DONE written: now A applies */
+  ck_assert_int_eq(a.n_apply, 1);
+  ck_assert_int_eq(a.n_done, 1);
+  ck_assert_int_eq(a.result, ST_XCHG_OK);
+  /* B has A's REQ only; it finishes once A's frames come and its own
+   * last two are acknowledged. */
+  deliver_all(&a, &a_next, &b);
+  ck_assert_int_eq(b.n_apply, 0);
+  ack(&b);
+  ck_assert_int_eq(b.n_apply, 0);
+  ack(&b);
+  ck_assert_int_eq(b.n_apply, 1);
+  ck_assert_int_eq(b.result, ST_XCHG_OK);
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++)
+    if (a.apply[i] != (vb[i] - va[i]) / 2 || b.apply[i] != -a.apply[i])
+      bad = (long) i;
+  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  /* Misuse: nothing outstanding is -EINVAL on a live machine only; events
+   * after DONE are ignored. */
+  ck_assert_int_eq(st_xchg_sent(a.x, T0), 0);
+  ck_assert_int_eq(st_xchg_closed(a.x, T0), 0);
+  ck_assert_int_eq(st_xchg_tick(a.x, UINT64_MAX), 0);
+  st_xact_t act;
+  ck_assert(!st_xchg_next_action(a.x, &act));
+  side_free(&a);
+  side_free(&b);
+  free(va);
+  free(vb);
+}
+END_TEST
+
+START_TEST(test_timeout) {
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  ck_assert_uint_eq(cfg.timeout_ms, 30000);
+  cfg.timeout_ms = 5000;
+  st_xchg_local_t l;
+  local_init(&l, 3, "m", 1000, 0);
+  for (int role = 0; role < 3; role++) {
+    side_t s;
+    memset(&s, 0, sizeof s);
+    if (role == 2)
+      ck_assert_int_eq(st_xchg_new_responder(&cfg, &l, false, T0, &s.x), 0);
+    else
+      ck_assert_int_eq(
+          st_xchg_new_initiator(&cfg, role ? ST_XCHG_FETCH : ST_XCHG_AVERAGE,
+                                &l, T0, &s.x),
+          0);
+    /* The TIMER comes first, once. */
+    st_xact_t act;
+    ck_assert(st_xchg_next_action(s.x, &act));
+    ck_assert_int_eq(act.kind, ST_XACT_TIMER);
+    ck_assert_uint_eq(act.at_ms, T0 + 5000);
+    s.n_timer = 1;
+    drain(&s);
+    ck_assert_int_eq(s.n_timer, 1);
+    ck_assert_int_eq(st_xchg_tick(s.x, T0 + 4999), 0);
+    drain(&s);
+    ck_assert_int_eq(s.n_done, 0);
+    ck_assert(!st_xchg_finished(s.x));
+    ck_assert_int_eq(st_xchg_tick(s.x, T0 + 5000), 0);
+    drain(&s);
+    ck_assert_int_eq(s.n_done, 1);
+    ck_assert_int_eq(s.result, ST_XCHG_FAIL_TIMEOUT);
+    ck_assert_int_eq(s.n_apply, 0);
+    /* Ignored after DONE. */
+    float v[1000] = {0};
+    ck_assert_int_eq(st_xchg_snapshot(s.x, T0, v, 1000, 0), 0);
+    ck_assert_int_eq(st_xchg_tick(s.x, T0 + 9000), 0);
+    ck_assert(!st_xchg_next_action(s.x, &act));
+    side_free(&s);
+  }
+}
+END_TEST
+
+/* Timed out in the middle of a transfer: nothing applied. */
+START_TEST(test_timeout_mid_transfer) {
+  run_t r;
+  run_init(&r, ST_XCHG_FETCH, BIG_N);
+  float* b = rand_vec(BIG_N, -1, 1);
+  st_xchg_t* x;
+  ck_assert_int_eq(st_xchg_new_initiator(&r.cfg, ST_XCHG_FETCH, &r.la, T0, &x),
+                   0);
+  side_t a;
+  memset(&a, 0, sizeof a);
+  a.x = x;
+  drain(&a);
+  /* B's REPLY and first chunk, by hand. */
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_XCHG_REPLY;
+  memcpy(m.u.xchg_reply.fingerprint, r.lb.fingerprint, 16);
+  strcpy(m.u.xchg_reply.model, r.lb.model);
+  m.u.xchg_reply.n_params = BIG_N;
+  m.u.xchg_reply.step = 9;
+  static uint8_t buf[FRAME_CAP];
+  size_t len;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_xchg_message(x, T0, buf, len), 0);
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_TENSOR_CHUNK;
+  m.u.chunk.total = BIG_N;
+  m.u.chunk.data = (const uint8_t*) b;
+  m.u.chunk.data_len = ST_WIRE_CHUNK_MAX_BYTES;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_xchg_message(x, T0, buf, len), 0);
+  drain(&a);
+  ck_assert_int_eq(a.n_done, 0);
+  ck_assert_int_eq(st_xchg_tick(x, T0 + r.cfg.timeout_ms), 0);
+  drain(&a);
+  ck_assert_int_eq(a.result, ST_XCHG_FAIL_TIMEOUT);
+  ck_assert_int_eq(a.n_apply, 0);
+  /* The rest, arriving late, is ignored. */
+  m.u.chunk.offset = CHUNK_FLOATS;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_xchg_message(x, T0, buf, len), 0);
+  st_xact_t act;
+  ck_assert(!st_xchg_next_action(x, &act));
+  side_free(&a);
+  free(b);
+}
+END_TEST
+
+/* Messages a FETCH donor never expects after the request: any. */
+START_TEST(test_donor_refuses_data) {
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  st_xchg_local_t l;
+  local_init(&l, 3, "m", 10, 0);
+  side_t a, b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_FETCH, &l, T0, &a.x), 0);
+  ck_assert_int_eq(st_xchg_new_responder(&cfg, &l, false, T0, &b.x), 0);
+  drain(&a);
+  size_t next = 0;
+  deliver_all(&a, &next, &b);
+  ck_assert_int_eq(b.n_want, 1);
+  /* A chunk to the donor. */
+  float v[10] = {1};
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_TENSOR_CHUNK;
+  m.u.chunk.total = 10;
+  m.u.chunk.data = (const uint8_t*) v;
+  m.u.chunk.data_len = sizeof v;
+  uint8_t buf[256];
+  size_t len;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_xchg_message(b.x, T0, buf, len), 0);
+  drain(&b);
+  ck_assert_int_eq(b.result, ST_XCHG_FAIL_PROTOCOL);
+  /* The snapshot asked for earlier is now ignored. */
+  ck_assert_int_eq(st_xchg_snapshot(b.x, T0, v, 10, 0), 0);
+  st_xact_t act;
+  ck_assert(!st_xchg_next_action(b.x, &act));
+  side_free(&a);
+  side_free(&b);
+}
+END_TEST
+
+/* An OK REPLY that names another fingerprint or size is a mismatch: the
+ * initiator checks what the responder says it runs. */
+START_TEST(test_reply_checked) {
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  st_xchg_local_t l;
+  local_init(&l, 3, "m", 10, 0);
+  for (int variant = 0; variant < 3; variant++) {
+    side_t a;
+    memset(&a, 0, sizeof a);
+    ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_FETCH, &l, T0, &a.x),
+                     0);
+    drain(&a);
+    st_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.type = ST_MSG_XCHG_REPLY;
+    m.u.xchg_reply.status = ST_XCHG_STATUS_OK;
+    memcpy(m.u.xchg_reply.fingerprint, l.fingerprint, 16);
+    strcpy(m.u.xchg_reply.model, "other");
+    m.u.xchg_reply.n_params = 10;
+    if (variant == 0)
+      m.u.xchg_reply.fingerprint[15] ^= 1;
+    else if (variant == 1)
+      m.u.xchg_reply.n_params = 11;
+    uint8_t buf[256];
+    size_t len;
+    ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(st_xchg_message(a.x, T0, buf, len), 0);
+    drain(&a);
+    if (variant == 2) { /* the control: a matching OK goes on */
+      ck_assert_int_eq(a.n_done, 0);
+    } else {
+      ck_assert_int_eq(a.n_done, 1);
+      ck_assert_int_eq(a.result, ST_XCHG_MISMATCH);
+      ck_assert_str_eq(a.peer_model, "other");
+    }
+    side_free(&a);
+  }
+}
+END_TEST
+
+/* ==== Misuse and names ======================================================
+ */
+
+START_TEST(test_misuse) {
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  ck_assert(cfg.norm_mult == 10.0);
+  st_xchg_local_t l;
+  local_init(&l, 3, "m", 10, 0);
+  st_xchg_t* x = NULL;
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, 0, &l, T0, &x), -EINVAL);
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, 3, &l, T0, &x), -EINVAL);
+  ck_assert_int_eq(st_xchg_new_initiator(NULL, 1, &l, T0, &x), -EINVAL);
+  ck_assert_int_eq(st_xchg_new_responder(&cfg, NULL, false, T0, &x), -EINVAL);
+  st_xchg_local_t bad = l;
+  strcpy(bad.model, "a\tb");
+  ck_assert_int_eq(st_xchg_new_responder(&cfg, &bad, false, T0, &x), -EINVAL);
+  memset(bad.model, 'x', sizeof bad.model);
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, 1, &bad, T0, &x), -EINVAL);
+  bad = l;
+  bad.n_params = UINT64_C(1) << 41;
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, 1, &bad, T0, &x), -EINVAL);
+  st_xchg_config_t c2 = cfg;
+  c2.norm_mult = -1;
+  ck_assert_int_eq(st_xchg_new_initiator(&c2, 1, &l, T0, &x), -EINVAL);
+  c2.norm_mult = NAN;
+  ck_assert_int_eq(st_xchg_new_initiator(&c2, 1, &l, T0, &x), -EINVAL);
+
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_FETCH, &l, T0, &x), 0);
+  float v[11] = {0};
+  /* A FETCH joiner is never asked for a snapshot. */
+  ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 10, 0), -EINVAL);
+  ck_assert_int_eq(st_xchg_sent(x, T0), -EINVAL); /* nothing sent yet */
+  ck_assert_int_eq(st_xchg_message(x, T0, NULL, 3), -EINVAL);
+  st_xchg_free(x);
+  ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x), 0);
+  ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 11, 0), -EINVAL);
+  ck_assert_int_eq(st_xchg_snapshot(x, T0, NULL, 10, 0), -EINVAL);
+  ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 10, 0), 0);
+  ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 10, 0), -EINVAL); /* twice */
+  st_xchg_free(x);
+  st_xchg_free(NULL);
+  ck_assert_int_eq(st_xchg_tick(NULL, 0), -EINVAL);
+  ck_assert_int_eq(st_xchg_closed(NULL, 0), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_result_names) {
+  static const char* const want[] = {
+      "ok",        "busy", "mismatch", "not_ready", "protocol", "size",
+      "nonfinite", "norm", "hash",     "closed",    "timeout"};
+  ck_assert_int_eq(sizeof want / sizeof want[0], ST_XCHG_RESULT_COUNT);
+  for (int r = 0; r < ST_XCHG_RESULT_COUNT; r++)
+    ck_assert_str_eq(st_xchg_result_name((st_xchg_result_t) r), want[r]);
+  ck_assert_str_eq(st_xchg_result_name(ST_XCHG_RESULT_COUNT), "unknown");
+}
+END_TEST
+
+static Suite* exchange_suite(void) {
+  Suite* s = suite_create("gossip_exchange");
+  TCase* ok = tcase_create("exchanges");
+  tcase_add_checked_fixture(ok, setup, NULL);
+  tcase_add_loop_test(ok, test_average, 0, 2 * NSIZES);
+  tcase_add_loop_test(ok, test_fetch, 0, 2 * NSIZES);
+  tcase_add_loop_test(ok, test_refusals, 0, NREFUSALS);
+  tcase_add_test(ok, test_flow_control);
+  tcase_set_timeout(ok, 120);
+  suite_add_tcase(s, ok);
+  TCase* bad = tcase_create("failures");
+  tcase_add_checked_fixture(bad, setup, NULL);
+  tcase_add_loop_test(bad, test_guards, 0, NGUARDS);
+  tcase_add_loop_test(bad, test_transit, 0, NTRANSITS);
+  tcase_add_test(bad, test_timeout);
+  tcase_add_test(bad, test_timeout_mid_transfer);
+  tcase_add_test(bad, test_donor_refuses_data);
+  tcase_add_test(bad, test_reply_checked);
+  tcase_add_test(bad, test_misuse);
+  tcase_add_test(bad, test_result_names);
+  tcase_set_timeout(bad, 120);
+  suite_add_tcase(s, bad);
+  return s;
+}
+
+int main(void) {
+  tu_seed(); /* print the seed once, before the forks */
+  SRunner* sr = srunner_create(exchange_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

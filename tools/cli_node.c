@@ -1,0 +1,251 @@
+/* cli_node.c: `starling node`, the daemon (node/daemon.h): parses the
+ * flags (the training flags are those of `starling train`) and runs it. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/daemon.h"
+#include "tools/cli.h"
+
+#define CMD "node"
+
+enum {
+  OPT_LISTEN = ST__TRAIN_OPT_END,
+  OPT_JOIN,
+  OPT_CLUSTER_KEY,
+  OPT_PREVIOUS_KEY,
+  OPT_IDENTITY,
+  OPT_ALLOW,
+  OPT_DATA_DIR,
+  OPT_CONTROL,
+  OPT_GOSSIP_EVERY,
+  OPT_CHECKPOINT_EVERY,
+  OPT_EVAL_EVERY,
+  OPT_LOG_EVERY,
+  OPT_NORM_MULT,
+  OPT_QUIET
+};
+
+static const struct option own_opts[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"join", required_argument, NULL, OPT_JOIN},
+    {"cluster-key", required_argument, NULL, OPT_CLUSTER_KEY},
+    {"previous-key", required_argument, NULL, OPT_PREVIOUS_KEY},
+    {"identity", required_argument, NULL, OPT_IDENTITY},
+    {"allow", required_argument, NULL, OPT_ALLOW},
+    {"data-dir", required_argument, NULL, OPT_DATA_DIR},
+    {"control", required_argument, NULL, OPT_CONTROL},
+    {"gossip-every", required_argument, NULL, OPT_GOSSIP_EVERY},
+    {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+    {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+    {"log-every", required_argument, NULL, OPT_LOG_EVERY},
+    {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {"help", no_argument, NULL, 'h'},
+};
+
+static void usage(FILE* f) {
+  fprintf(
+      f,
+      "usage: starling node --listen HOST:PORT --cluster-key FILE "
+      "--data-dir DIR\n"
+      "                     --model SPEC --data SPEC [--join HOST:PORT ...] "
+      "[options]\n"
+      "\n"
+      "Runs a starling node: joins the cluster through a seed, trains its "
+      "shard with\n"
+      "local SGD and keeps its model close to its peers' by gossip "
+      "averaging.\n"
+      "Stop it with Ctrl-C, SIGTERM or 'starling leave': it announces its "
+      "leave and\n"
+      "writes a checkpoint; started again with the same --data-dir it "
+      "resumes.\n"
+      "\n"
+      "Cluster:\n"
+      "  --listen HOST:PORT   UDP and TCP address (port 0: any free port)\n"
+      "  --join HOST:PORT     a seed node (repeat for more); without it this "
+      "node\n"
+      "                       starts a cluster\n"
+      "  --cluster-key FILE   the cluster key (starling keygen --cluster "
+      "--out FILE)\n"
+      "  --previous-key FILE  the key being rotated out (accepted, never "
+      "used to send)\n"
+      "  --identity FILE      this node's identity (default: "
+      "DATA_DIR/identity.key,\n"
+      "                       made on first start)\n"
+      "  --allow FILE         accept only the public keys listed there\n"
+      "  --data-dir DIR       identity, boot epoch, checkpoint, control "
+      "socket\n"
+      "  --control PATH       control socket (default DATA_DIR/control.sock)\n"
+      "  --gossip-every S     average with a random peer every S seconds "
+      "(default 0.5;\n"
+      "                       0: never)\n"
+      "  --checkpoint-every S write a checkpoint every S seconds (default "
+      "30)\n"
+      "  --eval-every S       evaluate on the test set every S seconds "
+      "(default 5)\n"
+      "  --log-every S        progress line every S seconds (default 5; 0: "
+      "none)\n"
+      "  --norm-guard X       drop a peer's model whose norm exceeds X times "
+      "ours\n"
+      "                       (default 10; 0: off)\n"
+      "  --quiet              only warnings and errors\n"
+      "\n"
+      "Training (as in 'starling train'):\n");
+  st__train_flags_usage(f);
+  fprintf(f,
+          "\n"
+          "Example (a cluster of two on one machine):\n"
+          "  starling keygen --cluster --out cluster.key\n"
+          "  starling node --listen 127.0.0.1:7946 --cluster-key cluster.key "
+          "--data-dir n0 \\\n"
+          "      --model mlp:784-256-128-10 --data fashion-mnist --shard 0/2 "
+          "&\n"
+          "  starling node --listen 127.0.0.1:7947 --join 127.0.0.1:7946 "
+          "--cluster-key cluster.key \\\n"
+          "      --data-dir n1 --model mlp:784-256-128-10 --data "
+          "fashion-mnist --shard 1/2 &\n"
+          "  starling peers --data-dir n0\n");
+}
+
+int st__cmd_node(int argc, char** argv) {
+  size_t nt = st__train_long_opts_count();
+  size_t no = sizeof(own_opts) / sizeof(own_opts[0]);
+  struct option* opts = calloc(nt + no + 1, sizeof(*opts));
+  if (opts == NULL)
+    return 1;
+  memcpy(opts, st__train_long_opts, nt * sizeof(*opts));
+  memcpy(opts + nt, own_opts, no * sizeof(*opts));
+
+  st_daemon_config_t cfg;
+  st_daemon_config_default(&cfg);
+  st__train_flags_t f;
+  st__train_flags_init(&f);
+  optind = 1;
+  opterr = 0;
+  int c, rc = 0;
+  while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    const char* v = optarg;
+    switch (c) {
+      case 'h':
+        usage(stdout);
+        free(opts);
+        return 0;
+      case OPT_LISTEN:
+        cfg.listen = v;
+        break;
+      case OPT_JOIN:
+        if (cfg.n_seeds == ST_DAEMON_MAX_SEEDS) {
+          fprintf(stderr, "starling node: at most %d --join seeds\n",
+                  ST_DAEMON_MAX_SEEDS);
+          rc = 2;
+        } else {
+          cfg.seeds[cfg.n_seeds++] = v;
+        }
+        break;
+      case OPT_CLUSTER_KEY:
+        cfg.cluster_key_path = v;
+        break;
+      case OPT_PREVIOUS_KEY:
+        cfg.previous_key_path = v;
+        break;
+      case OPT_IDENTITY:
+        cfg.identity_path = v;
+        break;
+      case OPT_ALLOW:
+        cfg.allowlist_path = v;
+        break;
+      case OPT_DATA_DIR:
+        cfg.data_dir = v;
+        break;
+      case OPT_CONTROL:
+        cfg.control_path = v;
+        break;
+      case OPT_GOSSIP_EVERY:
+        rc = st__parse_double(CMD, "--gossip-every", v, 0, 86400,
+                              &cfg.gossip_every_s) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_CHECKPOINT_EVERY:
+        rc = st__parse_double(CMD, "--checkpoint-every", v, 0, 1e7,
+                              &cfg.checkpoint_every_s) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_EVAL_EVERY:
+        rc = st__parse_double(CMD, "--eval-every", v, 0, 1e7,
+                              &cfg.eval_every_s) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_LOG_EVERY:
+        rc = st__parse_double(CMD, "--log-every", v, 0, 1e7,
+                              &cfg.log_every_s) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_NORM_MULT:
+        rc = st__parse_double(CMD, "--norm-guard", v, 0, 1e12,
+                              &cfg.norm_mult) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_QUIET:
+        cfg.quiet = true;
+        break;
+      case ':':
+        fprintf(stderr, "starling node: %s needs a value\n", argv[optind - 1]);
+        rc = 2;
+        break;
+      default: {
+        int t = st__train_flag(CMD, c, v, &f);
+        if (t == 1) {
+          fprintf(stderr,
+                  "starling node: unknown option '%s'; see 'starling node "
+                  "--help'\n",
+                  argv[optind - 1]);
+          rc = 2;
+        } else {
+          rc = t;
+        }
+      }
+    }
+  }
+  free(opts);
+  if (rc != 0)
+    return rc;
+  if (optind < argc) {
+    fprintf(stderr,
+            "starling node: unexpected argument '%s'; see 'starling node "
+            "--help'\n",
+            argv[optind]);
+    return 2;
+  }
+  const char* missing = cfg.listen == NULL             ? "--listen HOST:PORT"
+                        : cfg.cluster_key_path == NULL ? "--cluster-key FILE"
+                        : cfg.data_dir == NULL         ? "--data-dir DIR"
+                                                       : NULL;
+  if (missing != NULL) {
+    fprintf(stderr,
+            "starling node: %s is required; see 'starling node --help'\n",
+            missing);
+    return 2;
+  }
+  if ((rc = st__train_flags_finish(CMD, &f)) != 0)
+    return rc;
+  cfg.train = f.cfg;
+  cfg.data_spec = f.data;
+  cfg.data_opt = f.data_opt;
+  cfg.device = f.device;
+  cfg.threads = (uint32_t) f.threads;
+
+  char err[1024] = "";
+  rc = st_daemon_run(&cfg, err, sizeof(err));
+  if (rc != 0) {
+    fprintf(stderr, "starling node: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
