@@ -465,7 +465,7 @@ static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
   }
   uint8_t h[ST_HASH_BYTES];
   st_hash_final(&x->rx_hash, h);
-  if (0) {
+  if (memcmp(h, m->hash, ST_HASH_BYTES) != 0) {
     finish(x, ST_XCHG_FAIL_HASH);
     return;
   }

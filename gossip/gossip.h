@@ -448,18 +448,19 @@ typedef struct {
 } st_xchg_local_t;
 
 typedef enum {
-  ST_XACT_SEND = 0,     /* send data[0..len) as one stream frame; borrowed
-                           until the next call into the machine */
-  ST_XACT_WANT_SNAPSHOT,/* ask the trainer for a snapshot of the parameters,
-                           then call st_xchg_snapshot */
-  ST_XACT_APPLY,        /* AVERAGE: add values[0..n) to the parameters at
-                           the next step boundary; FETCH (initiator): set the
-                           parameters to values[0..n) and the step to step.
-                           values is owned by the machine, valid until
-                           st_xchg_free */
-  ST_XACT_TIMER,        /* call st_xchg_tick at or after at_ms */
-  ST_XACT_DONE          /* finished: result (and peer_model on MISMATCH);
-                           close the connection after the queued frames */
+  ST_XACT_SEND = 0,      /* send data[0..len) as one stream frame; borrowed
+                            until the next call into the machine */
+  ST_XACT_WANT_SNAPSHOT, /* ask the trainer for a snapshot of the parameters,
+                            then call st_xchg_snapshot */
+  ST_XACT_APPLY,         /* AVERAGE: add values[0..n) to the parameters at
+                            the next step boundary; FETCH (initiator): set the
+                            parameters to values[0..n) and the step to step
+                            (the donor's, as it sent in its XCHG_REPLY).
+                            values is owned by the machine, valid until
+                            st_xchg_free */
+  ST_XACT_TIMER,         /* call st_xchg_tick at or after at_ms */
+  ST_XACT_DONE           /* finished: result (and peer_model on MISMATCH);
+                            close the connection after the queued frames */
 } st_xact_kind_t;
 
 typedef struct {
@@ -478,8 +479,13 @@ typedef struct {
 typedef struct st_xchg_s st_xchg_t;
 
 /* An initiator of `kind`: st_xchg_new queues the XCHG_REQ (and, for
- * AVERAGE, WANT_SNAPSHOT). A responder waits for the XCHG_REQ; when busy is
- * true it answers BUSY and finishes. Both arm the timeout. */
+ * AVERAGE, WANT_SNAPSHOT) and allocates the buffers the exchange needs
+ * (-ENOMEM). A responder waits for the XCHG_REQ; when busy is true (or its
+ * buffers cannot be allocated) it answers BUSY and finishes. Both arm the
+ * timeout: the first action is the TIMER. -EINVAL for a model that is not
+ * printable UTF-8 of at most ST_XCHG_MODEL_MAX - 1 bytes, n_params beyond
+ * 2^40, or a negative or NaN norm_mult. gossip/exchange.c documents the
+ * order of the responder's checks and the other details. */
 int st_xchg_new_initiator(const st_xchg_config_t* cfg, st_xchg_kind_t kind,
                           const st_xchg_local_t* local, uint64_t now_ms,
                           st_xchg_t** out);
@@ -493,12 +499,15 @@ void st_xchg_free(st_xchg_t* x);
 /* One received stream frame's plaintext (one wire message). */
 int st_xchg_message(st_xchg_t* x, uint64_t now_ms, const uint8_t* data,
                     size_t len);
-/* The snapshot asked for: n floats (host memory, copied by the machine or
- * borrowed until st_xchg_free; the driver keeps it alive) and the step it
- * was taken at. */
+/* The snapshot asked for: n == local->n_params floats in host memory,
+ * copied by the machine before the call returns (the driver may then reuse
+ * or free params), and the step it was taken at (informational: a FETCH
+ * joiner gets the step the donor sent in its XCHG_REPLY). -EINVAL when no
+ * snapshot was asked for or n is wrong. */
 int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
                      size_t n, uint64_t step);
-/* One SEND frame has been written to the socket. */
+/* One SEND frame has been written to the socket (-EINVAL when none is
+ * outstanding). */
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms);
 int st_xchg_tick(st_xchg_t* x, uint64_t now_ms);
 /* The connection ended (read EOF or error). */

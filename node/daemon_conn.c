@@ -18,6 +18,12 @@
  * machine, whose reply goes back on the same connection, and an XCHG_REQ
  * starts an exchange (daemon_xchg.c). Anything else closes the connection.
  *
+ * Bulk frames (a tensor chunk, up to 1 MiB) are sealed and opened on
+ * libuv's thread pool so that the loop thread never spends milliseconds in
+ * the cipher: one job per direction at a time keeps each secretstream in
+ * order (a frame queued behind a job waits for it, small or not), and
+ * reading pauses while a received frame is being opened.
+ *
  * Every connection has a deadline (the sweep timer closes it when it
  * passes) and the number of connections is capped, so a peer that opens
  * connections and says nothing cannot pin memory.
@@ -53,6 +59,26 @@ typedef struct {
   uint8_t data[];
 } wreq_t;
 
+/* A frame sealed or opened on the thread pool. */
+struct st__job_s {
+  uv_work_t work;
+  st__conn_t* c;
+  struct st__job_s* next;
+  wreq_t* w;   /* tx: the frame to write, sealed in place */
+  uint8_t* in; /* tx: the plaintext; rx: the ciphertext */
+  size_t in_len;
+  uint8_t* out; /* rx: the plaintext */
+  size_t out_len;
+  bool xchg_ack;
+  int rc;
+  st_crypto_counters_t cc; /* rx: what the worker counted */
+};
+typedef struct st__job_s job_t;
+
+static int process(st__conn_t* c);
+static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+
 static void conn_free(st__conn_t* c) {
   st__daemon_t* d = c->d;
   for (st__conn_t** p = &d->conns; *p != NULL; p = &(*p)->next) {
@@ -61,6 +87,12 @@ static void conn_free(st__conn_t* c) {
       d->n_conns--;
       break;
     }
+  }
+  while (c->txq_head != NULL) {
+    struct st__job_s* j = c->txq_head;
+    c->txq_head = j->next;
+    free(j->w);
+    free(j);
   }
   if (c->x != NULL)
     st_xchg_free(c->x);
@@ -74,9 +106,10 @@ static void conn_free(st__conn_t* c) {
   free(c);
 }
 
-/* Frees a closed connection once the trainer no longer borrows from it. */
+/* Frees a closed connection once neither the trainer nor a pool job
+ * borrows from it. */
 static void maybe_free(st__conn_t* c) {
-  if (c->handle_closed && c->tt_pending == 0)
+  if (c->handle_closed && c->tt_pending == 0 && c->jobs == 0)
     conn_free(c);
 }
 
@@ -127,18 +160,184 @@ static void write_cb(uv_write_t* req, int status) {
     uv_close((uv_handle_t*) &c->tcp, close_cb);
 }
 
-static int write_raw(st__conn_t* c, wreq_t* w, bool xchg_ack) {
+/* Writes a frame already counted in frames_out_pending. */
+static int write_counted(st__conn_t* c, wreq_t* w, bool xchg_ack) {
   w->c = c;
   w->xchg_ack = xchg_ack;
   uv_buf_t b = uv_buf_init((char*) w->data, (unsigned) w->len);
   int rc = uv_write(&w->req, (uv_stream_t*) &c->tcp, &b, 1, write_cb);
   if (rc != 0) {
     free(w);
+    c->frames_out_pending--;
     return rc;
   }
-  c->frames_out_pending++;
   c->d->c.bytes_out += w->len;
   return 0;
+}
+
+static int write_raw(st__conn_t* c, wreq_t* w, bool xchg_ack) {
+  c->frames_out_pending++;
+  return write_counted(c, w, xchg_ack);
+}
+
+/* ---- Thread-pool sealing ------------------------------------------------ */
+
+static void seal_work(uv_work_t* req) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  size_t cap = j->in_len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  j->rc = st_stream_seal_frame(&c->tx, j->in, j->in_len, false, j->w->data, cap,
+                               &j->w->len);
+}
+
+static void start_tx(st__conn_t* c);
+
+static void seal_after(uv_work_t* req, int status) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  c->jobs--;
+  c->tx_busy = false;
+  wreq_t* w = j->w;
+  bool ack = j->xchg_ack;
+  int rc = status != 0 ? status : j->rc;
+  free(j->in);
+  free(j);
+  if (c->closing || rc != 0 || uv_is_closing((uv_handle_t*) &c->tcp)) {
+    free(w);
+    c->frames_out_pending--;
+    if (rc != 0 && !c->closing)
+      st__conn_close(c);
+    else if (c->closing && c->frames_out_pending == 0 &&
+             !uv_is_closing((uv_handle_t*) &c->tcp))
+      uv_close((uv_handle_t*) &c->tcp, close_cb);
+    maybe_free(c);
+    return;
+  }
+  if (write_counted(c, w, ack) != 0) {
+    st__conn_close(c);
+    return;
+  }
+  start_tx(c);
+}
+
+static void start_tx(st__conn_t* c) {
+  if (c->tx_busy || c->txq_head == NULL || c->closing)
+    return;
+  job_t* j = c->txq_head;
+  c->txq_head = j->next;
+  if (c->txq_head == NULL)
+    c->txq_tail = NULL;
+  j->work.data = j;
+  c->tx_busy = true;
+  c->jobs++;
+  if (uv_queue_work(&c->d->loop, &j->work, seal_work, seal_after) != 0) {
+    c->jobs--;
+    c->tx_busy = false;
+    c->frames_out_pending--;
+    free(j->w);
+    free(j->in);
+    free(j);
+    st__conn_close(c);
+  }
+}
+
+/* Queues msg to be sealed on the pool (copied: the caller's buffer is
+ * borrowed only for the call). */
+static int send_offloaded(st__conn_t* c, const uint8_t* msg, size_t len,
+                          bool xchg_ack) {
+  size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  job_t* j = calloc(1, sizeof(*j));
+  wreq_t* w = malloc(sizeof(*w) + cap);
+  uint8_t* in = malloc(len > 0 ? len : 1);
+  if (j == NULL || w == NULL || in == NULL) {
+    free(j);
+    free(w);
+    free(in);
+    return -ENOMEM;
+  }
+  memcpy(in, msg, len);
+  j->c = c;
+  j->w = w;
+  j->in = in;
+  j->in_len = len;
+  j->xchg_ack = xchg_ack;
+  if (c->txq_tail != NULL)
+    c->txq_tail->next = j;
+  else
+    c->txq_head = j;
+  c->txq_tail = j;
+  c->frames_out_pending++;
+  start_tx(c);
+  return 0;
+}
+
+/* ---- Thread-pool opening ------------------------------------------------ */
+
+static void open_work(uv_work_t* req) {
+  job_t* j = req->data;
+  bool final = false;
+  j->rc = st_stream_open_frame(&j->c->rx, &j->cc, j->in, j->in_len, j->out,
+                               j->in_len, &j->out_len, &final);
+}
+
+static void conn_abort(st__conn_t* c);
+
+static void open_after(uv_work_t* req, int status) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  st__daemon_t* d = c->d;
+  c->jobs--;
+  c->rx_busy = false;
+  for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
+    d->cc.drops[i] += j->cc.drops[i];
+  int rc = status != 0 ? status : j->rc;
+  bool live = !c->closing && !uv_is_closing((uv_handle_t*) &c->tcp);
+  if (live && rc == 0 && c->purpose == ST__CONN_XCHG)
+    st__xchg_on_message(c, j->out, j->out_len);
+  free(j->in);
+  free(j->out);
+  free(j);
+  if (!live) {
+    maybe_free(c);
+    return;
+  }
+  if (rc != 0 || (!c->closing && process(c) != 0)) {
+    conn_abort(c);
+    return;
+  }
+  if (!c->rx_busy && !c->closing)
+    uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
+}
+
+/* Opens one received frame on the pool; reading pauses until it is done. */
+static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
+  job_t* j = calloc(1, sizeof(*j));
+  uint8_t* in = malloc(ct_len);
+  uint8_t* out = malloc(ct_len);
+  if (j == NULL || in == NULL || out == NULL) {
+    free(j);
+    free(in);
+    free(out);
+    return -ENOMEM;
+  }
+  memcpy(in, ct, ct_len);
+  j->c = c;
+  j->in = in;
+  j->in_len = ct_len;
+  j->out = out;
+  j->work.data = j;
+  c->rx_busy = true;
+  c->jobs++;
+  uv_read_stop((uv_stream_t*) &c->tcp);
+  int rc = uv_queue_work(&c->d->loop, &j->work, open_work, open_after);
+  if (rc != 0) {
+    c->jobs--;
+    c->rx_busy = false;
+    free(in);
+    free(out);
+    free(j);
+  }
+  return rc;
 }
 
 /* A handshake message as a plain length-prefixed frame. */
@@ -164,6 +363,8 @@ int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
                   bool xchg_ack) {
   if (c->closing || c->phase < P_HEADER)
     return -EPIPE;
+  if (len >= ST__OFFLOAD_BYTES || c->tx_busy || c->txq_head != NULL)
+    return send_offloaded(c, msg, len, xchg_ack);
   size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
   wreq_t* w = malloc(sizeof(*w) + cap);
   if (w == NULL)
@@ -295,7 +496,7 @@ static int process(st__conn_t* c) {
   st__daemon_t* d = c->d;
   size_t off = 0;
   int rc = 0;
-  while (rc == 0 && !c->closing) {
+  while (rc == 0 && !c->closing && !c->rx_busy) {
     const uint8_t* p = c->rbuf + off;
     size_t avail = c->rlen - off;
     if (c->phase == P_HANDSHAKE) {
@@ -327,6 +528,11 @@ static int process(st__conn_t* c) {
         break;
       if (avail < ST_FRAME_LENGTH_BYTES + ct_len)
         break;
+      if (ct_len >= ST__OFFLOAD_BYTES && c->purpose == ST__CONN_XCHG) {
+        rc = open_offloaded(c, p + ST_FRAME_LENGTH_BYTES, ct_len);
+        off += ST_FRAME_LENGTH_BYTES + ct_len;
+        break;
+      }
       static uint8_t plain[ST_FRAME_MAX_DEFAULT];
       size_t plain_len = 0;
       bool final = false;
@@ -401,6 +607,7 @@ static st__conn_t* conn_new(st__daemon_t* d, bool initiator) {
   c->id = ++d->next_conn_id;
   c->initiator = initiator;
   c->deadline_ms = st__dnow(d) + HANDSHAKE_DEADLINE_MS;
+  c->started_us = uv_hrtime() / 1000u;
   uv_tcp_init(&d->loop, &c->tcp);
   uv_tcp_nodelay(&c->tcp, 1);
   c->tcp.data = c;

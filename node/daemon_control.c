@@ -134,6 +134,10 @@ static void status_json(st__daemon_t* d, st__json_buf_t* b) {
   kv_u64(b, &first, "exchanges_busy", d->c.busy);
   kv_u64(b, &first, "exchanges_dropped", d->c.dropped);
   kv_u64(b, &first, "state_transfers", d->c.fetches_ok);
+  kv_num(b, &first, "exchange_ms_mean",
+         d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
+  kv_num(b, &first, "exchange_ms_last",
+         d->c.ok > 0 ? d->c.exchange_ms_last : NAN);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
   kv_u64(b, &first, "packets_in", d->c.packets_in);

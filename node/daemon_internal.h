@@ -51,6 +51,7 @@ struct st__conn_s {
   bool handle_closed;
   int tt_pending; /* trainer requests that still borrow this conn */
   uint64_t deadline_ms;
+  uint64_t started_us; /* dial or accept */
   st_wire_addr_t peer_addr;
   bool expect_peer; /* the dialled node's id is known: check it */
   st_node_id_t expected;
@@ -69,13 +70,24 @@ struct st__conn_s {
   st_xchg_kind_t xkind;
   float* snap; /* the snapshot buffer lent to the trainer */
   bool counted_active;
-  uint64_t frames_out_pending;
+  uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
+  /* Frames of at least ST__OFFLOAD_BYTES are sealed and opened on libuv's
+   * thread pool, one job per direction at a time, in order. */
+  struct st__job_s* txq_head;
+  struct st__job_s* txq_tail;
+  bool tx_busy, rx_busy;
+  int jobs; /* jobs in flight that point at this conn */
 };
+
+#define ST__OFFLOAD_BYTES (64u * 1024u)
 
 typedef struct {
   uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
   uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
   uint64_t fetches_ok;
+  double exchange_ms_sum; /* successful averaging exchanges, connect to
+                             done: the mean is sum / ok */
+  double exchange_ms_last;
   uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
   uint64_t packets_in, packets_out;
   uint64_t udp_unbound;   /* packets not bound to this node (dropped) */

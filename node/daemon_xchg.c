@@ -45,9 +45,13 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       d->avg_active--;
   }
   if (c->xkind == ST_XCHG_AVERAGE) {
-    if (r == ST_XCHG_OK)
+    if (r == ST_XCHG_OK) {
       d->c.ok++;
-    else if (r == ST_XCHG_BUSY)
+      double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
+      d->c.exchange_ms_sum += ms;
+      d->c.exchange_ms_last = ms;
+    }
+    else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
       d->c.busy++;
     else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
              r == ST_XCHG_FAIL_SIZE)

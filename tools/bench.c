@@ -21,6 +21,8 @@ static const struct {
      "training throughput (samples/s) of full training steps"},
     {"crypto", st__bench_crypto,
      "sealing and opening packets and stream frames, handshakes/s"},
+    {"exchange", st__bench_exchange,
+     "the floor for an averaging exchange: seal, send, open both ways"},
 };
 
 static void usage(FILE* f) {

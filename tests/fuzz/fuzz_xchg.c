@@ -1,0 +1,243 @@
+/* fuzz_xchg.c: the libFuzzer target of the exchange machine
+ * (gossip/exchange.c; gossip.h, "Exchanges"). The input is a script: its
+ * first bytes pick the role (responder, busy or not; AVERAGE or FETCH
+ * initiator) and the model size, then each step is one event: a raw frame
+ * from the input, a well-formed XCHG_REQ, XCHG_REPLY, TENSOR_CHUNK or
+ * XCHG_DONE built from the input's choices (so that the fuzzer reaches the
+ * transfer without first finding valid msgpack; the DONE may carry the
+ * right hash of what was delivered), a snapshot, an acknowledged frame, a
+ * tick or the connection closing. After every event the actions are
+ * drained and checked: every SEND decodes and fits a stream frame, no more
+ * than ST_XCHG_CHUNKS_IN_FLIGHT are unacknowledged, APPLY comes at most
+ * once, before DONE, with n_params finite values (FETCH) and DONE at most
+ * once, with nothing after it. Never a crash, a leak or an overread.
+ *
+ *   CC=clang cmake -S . -B build-fuzz -DSTARLING_FUZZ=ON -DSTARLING_CUDA=OFF
+ *   cmake --build build-fuzz --target fuzz_xchg
+ *   ./build-fuzz/fuzz_xchg -max_total_time=60 /tmp/xc
+ * tests/fuzz/corpus/fuzz_xchg
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+#define CHECK(x) \
+  do {           \
+    if (!(x))    \
+      abort();   \
+  } while (0)
+
+#define MAX_FLOATS 64
+
+typedef struct {
+  const uint8_t* p;
+  size_t left;
+} in_t;
+
+static uint8_t byte(in_t* in) {
+  if (in->left == 0)
+    return 0;
+  in->left--;
+  return *in->p++;
+}
+
+typedef struct {
+  st_xchg_t* x;
+  uint64_t n;
+  unsigned unacked;
+  int applies, dones;
+  bool asked;
+  /* What the harness delivered as chunk bytes, for a right DONE hash. */
+  st_hash_t rx;
+  uint64_t rx_floats;
+} harness_t;
+
+static void drain(harness_t* h) {
+  st_xact_t a;
+  while (st_xchg_next_action(h->x, &a)) {
+    CHECK(h->dones == 0);
+    switch (a.kind) {
+      case ST_XACT_SEND: {
+        CHECK(a.data != NULL && a.len > 0 &&
+              a.len <= ST_WIRE_MAX_MESSAGE_BYTES);
+        st_msg_t m;
+        CHECK(st_wire_decode(a.data, a.len, &m, NULL) == 0);
+        st_wire_msg_free(&m);
+        h->unacked++;
+        CHECK(h->unacked <= ST_XCHG_CHUNKS_IN_FLIGHT);
+        break;
+      }
+      case ST_XACT_WANT_SNAPSHOT:
+        h->asked = true;
+        break;
+      case ST_XACT_APPLY:
+        CHECK(h->applies++ == 0);
+        CHECK(a.n == h->n);
+        for (size_t i = 0; i < a.n; i++)
+          CHECK(isfinite(a.values[i]));
+        break;
+      case ST_XACT_TIMER:
+        break;
+      case ST_XACT_DONE:
+        h->dones++;
+        CHECK((unsigned) a.result < ST_XCHG_RESULT_COUNT);
+        CHECK(a.peer_model == NULL || strlen(a.peer_model) < ST_XCHG_MODEL_MAX);
+        CHECK(st_xchg_finished(h->x));
+        break;
+    }
+  }
+}
+
+static void feed(harness_t* h, const st_msg_t* m) {
+  static uint8_t buf[4096];
+  size_t len = 0;
+  if (st_wire_encode(m, buf, sizeof buf, &len) != 0)
+    return;
+  CHECK(st_xchg_message(h->x, 1000, buf, len) == 0);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  in_t in = {data, size};
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  cfg.timeout_ms = 1000;
+  st_xchg_local_t l;
+  memset(&l, 0, sizeof l);
+  memset(l.fingerprint, 0x33, 16);
+  strcpy(l.model, "mlp:4-4 f32");
+  uint8_t role = byte(&in);
+  l.n_params = byte(&in) % (MAX_FLOATS + 1);
+  l.step = 5;
+  harness_t h;
+  memset(&h, 0, sizeof h);
+  h.n = l.n_params;
+  st_hash_init(&h.rx);
+  int rc;
+  switch (role % 4) {
+    case 0:
+    case 1:
+      rc = st_xchg_new_responder(&cfg, &l, role % 4 == 1, 0, &h.x);
+      break;
+    case 2:
+      rc = st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, 0, &h.x);
+      break;
+    default:
+      rc = st_xchg_new_initiator(&cfg, ST_XCHG_FETCH, &l, 0, &h.x);
+      break;
+  }
+  CHECK(rc == 0);
+  drain(&h);
+  uint64_t now = 0;
+  float floats[MAX_FLOATS];
+  while (in.left > 0) {
+    uint8_t op = byte(&in);
+    st_msg_t m;
+    memset(&m, 0, sizeof m);
+    switch (op % 9) {
+      case 0: { /* a raw frame */
+        size_t len = byte(&in);
+        if (len > in.left)
+          len = in.left;
+        CHECK(st_xchg_message(h.x, now, in.p, len) == 0);
+        in.p += len;
+        in.left -= len;
+        break;
+      }
+      case 1:   /* XCHG_REQ */
+      case 2: { /* XCHG_REPLY */
+        uint8_t b = byte(&in);
+        uint8_t* fp =
+            op % 9 == 1 ? m.u.xchg_req.fingerprint : m.u.xchg_reply.fingerprint;
+        memcpy(fp, l.fingerprint, 16);
+        if (b & 1)
+          fp[0] ^= 1;
+        uint64_t n = b & 2 ? l.n_params + 1 : l.n_params;
+        if (op % 9 == 1) {
+          m.type = ST_MSG_XCHG_REQ;
+          m.u.xchg_req.kind = b & 4 ? ST_XCHG_FETCH : ST_XCHG_AVERAGE;
+          strcpy(m.u.xchg_req.model, "peer");
+          m.u.xchg_req.n_params = n;
+        } else {
+          m.type = ST_MSG_XCHG_REPLY;
+          m.u.xchg_reply.status = (b >> 3) % 4;
+          strcpy(m.u.xchg_reply.model, "peer");
+          m.u.xchg_reply.n_params = n;
+          m.u.xchg_reply.step = b;
+        }
+        feed(&h, &m);
+        break;
+      }
+      case 3: { /* TENSOR_CHUNK: the next floats, or anywhere */
+        uint8_t b = byte(&in), c = byte(&in);
+        uint64_t total = b & 1 ? c : l.n_params;
+        uint64_t off = b & 2 ? c % (total + 1) : h.rx_floats;
+        size_t count = (size_t) (byte(&in) % (MAX_FLOATS + 1));
+        if (off > total)
+          off = total;
+        if (count > total - off)
+          count = (size_t) (total - off);
+        for (size_t i = 0; i < count; i++) {
+          uint8_t v = byte(&in);
+          floats[i] = v == 0xff ? NAN : (float) (v - 128) / 16;
+        }
+        m.type = ST_MSG_TENSOR_CHUNK;
+        m.u.chunk.transfer_id = b & 4 ? c : 0;
+        m.u.chunk.offset = off;
+        m.u.chunk.total = total;
+        m.u.chunk.data = (const uint8_t*) floats;
+        m.u.chunk.data_len = (uint32_t) (count * sizeof(float));
+        st_hash_update(&h.rx, floats, count * sizeof(float));
+        h.rx_floats += count;
+        feed(&h, &m);
+        break;
+      }
+      case 4: { /* XCHG_DONE, with the hash of what was sent or not */
+        m.type = ST_MSG_XCHG_DONE;
+        if (byte(&in) & 1) {
+          st_hash_t copy = h.rx;
+          st_hash_final(&copy, m.u.xchg_done.hash);
+        } else {
+          m.u.xchg_done.hash[0] = byte(&in);
+        }
+        feed(&h, &m);
+        break;
+      }
+      case 5: { /* the snapshot */
+        uint8_t b = byte(&in);
+        for (size_t i = 0; i < MAX_FLOATS; i++)
+          floats[i] = (float) (b + i) / 8;
+        if (b == 0xff)
+          floats[0] = INFINITY;
+        rc = st_xchg_snapshot(h.x, now, floats, (size_t) l.n_params, 7);
+        CHECK(rc == 0 || (rc == -EINVAL && !h.asked));
+        h.asked = false;
+        break;
+      }
+      case 6: /* a frame written */
+        rc = st_xchg_sent(h.x, now);
+        if (h.unacked > 0) {
+          CHECK(rc == 0);
+          h.unacked--;
+        } else {
+          CHECK(rc == -EINVAL || st_xchg_finished(h.x));
+        }
+        break;
+      case 7:
+        now += byte(&in) * 10u;
+        CHECK(st_xchg_tick(h.x, now) == 0);
+        break;
+      default:
+        CHECK(st_xchg_closed(h.x, now) == 0);
+        break;
+    }
+    drain(&h);
+  }
+  st_xchg_free(h.x);
+  return 0;
+}
