@@ -5,9 +5,14 @@
  * Words: a snapshot is one side's n_params float32 parameters; it travels
  * as chunks (TENSOR_CHUNK messages) of at most ST_WIRE_CHUNK_MAX_BYTES,
  * i.e. CHUNK_FLOATS floats, in order, then an XCHG_DONE message carrying
- * the BLAKE2b-256 of the little-endian float bytes of all chunks. The
- * stream (crypto/stream.c) authenticates every frame; the hash catches
- * bugs and corruption on either side of it.
+ * the BLAKE2b-256 of the little-endian float bytes of all chunks for a
+ * FETCH (a joining node verifies the state it starts from end to end, as
+ * a file is checked against its digest), and 32 zero bytes for an
+ * AVERAGE, where the hash is not computed: the stream (crypto/stream.c)
+ * already authenticates every frame and its place in the stream, and the
+ * offsets and the total are checked here, so the hash only added a second
+ * pass over 2 x 4 bytes a parameter on the loop thread (about a fifth of
+ * an exchange's time for a 10M-parameter model; docs/benchmarks.md).
  *
  * The conversation, after the handshake:
  *
@@ -42,9 +47,9 @@
  *   received so far) and hold at least one float, else FAIL_PROTOCOL; its
  *   total must equal n_params, else FAIL_SIZE. An XCHG_DONE before all
  *   floats came is FAIL_SIZE. On XCHG_DONE the checks run in this order:
- *   hash (FAIL_HASH), NaN or Inf (FAIL_NONFINITE), then, for AVERAGE, once
- *   our own snapshot is there too, the norm: |peer| > norm_mult * (|own| +
- *   1) is FAIL_NORM (L2 norms in double).
+ *   hash (FETCH only: FAIL_HASH), NaN or Inf (FAIL_NONFINITE), then, for
+ * AVERAGE, once our own snapshot is there too, the norm: |peer| > norm_mult *
+ * (|own| + 1) is FAIL_NORM (L2 norms in double).
  * - Finishing: AVERAGE emits APPLY (delta = (peer - own) / 2 computed in
  *   float, so the two sides' deltas are exact negatives of each other) and
  *   DONE(OK) once the peer's snapshot is verified AND our own snapshot has
@@ -454,7 +459,8 @@ static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
   /* The wire checked offset + count <= total = n_params. */
   size_t count = c->data_len / sizeof(float);
   memcpy(x->peer + c->offset, c->data, c->data_len);
-  st_hash_update(&x->rx_hash, c->data, c->data_len);
+  if (x->kind == ST_XCHG_FETCH)
+    st_hash_update(&x->rx_hash, c->data, c->data_len);
   x->rx_floats += count;
 }
 
@@ -465,7 +471,7 @@ static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
   }
   uint8_t h[ST_HASH_BYTES];
   st_hash_final(&x->rx_hash, h);
-  if (memcmp(h, m->hash, ST_HASH_BYTES) != 0) {
+  if (x->kind == ST_XCHG_FETCH && memcmp(h, m->hash, ST_HASH_BYTES) != 0) {
     finish(x, ST_XCHG_FAIL_HASH);
     return;
   }
@@ -517,12 +523,16 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
     return 0;
   if (!x->asked || n != n_floats(x) || (params == NULL && n > 0))
     return -EINVAL;
-  if (n > 0)
+  if (n > 0 && params != x->own)
     memcpy(x->own, params, n * sizeof(float));
   x->asked = false;
   x->have_own = true;
   progress(x);
   return 0;
+}
+
+float* st_xchg_snapshot_buffer(st_xchg_t* x) {
+  return x != NULL && x->asked ? x->own : NULL;
 }
 
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms) {
@@ -598,13 +608,16 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
     m.u.chunk.total = n;
     m.u.chunk.data = (const uint8_t*) (x->own + x->tx_floats);
     m.u.chunk.data_len = (uint32_t) (k * sizeof(float));
-    st_hash_update(&x->tx_hash, m.u.chunk.data, m.u.chunk.data_len);
+    if (x->kind == ST_XCHG_FETCH)
+      st_hash_update(&x->tx_hash, m.u.chunk.data, m.u.chunk.data_len);
     x->tx_floats += k;
     encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
     return false;
   }
   m.type = ST_MSG_XCHG_DONE;
   st_hash_final(&x->tx_hash, m.u.xchg_done.hash);
+  if (x->kind != ST_XCHG_FETCH)
+    memset(m.u.xchg_done.hash, 0, sizeof m.u.xchg_done.hash);
   x->tx_done_sent = true;
   encode(&m, x->ctl, sizeof x->ctl, out);
   return true;

@@ -378,15 +378,17 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  *   sends XCHG_REQ; the responder answers XCHG_REPLY (OK, BUSY or
  *   MISMATCH). On OK both sides take a snapshot of their parameters
  *   (WANT_SNAPSHOT), stream it as TENSOR_CHUNKs of at most
- *   ST_WIRE_CHUNK_MAX_BYTES, then XCHG_DONE carrying the BLAKE2b-256 hash
- *   of the bytes sent. A side that has received the peer's whole snapshot
- *   with a matching hash, and has sent its own, emits APPLY with
+ *   ST_WIRE_CHUNK_MAX_BYTES, then XCHG_DONE (its hash is zero: the
+ *   authenticated stream and the offset checks already guarantee every
+ *   byte). A side that has received the peer's whole snapshot, and has
+ *   sent its own, emits APPLY with
  *   delta = (s_peer - s_own) / 2, which the node adds to its current
  *   parameters at its next step boundary, so the pair's sum is preserved
  *   and local steps taken meanwhile are kept.
  * - FETCH (state transfer to a joining node): the initiator (the joiner)
  *   sends XCHG_REQ; the responder (the donor) answers XCHG_REPLY with its
- *   step, takes a snapshot and streams it; the initiator verifies the hash
+ *   step, takes a snapshot and streams it, then XCHG_DONE carrying the
+ *   BLAKE2b-256 of the bytes sent; the initiator verifies the hash
  *   and emits APPLY with the parameters themselves and the donor's step.
  *
  * Guard: a received snapshot that holds NaN or Inf, has the wrong length,
@@ -506,6 +508,11 @@ int st_xchg_message(st_xchg_t* x, uint64_t now_ms, const uint8_t* data,
  * snapshot was asked for or n is wrong. */
 int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
                      size_t n, uint64_t step);
+/* After WANT_SNAPSHOT: the machine's own buffer for the snapshot
+ * (n_params floats, valid until st_xchg_free), so that the driver can have
+ * the trainer write into it and then call st_xchg_snapshot with params ==
+ * this buffer, which copies nothing. NULL when no snapshot is asked for. */
+float* st_xchg_snapshot_buffer(st_xchg_t* x);
 /* One SEND frame has been written to the socket (-EINVAL when none is
  * outstanding). */
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms);

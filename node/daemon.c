@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -484,6 +485,12 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
     return -ENOMEM;
   d->cfg = cfg;
   d->started_ms = st__dnow(d);
+  /* An exchange allocates and frees a few model-sized buffers. Above
+   * glibc's mmap threshold each would come fresh from the kernel, and the
+   * page faults and zeroing cost a tenth of an exchange (10M parameters):
+   * keep them in the heap for reuse instead. */
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   st_xchg_config_default(&d->xcfg);
   d->xcfg.norm_mult = cfg->norm_mult;
   int rc = st_crypto_init();

@@ -100,7 +100,6 @@ static void conn_free(st__conn_t* c) {
   st__wipe(c->rx_key, sizeof(c->rx_key));
   st_stream_wipe(&c->tx);
   st_stream_wipe(&c->rx);
-  free(c->snap);
   free(c->rbuf);
   free(c->pp_request);
   free(c);

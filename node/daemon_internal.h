@@ -68,7 +68,7 @@ struct st__conn_s {
   /* XCHG */
   st_xchg_t* x;
   st_xchg_kind_t xkind;
-  float* snap; /* the snapshot buffer lent to the trainer */
+  float* snap; /* the machine's snapshot buffer, lent to the trainer */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
   /* Frames of at least ST__OFFLOAD_BYTES are sealed and opened on libuv's

@@ -50,8 +50,7 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
       d->c.exchange_ms_sum += ms;
       d->c.exchange_ms_last = ms;
-    }
-    else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
+    } else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
       d->c.busy++;
     else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
              r == ST_XCHG_FAIL_SIZE)
@@ -94,9 +93,9 @@ static void drain(st__conn_t* c) {
           st_xchg_closed(c->x, st__dnow(d));
         break;
       case ST_XACT_WANT_SNAPSHOT: {
-        size_t n = st__tt_n_params(d->tt);
-        if (c->snap == NULL)
-          c->snap = malloc(n * sizeof(float) + 1);
+        /* The trainer writes straight into the machine's buffer, which
+         * lives until the conn is freed (after this request's event). */
+        c->snap = st_xchg_snapshot_buffer(c->x);
         if (c->snap == NULL ||
             st__tt_request_snapshot(d->tt, c->id, c->snap) != 0) {
           st_xchg_closed(c->x, st__dnow(d));
@@ -204,7 +203,6 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
                        ev->step);
       drain(c);
     }
-    free(c->snap);
     c->snap = NULL;
   }
   st__conn_release(c);

@@ -333,11 +333,17 @@ static void serve(st__tt_t* tt) {
         post(tt, &ev);
         break;
       case REQ_APPLY:
-        /* params = 1 * params + scale * delta (st_axpby: y = a x + b y). */
-        rc = st_copy_to_device(t->be, tt->scratch, r.src, tt->n_params);
-        if (rc == 0)
-          rc = st_axpby(t->be, tt->n_params, r.scale, tt->scratch, 1.0f,
+        /* params = 1 * params + scale * delta (st_axpby: y = a x + b y).
+         * The CPU backend's memory is host memory: no staging copy. */
+        if (tt->scratch == NULL) {
+          rc = st_axpby(t->be, tt->n_params, r.scale, r.src, 1.0f,
                         t->model.params);
+        } else {
+          rc = st_copy_to_device(t->be, tt->scratch, r.src, tt->n_params);
+          if (rc == 0)
+            rc = st_axpby(t->be, tt->n_params, r.scale, tt->scratch, 1.0f,
+                          t->model.params);
+        }
         tt->version++;
         make_event(tt, &ev, ST__TT_EV_APPLIED, r.tag, rc);
         if (rc != 0)
@@ -571,7 +577,9 @@ int st__tt_start(const st__tt_config_t* cfg, st__tt_t** out) {
       return -ENOMEM;
     }
   }
-  int rc = st_buf_alloc(t->be, tt->n_params, &tt->scratch);
+  int rc = 0;
+  if (st_backend_kind(t->be) != ST_BACKEND_CPU)
+    rc = st_buf_alloc(t->be, tt->n_params, &tt->scratch);
   if (rc != 0) {
     tt->scratch = NULL;
     destroy(tt);

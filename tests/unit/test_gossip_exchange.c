@@ -541,9 +541,7 @@ typedef struct {
 static const transit_t transits[] = {
     {"flip in chunk 0", ST_XCHG_FETCH, 1000, 1, 1, M_FLIP_DATA,
      ST_XCHG_FAIL_HASH, ANY},
-    {"flip in chunk 2 avg", ST_XCHG_AVERAGE, BIG_N, 1, 3, M_FLIP_DATA,
-     ST_XCHG_FAIL_HASH, ANY},
-    {"flip from initiator", ST_XCHG_AVERAGE, BIG_N, 0, 2, M_FLIP_DATA,
+    {"flip in chunk 2", ST_XCHG_FETCH, BIG_N, 1, 3, M_FLIP_DATA,
      ST_XCHG_FAIL_HASH, ANY},
     {"hash flipped", ST_XCHG_FETCH, 1000, 1, -1, M_HASH_FLIP, ST_XCHG_FAIL_HASH,
      ANY},
