@@ -387,6 +387,33 @@ static void start_timer(st__daemon_t* d, uv_timer_t* t, uv_timer_cb cb,
   }
 }
 
+/* TCP and UDP share one port number. With port 0 the TCP listener takes a
+ * free one first (TCP ports are the contended ones: outgoing and
+ * TIME_WAIT connections hold them too), then UDP binds the same number;
+ * should another program's UDP socket hold it, both are closed and the
+ * pair is tried again on another port. */
+#define BIND_TRIES 16
+
+static int bind_sockets(st__daemon_t* d, char* err, size_t err_len) {
+  bool any_port = d->self_addr.port == 0;
+  int rc = 0;
+  for (int i = 0; i < BIND_TRIES; i++) {
+    if (any_port)
+      d->self_addr.port = 0;
+    rc = st__conn_listen(d, err, err_len);
+    if (rc != 0)
+      return rc;
+    rc = st__net_start(d, err, err_len);
+    if (rc != UV_EADDRINUSE || !any_port)
+      return rc;
+    /* Closed handles finish closing on the next loop iteration. */
+    uv_close((uv_handle_t*) &d->listener, NULL);
+    uv_close((uv_handle_t*) &d->udp, NULL);
+    uv_run(&d->loop, UV_RUN_NOWAIT);
+  }
+  return rc;
+}
+
 static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   const st_daemon_config_t* cfg = d->cfg;
   int rc = uv_loop_init(&d->loop);
@@ -395,9 +422,9 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
                 uv_strerror(rc));
     return rc;
   }
-  if ((rc = st__net_start(d, err, err_len)) != 0)
-    return rc;
-  if ((rc = st__conn_listen(d, err, err_len)) != 0)
+  uv_timer_init(&d->loop, &d->member_timer);
+  d->member_timer.data = d;
+  if ((rc = bind_sockets(d, err, err_len)) != 0)
     return rc;
   if ((rc = st__control_start(d, err, err_len)) != 0)
     return rc;

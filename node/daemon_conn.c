@@ -714,6 +714,15 @@ int st__conn_listen(st__daemon_t* d, char* err, size_t err_len) {
     rc = uv_tcp_bind(&d->listener, (const struct sockaddr*) &ss, 0);
   if (rc == 0)
     rc = uv_listen((uv_stream_t*) &d->listener, 128, accept_cb);
+  if (rc == 0 && d->self_addr.port == 0) {
+    /* The OS picked the port: it is the node's, for UDP and for gossip. */
+    struct sockaddr_storage got;
+    int len = sizeof(got);
+    uv_tcp_getsockname(&d->listener, (struct sockaddr*) &got, &len);
+    st__addr_from_sockaddr((struct sockaddr*) &got, &d->self_addr);
+    st__addr_format(&d->self_addr, d->self_addr_text,
+                    sizeof(d->self_addr_text));
+  }
   if (rc != 0) {
     snprintf(err, err_len,
              "cannot listen on TCP %s: %s; is another program using that "

@@ -204,7 +204,7 @@ int st__net_start(st__daemon_t* d, char* err, size_t err_len) {
   int rc = uv_udp_init(&d->loop, &d->udp);
   if (rc == 0)
     rc = uv_udp_bind(&d->udp, (const struct sockaddr*) &ss, 0);
-  if (rc != 0) {
+  if (rc != 0) { /* with port 0 the caller tries another port */
     snprintf(err, err_len,
              "cannot bind UDP %s: %s; is another node using that port? pick "
              "another with --listen",
@@ -212,13 +212,5 @@ int st__net_start(st__daemon_t* d, char* err, size_t err_len) {
     return rc;
   }
   d->udp.data = d;
-  /* With port 0 the OS picked one: learn it, for TCP and for gossip. */
-  struct sockaddr_storage got;
-  int len = sizeof(got);
-  uv_udp_getsockname(&d->udp, (struct sockaddr*) &got, &len);
-  st__addr_from_sockaddr((struct sockaddr*) &got, &d->self_addr);
-  st__addr_format(&d->self_addr, d->self_addr_text, sizeof(d->self_addr_text));
-  uv_timer_init(&d->loop, &d->member_timer);
-  d->member_timer.data = d;
   return uv_udp_recv_start(&d->udp, alloc_cb, recv_cb);
 }
