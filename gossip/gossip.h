@@ -77,7 +77,12 @@ typedef enum {
   ST_MSG_TENSOR_CHUNK = 32,
   ST_MSG_XCHG_REQ = 33,
   ST_MSG_XCHG_REPLY = 34,
-  ST_MSG_XCHG_DONE = 35
+  ST_MSG_XCHG_DONE = 35,
+  ST_MSG_RING_SEG = 40, /* gossip.h, "Ring all-reduce" */
+  ST_MSG_RING_PROPOSE = 41, /* gossip.h, "Ring formation" */
+  ST_MSG_RING_ACCEPT = 42,
+  ST_MSG_RING_CONFIRM = 43,
+  ST_MSG_RING_CANCEL = 44
 } st_msg_type_t;
 
 typedef struct {
@@ -196,6 +201,44 @@ typedef struct {
   uint8_t hash[ST_XCHG_HASH_BYTES];
 } st_msg_xchg_done_t;
 
+/* One segment of a ring all-reduce (gossip.h, "Ring all-reduce"). */
+typedef struct {
+  uint64_t round_id;
+  uint8_t phase;   /* st_ring_phase_t: 0 reduce-scatter, 1 all-gather */
+  uint32_t step;   /* within the phase, 0 .. n_members - 2 */
+  uint32_t chunk;  /* the chunk's index, 0 .. n_members - 1 */
+  uint64_t offset; /* in floats, within the chunk */
+  const uint8_t* data; /* little-endian float32; when decoded, borrowed from
+                          the input buffer */
+  uint32_t data_len;   /* bytes */
+} st_msg_ring_seg_t;
+
+/* Forming a ring round (gossip.h, "Ring formation"). A members list holds
+ * at most ST_RING_FORM_MAX_MEMBERS ids, in ring order. */
+typedef struct {
+  uint64_t round_id;
+  st_node_id_t proposer;
+  uint32_t n_members;
+  st_node_id_t* members; /* encode: borrowed; decode: allocated by
+                            st_wire_decode (n_members of them, NULL when
+                            0), freed with st_wire_msg_free */
+} st_msg_ring_propose_t;
+
+typedef struct {
+  uint64_t round_id;
+  bool accept;
+} st_msg_ring_accept_t;
+
+typedef struct {
+  uint64_t round_id;
+  uint32_t n_members;
+  st_node_id_t* members; /* as in st_msg_ring_propose_t */
+} st_msg_ring_confirm_t;
+
+typedef struct {
+  uint64_t round_id;
+} st_msg_ring_cancel_t;
+
 typedef struct {
   st_msg_type_t type;
   union {
@@ -215,6 +258,11 @@ typedef struct {
     st_msg_xchg_req_t xchg_req;
     st_msg_xchg_reply_t xchg_reply;
     st_msg_xchg_done_t xchg_done;
+    st_msg_ring_seg_t ring_seg;
+    st_msg_ring_propose_t ring_propose;
+    st_msg_ring_accept_t ring_accept;
+    st_msg_ring_confirm_t ring_confirm;
+    st_msg_ring_cancel_t ring_cancel;
   } u;
 } st_msg_t;
 
@@ -252,8 +300,9 @@ int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
 int st_wire_decode_next(const uint8_t* buf, size_t len, st_msg_t* msg,
                         size_t* used, st_wire_counters_t* c);
 
-/* Frees what a decoded message owns (a push-pull's entries); safe on any
- * decoded message and on a zeroed one. */
+/* Frees what a decoded message owns (a push-pull's entries, a ring
+ * proposal's or confirmation's members); safe on any decoded message and
+ * on a zeroed one. */
 void st_wire_msg_free(st_msg_t* msg);
 
 /* ==== Membership (gossip/membership.c): SWIM + Lifeguard, sans-IO ==========
@@ -524,6 +573,341 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out);
 /* The kind (responders learn it from the request; 0 before). */
 st_xchg_kind_t st_xchg_kind(const st_xchg_t* x);
 bool st_xchg_finished(const st_xchg_t* x);
+
+/* ==== Ring formation (gossip/ring_form.c): who takes part in a round =======
+ *
+ * The opportunistic ring all-reduce (DESIGN.md, Averaging) needs a group of
+ * free, healthy members that agree on one list in one order before the data
+ * plane ("Ring all-reduce" below) starts. One machine per node, sans-IO like
+ * membership: the driver feeds it events with the current time in
+ * milliseconds and drains its actions; its SENDs go to member ids as sealed
+ * UDP packets of one message each. Randomness (round ids) comes only from
+ * the injected generator.
+ *
+ * The conversation (gossip/ring_form.c decides every corner case):
+ *
+ *   proposer P                                  each candidate C
+ *   RING_PROPOSE [round, P, [P, C1..Ck]]  ->
+ *                                     <-  RING_ACCEPT [round, accept]
+ *   (after accept_wait_ms, or once all answered)
+ *   >= 2 members: RING_CONFIRM [round, [P, accepted..]] -> START
+ *   else:         RING_CANCEL [round]                   -> idle
+ *
+ * P is the live node with the smallest id among the ring-capable, healthy
+ * members of its own view (the driver decides; views differ, so proposals
+ * race). A free member accepts one proposal at a time; a member that has
+ * accepted but not yet been confirmed, or a proposer still collecting,
+ * gives way to a proposal from a smaller proposer id; larger ones are
+ * refused, and so is everything while a round runs. Stale messages (a
+ * round we do not hold) are ignored and counted. Against loss, a proposer
+ * re-sends PROPOSE once to silent candidates, and a member that accepted
+ * re-sends ACCEPT until CONFIRM or CANCEL comes (its proposer answers with
+ * the CONFIRM again), every accept_wait_ms / 2.
+ *
+ * Wire (after [type, version]):
+ *   RING_PROPOSE [round_id u64, proposer bin16, members [bin16, ...]]
+ *   RING_ACCEPT  [round_id u64, accept bool]
+ *   RING_CONFIRM [round_id u64, members [bin16, ...]]
+ *   RING_CANCEL  [round_id u64]
+ * A members array holds at most ST_RING_FORM_MAX_MEMBERS ids: the
+ * pre-walk refuses a longer one (LIMIT) before msgpack-c allocates.
+ * Duplicates, a list without its proposer first or without the receiver,
+ * are the machine's checks (counted invalid).
+ */
+
+/* The most members of one round, proposer included. The data plane could
+ * take more (ST_RING_MAX_MEMBERS), but a ring of n takes 2 (n - 1)
+ * latency-bound steps, and 64 ids keep a PROPOSE (1185 bytes) inside one
+ * sealed UDP packet (ST_PACKET_MAX_PLAINTEXT). */
+#define ST_RING_FORM_MAX_MEMBERS 64u
+
+typedef struct {
+  uint32_t accept_wait_ms;  /* how long a proposer collects answers;
+                               default 500: a few UDP round trips on a LAN
+                               (0.1 to 1 ms each) with room for a member
+                               busy on a training step or a GC pause; a
+                               member that misses it just sits this round
+                               out */
+  uint32_t confirm_wait_ms; /* how long a member that accepted waits for
+                               CONFIRM or CANCEL; default 2000: the
+                               proposer's accept_wait_ms plus a paused or
+                               lossy proposer's slack. Past it, the member
+                               is free again (counted as a timeout) */
+} st_ring_form_config_t;
+
+void st_ring_form_config_default(st_ring_form_config_t* cfg);
+
+typedef enum {
+  ST_RING_FORM_IDLE = 0,  /* free: accepts a proposal */
+  ST_RING_FORM_PROPOSING, /* collecting answers to its own proposal */
+  ST_RING_FORM_ACCEPTED,  /* accepted a proposal, waiting for CONFIRM */
+  ST_RING_FORM_RUNNING    /* in a round, until st_ring_form_round_over */
+} st_ring_form_state_t;
+
+/* "idle", "proposing", "accepted", "running". */
+const char* st_ring_form_state_name(st_ring_form_state_t s);
+
+typedef enum {
+  ST_RFACT_SEND = 0, /* send data[0..len) (one wire message) in its own
+                        sealed UDP packet to the member `to`; data is
+                        borrowed until the next call into the machine */
+  ST_RFACT_START,    /* start the data plane: round_id, members[0..n)
+                        in ring order (the same list on every member),
+                        this node at my_rank; members is borrowed until
+                        the next event */
+  ST_RFACT_TIMER     /* call st_ring_form_tick at or after at_ms;
+                        replaces any earlier TIMER of this machine */
+} st_rfact_kind_t;
+
+typedef struct {
+  st_rfact_kind_t kind;
+  st_node_id_t to;
+  const uint8_t* data;
+  size_t len; /* <= ST_PACKET_MAX_PLAINTEXT */
+  uint64_t round_id;
+  const st_node_id_t* members;
+  uint32_t n_members;
+  uint32_t my_rank;
+  uint64_t at_ms;
+} st_rfact_t;
+
+/* For `starling status`; every field counts events since st_ring_form_new. */
+typedef struct {
+  uint64_t proposed;        /* proposals sent (st_ring_form_propose) */
+  uint64_t confirmed;       /* own proposals confirmed (>= 2 members) */
+  uint64_t started;         /* START emitted, as proposer or member */
+  uint64_t cancelled;       /* proposals ended without a round: own ones
+                               with < 2 accepts or given way to a smaller
+                               proposer, accepted ones cancelled or whose
+                               proposer went away */
+  uint64_t refused;         /* proposals answered accept=false */
+  uint64_t stale;           /* messages for a round we do not hold */
+  uint64_t timeouts;        /* accepted, then no CONFIRM in time */
+  uint64_t resent;          /* retransmissions: PROPOSE to silent
+                               candidates, ACCEPT while waiting for
+                               CONFIRM, CONFIRM to a member that asks */
+  uint64_t invalid;         /* messages that do not decode or break the
+                               rules: duplicate ids, a list without its
+                               proposer first or without us */
+  uint64_t finished_ok;     /* st_ring_form_round_over(ok) */
+  uint64_t finished_failed; /* st_ring_form_round_over(!ok) */
+} st_ring_form_counters_t;
+
+typedef struct st_ring_form_s st_ring_form_t;
+
+/* Creates the machine of node self (copied). rng is borrowed for the
+ * machine's lifetime. -EINVAL for a NULL argument or a zero wait. */
+int st_ring_form_new(const st_ring_form_config_t* cfg, const st_node_id_t* self,
+                     st_rng_t* rng, st_ring_form_t** out);
+void st_ring_form_free(st_ring_form_t* f);
+
+/* Events. Each first drops the actions the previous event left undrained
+ * (drain them all after every event). They return 0, or -EINVAL for
+ * misuse. */
+/* Proposes a round to candidates[0..n) (self excluded, no duplicates;
+ * -EINVAL otherwise, and for n == 0). -EBUSY unless idle. More than
+ * ST_RING_FORM_MAX_MEMBERS - 1 candidates: a random subset that many. */
+int st_ring_form_propose(st_ring_form_t* f, uint64_t now_ms,
+                         const st_node_id_t* candidates, size_t n);
+/* One received message (a whole UDP plaintext holding exactly one RING_
+ * PROPOSE, ACCEPT, CONFIRM or CANCEL) from the authenticated sender from.
+ * Anything else is counted invalid and returns -EBADMSG. */
+int st_ring_form_message(st_ring_form_t* f, uint64_t now_ms,
+                         const st_node_id_t* from, const uint8_t* data,
+                         size_t len);
+int st_ring_form_tick(st_ring_form_t* f, uint64_t now_ms);
+/* The data plane of the running round finished (ok) or aborted; back to
+ * idle. -EINVAL when round_id is not the round this machine runs. */
+int st_ring_form_round_over(st_ring_form_t* f, uint64_t now_ms,
+                            uint64_t round_id, bool ok);
+/* Membership says id is dead or has left. A running round is the driver's
+ * to abort (st_ring_abort, then st_ring_form_round_over). */
+int st_ring_form_member_gone(st_ring_form_t* f, uint64_t now_ms,
+                             const st_node_id_t* id);
+
+/* Drains the actions the last event produced, in order; false when none
+ * are left. */
+bool st_ring_form_next_action(st_ring_form_t* f, st_rfact_t* out);
+
+st_ring_form_state_t st_ring_form_state(const st_ring_form_t* f);
+/* The round proposed, accepted or running; 0 when idle. */
+uint64_t st_ring_form_round(const st_ring_form_t* f);
+const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
+
+/* ==== Ring all-reduce (gossip/ring.c): the mean of n snapshots =============
+ *
+ * One machine per member per round, sans-IO like the exchange: the driver
+ * (the daemon) holds two encrypted streams, one from the previous member
+ * (rank - 1 mod n) and one to the next (rank + 1 mod n), feeds the machine
+ * what arrives on the first and writes its SENDs to the second. The
+ * machine never sees a socket; tests wire k of them in a ring in memory.
+ *
+ * Words (gossip/ring.c defines them at length): the vector of n_params
+ * float32 is cut into n_members *chunks*, chunk c covering floats
+ * [c * N / n, (c + 1) * N / n) (integer division: sizes differ by at most
+ * one, and some are empty when N < n); a chunk travels as *segments* of at
+ * most segment_floats floats, one RING_SEG message each. The round is a
+ * reduce-scatter of n - 1 steps (at step s member r sends its partial sum
+ * of chunk (r - s) mod n and adds what it receives into chunk
+ * (r - s - 1) mod n) then an all-gather of n - 1 steps passing the
+ * finished chunks (the mean, divided by n where the sum completes) on.
+ * Pipelined: a segment goes out as soon as the segment it depends on has
+ * been received and added, with up to in_flight SENDs unacknowledged.
+ * Each chunk is summed along the ring in one fixed order and then copied,
+ * so every member ends with bit-identical means.
+ *
+ * The machine emits APPLY with delta = mean - own (own: its snapshot),
+ * which the node adds to its parameters at its next step boundary (local
+ * steps taken meanwhile are kept), then DONE(OK). Any failure (a message
+ * that is not the next expected segment, the driver's abort, the timeout,
+ * NaN or Inf in the mean) ends it with DONE(reason) and no APPLY; the
+ * driver then closes both streams, which ends the round for the others
+ * (their drivers see the close and call st_ring_abort), so nobody applies
+ * a partial result.
+ *
+ * Wire (after [type, version]):
+ *   RING_SEG [round_id u64, phase u8, step u32, chunk u32, offset u64,
+ *             data bin]
+ * phase is 0 (reduce-scatter) or 1 (all-gather); data is little-endian
+ * float32, a multiple of 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and
+ * offset + floats <= 2^40. The codec checks those; the machine checks
+ * that the segment is exactly the next one it expects.
+ */
+
+/* The largest segment: 1 MiB of float32, a whole tensor chunk of the wire
+ * (ST_WIRE_CHUNK_MAX_BYTES), so that every segment is sealed on its own. */
+#define ST_RING_SEGMENT_FLOATS (ST_WIRE_CHUNK_MAX_BYTES / 4u)
+/* Two segments in flight: one being written while the next is encoded
+ * and sealed, as the exchange streams (ST_XCHG_CHUNKS_IN_FLIGHT). */
+#define ST_RING_IN_FLIGHT 2u
+/* The most members a ring may have: c * n_params stays below 2^56 for
+ * n_params <= 2^40, and a ring this long is latency-bound long before
+ * (2 (n - 1) steps each wait for one segment); proposers cap far lower. */
+#define ST_RING_MAX_MEMBERS 65536u
+
+typedef enum { ST_RING_REDUCE_SCATTER = 0, ST_RING_ALL_GATHER = 1 } st_ring_phase_t;
+
+/* How a round ended (ST_RACT_DONE); st_ring_result_name gives the names. */
+typedef enum {
+  ST_RING_OK = 0,
+  ST_RING_FAIL_PROTOCOL,  /* a message that is not the next expected
+                             segment of this round (or does not decode) */
+  ST_RING_FAIL_CLOSED,    /* the driver: a stream to a neighbour ended */
+  ST_RING_FAIL_ABORTED,   /* the driver: a member left or was declared dead,
+                             or the node stopped */
+  ST_RING_FAIL_TIMEOUT,   /* no progress for timeout_ms (or the driver's own
+                             deadline, through st_ring_abort) */
+  ST_RING_FAIL_NONFINITE, /* NaN or Inf in the mean (every member sees the
+                             same mean, so all fail) or in this member's
+                             delta (|mean - own| beyond FLT_MAX: this
+                             member only) */
+  ST_RING_RESULT_COUNT
+} st_ring_result_t;
+
+/* "ok", "protocol", "closed", "aborted", "timeout", "nonfinite". */
+const char* st_ring_result_name(st_ring_result_t r);
+
+typedef struct {
+  uint32_t segment_floats; /* 1 .. ST_RING_SEGMENT_FLOATS; default the max */
+  uint32_t in_flight;      /* SENDs unacknowledged at most, >= 1; default
+                              ST_RING_IN_FLIGHT */
+  uint32_t timeout_ms;     /* fail when nothing progressed for this long
+                              (a segment received, a SEND acknowledged, the
+                              snapshot given); 0: never (the driver watches
+                              st_ring_progress). Default 30000 */
+} st_ring_config_t;
+
+void st_ring_config_default(st_ring_config_t* cfg);
+
+typedef enum {
+  ST_RACT_SEND = 0,      /* write data[0..len) (one RING_SEG) as one frame
+                            to the NEXT member; borrowed until the next call
+                            into the machine; report it with st_ring_sent
+                            once written */
+  ST_RACT_WANT_SNAPSHOT, /* ask the trainer for a snapshot of the
+                            parameters, then call st_ring_snapshot */
+  ST_RACT_APPLY,         /* add values[0..n) (mean - own) to the parameters
+                            at the next step boundary; values is owned by
+                            the machine, valid until st_ring_free */
+  ST_RACT_TIMER,         /* call st_ring_tick at or after at_ms; replaces
+                            any earlier TIMER of this machine */
+  ST_RACT_DONE           /* finished: result; close both streams after the
+                            queued frames */
+} st_ract_kind_t;
+
+typedef struct {
+  st_ract_kind_t kind;
+  const uint8_t* data;
+  size_t len;
+  const float* values;
+  size_t n;
+  uint64_t at_ms;
+  st_ring_result_t result;
+} st_ract_t;
+
+/* Where a round stands, for the driver's own deadline (e.g. from measured
+ * segment times) and for `starling status`. Segment counts are this
+ * member's: it sends and receives 2 (n - 1) chunks, about
+ * 2 (n - 1) / n * n_params floats each way. */
+typedef struct {
+  uint64_t started_ms;       /* st_ring_new's now */
+  uint64_t last_progress_ms; /* the last snapshot, segment or acknowledged
+                                SEND */
+  uint64_t segments_to_send;
+  uint64_t segments_sent;  /* emitted as SEND actions */
+  uint64_t segments_acked; /* reported written (st_ring_sent) */
+  uint64_t segments_to_receive;
+  uint64_t segments_received;
+  bool have_snapshot;
+} st_ring_progress_t;
+
+typedef struct st_ring_s st_ring_t;
+
+/* The machine of member my_rank of n_members (ranks 0 .. n - 1 in ring
+ * order, the same on every member) for round round_id, averaging n_params
+ * floats. It allocates its buffers here (2 * n_params floats and one
+ * encoded segment; -ENOMEM). The first actions are the TIMER and
+ * WANT_SNAPSHOT; when there is nothing to average (n_members == 1 or
+ * n_params == 0) the only action is DONE(OK), with no snapshot and no
+ * APPLY. -EINVAL for a config out of range, n_members 0 or beyond
+ * ST_RING_MAX_MEMBERS, my_rank >= n_members, or n_params beyond 2^40. */
+int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
+                uint32_t n_members, uint32_t my_rank, uint64_t n_params,
+                uint64_t now_ms, st_ring_t** out);
+void st_ring_free(st_ring_t* x);
+
+/* Events. A failure of the round is not an error of the call: it ends the
+ * round with a DONE action. The calls return -EINVAL only for misuse;
+ * events after DONE are ignored and return 0. */
+/* The snapshot asked for: n == n_params floats, copied before the call
+ * returns unless own is st_ring_snapshot_buffer's buffer (then nothing is
+ * copied). -EINVAL when none was asked for or n is wrong. */
+int st_ring_snapshot(st_ring_t* x, uint64_t now_ms, const float* own,
+                     size_t n);
+/* After WANT_SNAPSHOT: the machine's own buffer for the snapshot
+ * (n_params floats, valid until st_ring_free), for the trainer to write
+ * into before st_ring_snapshot(x, now, buffer, n_params). NULL when no
+ * snapshot is asked for. */
+float* st_ring_snapshot_buffer(st_ring_t* x);
+/* One received frame's plaintext (one wire message) from the PREVIOUS
+ * member, in stream order. */
+int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
+                    size_t len);
+/* One SEND frame has been written to the next member's stream (-EINVAL
+ * when none is outstanding). */
+int st_ring_sent(st_ring_t* x, uint64_t now_ms);
+int st_ring_tick(st_ring_t* x, uint64_t now_ms);
+/* The driver ends the round: reason is a failure (CLOSED when a stream to
+ * a neighbour ended, ABORTED when a member died, TIMEOUT for its own
+ * deadline); -EINVAL for ST_RING_OK or an unknown reason. */
+int st_ring_abort(st_ring_t* x, uint64_t now_ms, st_ring_result_t reason);
+
+bool st_ring_next_action(st_ring_t* x, st_ract_t* out);
+bool st_ring_finished(const st_ring_t* x);
+void st_ring_progress(const st_ring_t* x, st_ring_progress_t* out);
+/* After DONE(OK) with an APPLY: the mean itself (n_params floats, the
+ * same bits on every member; valid until st_ring_free); else NULL. */
+const float* st_ring_mean(const st_ring_t* x);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,16 @@
  * of st_xchg_status_t, and the model description a str of at most
  * ST_XCHG_MODEL_MAX - 1 bytes of printable UTF-8 (st__wire_model_ok), since
  * `starling` prints it in its messages; anything else is a field error,
- * and the encoder refuses it (-EINVAL). */
+ * and the encoder refuses it (-EINVAL).
+ *
+ * Ring segments (RING_SEG): phase 0 or 1, data whole float32 within
+ * ST_WIRE_CHUNK_MAX_BYTES, borrowed from the input like a tensor chunk's;
+ * the ring machine (gossip/ring.c) checks the rest.
+ *
+ * Ring formation (RING_PROPOSE, RING_CONFIRM): a members array of at most
+ * ST_RING_FORM_MAX_MEMBERS ids (bin16 each), decoded into an allocated
+ * array like a push-pull's entries; duplicates and the list's meaning are
+ * the formation machine's checks (gossip/ring_form.c). */
 #include "gossip/gossip.h"
 
 #include <assert.h>
@@ -91,6 +100,15 @@ static size_t field_count(uint64_t type) {
       return 5;
     case ST_MSG_XCHG_DONE:
       return 1;
+    case ST_MSG_RING_SEG:
+      return 6;
+    case ST_MSG_RING_PROPOSE:
+      return 3;
+    case ST_MSG_RING_ACCEPT:
+    case ST_MSG_RING_CONFIRM:
+      return 2;
+    case ST_MSG_RING_CANCEL:
+      return 1;
     default:
       return 0;
   }
@@ -108,6 +126,25 @@ static int chunk_check(const st_msg_tensor_chunk_t* c, st_wire_drop_t* why) {
   /* total <= 2^40 and count <= 2^18, so nothing here overflows. */
   if (c->data_len % 4 != 0 || c->offset > c->total ||
       c->data_len / 4 > c->total - c->offset) {
+    *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+/* The ring segment rules shared by the encoder and the decoder (gossip.h,
+ * "Ring all-reduce"): 0 or the drop reason (LIMIT for data beyond
+ * ST_WIRE_CHUNK_MAX_BYTES; FIELD for a phase other than 0 or 1, data not
+ * whole floats, or a segment reaching past ST__WIRE_MAX_TENSOR_FLOATS).
+ * Whether it is the segment a member expects is the machine's check. */
+static int ring_seg_check(const st_msg_ring_seg_t* g, st_wire_drop_t* why) {
+  if (g->data_len > ST_WIRE_CHUNK_MAX_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  /* count <= 2^18, so the subtraction cannot wrap. */
+  if (g->phase > ST_RING_ALL_GATHER || g->data_len % 4 != 0 ||
+      g->offset > ST__WIRE_MAX_TENSOR_FLOATS - g->data_len / 4) {
     *why = ST_WIRE_DROP_FIELD;
     return -1;
   }
@@ -184,6 +221,22 @@ static int pack_push_pull(msgpack_packer* pk, const st_msg_push_pull_t* m) {
   return r;
 }
 
+/* A ring formation's members list: within ST_RING_FORM_MAX_MEMBERS and
+ * there when it has any. 0 or -1. */
+static int ring_members_check(uint32_t n, const st_node_id_t* members) {
+  if (n > ST_RING_FORM_MAX_MEMBERS || (n > 0 && members == NULL))
+    return -1;
+  return 0;
+}
+
+static int pack_ring_members(msgpack_packer* pk, uint32_t n,
+                             const st_node_id_t* members) {
+  int r = msgpack_pack_array(pk, n);
+  for (uint32_t i = 0; i < n; i++)
+    r |= pack_bin(pk, members[i].b, sizeof members[i].b);
+  return r;
+}
+
 static int kind_ok(uint8_t kind) {
   return kind == ST_XCHG_AVERAGE || kind == ST_XCHG_FETCH;
 }
@@ -241,6 +294,22 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
     case ST_MSG_XCHG_REPLY:
       if (msg->u.xchg_reply.status > ST_XCHG_STATUS_NOT_READY ||
           !model_ok(msg->u.xchg_reply.model))
+        return -EINVAL;
+      break;
+    case ST_MSG_RING_SEG:
+      if (ring_seg_check(&msg->u.ring_seg, &why) != 0)
+        return -EINVAL;
+      if (msg->u.ring_seg.data == NULL && msg->u.ring_seg.data_len > 0)
+        return -EINVAL;
+      break;
+    case ST_MSG_RING_PROPOSE:
+      if (ring_members_check(msg->u.ring_propose.n_members,
+                             msg->u.ring_propose.members) != 0)
+        return -EINVAL;
+      break;
+    case ST_MSG_RING_CONFIRM:
+      if (ring_members_check(msg->u.ring_confirm.n_members,
+                             msg->u.ring_confirm.members) != 0)
         return -EINVAL;
       break;
     default:
@@ -339,6 +408,36 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
     }
     case ST_MSG_XCHG_DONE:
       r |= pack_bin(&pk, msg->u.xchg_done.hash, sizeof msg->u.xchg_done.hash);
+      break;
+    case ST_MSG_RING_SEG: {
+      const st_msg_ring_seg_t* m = &msg->u.ring_seg;
+      r |= msgpack_pack_uint64(&pk, m->round_id) |
+           msgpack_pack_uint8(&pk, m->phase) |
+           msgpack_pack_uint32(&pk, m->step) |
+           msgpack_pack_uint32(&pk, m->chunk) |
+           msgpack_pack_uint64(&pk, m->offset) |
+           pack_bin(&pk, m->data, m->data_len);
+      break;
+    }
+    case ST_MSG_RING_PROPOSE: {
+      const st_msg_ring_propose_t* m = &msg->u.ring_propose;
+      r |= msgpack_pack_uint64(&pk, m->round_id) |
+           pack_bin(&pk, m->proposer.b, sizeof m->proposer.b) |
+           pack_ring_members(&pk, m->n_members, m->members);
+      break;
+    }
+    case ST_MSG_RING_ACCEPT:
+      r |= msgpack_pack_uint64(&pk, msg->u.ring_accept.round_id) |
+           pack_bool(&pk, msg->u.ring_accept.accept);
+      break;
+    case ST_MSG_RING_CONFIRM: {
+      const st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
+      r |= msgpack_pack_uint64(&pk, m->round_id) |
+           pack_ring_members(&pk, m->n_members, m->members);
+      break;
+    }
+    case ST_MSG_RING_CANCEL:
+      r |= msgpack_pack_uint64(&pk, msg->u.ring_cancel.round_id);
       break;
   }
   if (r != 0 || out.overflow)
@@ -496,6 +595,37 @@ bad:
   return -1;
 }
 
+/* A ring formation's members array. The walk bounded its count by
+ * ST_RING_FORM_MAX_MEMBERS (and by the bytes received, 18 an id at least),
+ * so the allocation is at most 1 KiB. 0, -1 (a field error, or LIMIT in
+ * *why) or -ENOMEM; on failure nothing is left allocated. */
+static int get_ring_members(const msgpack_object* o, uint32_t* n_out,
+                            st_node_id_t** out, st_wire_drop_t* why) {
+  if (o->type != MSGPACK_OBJECT_ARRAY)
+    return -1;
+  uint32_t n = o->via.array.size;
+  if (n > ST_RING_FORM_MAX_MEMBERS) {
+    *why = ST_WIRE_DROP_LIMIT; /* the walk refuses it first; defensive */
+    return -1;
+  }
+  *n_out = 0;
+  *out = NULL;
+  if (n == 0)
+    return 0;
+  st_node_id_t* ids = calloc(n, sizeof *ids);
+  if (ids == NULL)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    if (get_id(&o->via.array.ptr[i], &ids[i]) != 0) {
+      free(ids);
+      return -1;
+    }
+  }
+  *n_out = n;
+  *out = ids;
+  return 0;
+}
+
 /* f: the fields after [type, version], as many as field_count(type) says.
  * buf, len: the message's bytes, which a chunk's data borrows from.
  * Returns 0, -1 (the reason in *why) or -ENOMEM. */
@@ -589,6 +719,40 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_XCHG_DONE:
       return get_bin(&f[0], msg->u.xchg_done.hash,
                      sizeof msg->u.xchg_done.hash);
+    case ST_MSG_RING_SEG: {
+      st_msg_ring_seg_t* m = &msg->u.ring_seg;
+      if (get_u64(&f[0], &m->round_id) | get_u8(&f[1], &m->phase) |
+          get_u32(&f[2], &m->step) | get_u32(&f[3], &m->chunk) |
+          get_u64(&f[4], &m->offset))
+        return -1;
+      if (f[5].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->data_len = f[5].via.bin.size;
+      if (ring_seg_check(m, why) != 0)
+        return -1;
+      /* The data ends the message, as a tensor chunk's does: the pointer
+       * comes from the walk (see ST_MSG_TENSOR_CHUNK above). */
+      m->data = buf + (len - m->data_len);
+      assert((const uint8_t*) f[5].via.bin.ptr == m->data || m->data_len == 0);
+      return 0;
+    }
+    case ST_MSG_RING_PROPOSE: {
+      st_msg_ring_propose_t* m = &msg->u.ring_propose;
+      if (get_u64(&f[0], &m->round_id) | get_id(&f[1], &m->proposer))
+        return -1;
+      return get_ring_members(&f[2], &m->n_members, &m->members, why);
+    }
+    case ST_MSG_RING_ACCEPT:
+      return get_u64(&f[0], &msg->u.ring_accept.round_id) |
+             get_bool(&f[1], &msg->u.ring_accept.accept);
+    case ST_MSG_RING_CONFIRM: {
+      st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
+      if (get_u64(&f[0], &m->round_id) != 0)
+        return -1;
+      return get_ring_members(&f[1], &m->n_members, &m->members, why);
+    }
+    case ST_MSG_RING_CANCEL:
+      return get_u64(&f[0], &msg->u.ring_cancel.round_id);
   }
   return -1;
 }
@@ -650,9 +814,10 @@ static int decode(const uint8_t* buf, size_t len, st_msg_t* msg, size_t* used,
 
   /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS (a
    * push-pull's entries: at most ST_WIRE_PUSH_PULL_MAX_ENTRIES, each of 63
-   * bytes at least), lengths within the message and depth within the
-   * rules: its zone holds at most 8 objects of 24 bytes an entry (2.3 MB
-   * for 12000 entries), else a few hundred bytes. */
+   * bytes at least; a ring formation's members: at most
+   * ST_RING_FORM_MAX_MEMBERS), lengths within the message and depth within
+   * the rules: its zone holds at most 8 objects of 24 bytes an entry (2.3 MB
+   * for 12000 entries), else at most a few KB. */
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   size_t off = 0;
@@ -719,5 +884,13 @@ void st_wire_msg_free(st_msg_t* msg) {
     free(msg->u.push_pull.entries);
     msg->u.push_pull.entries = NULL;
     msg->u.push_pull.n_entries = 0;
+  } else if (msg->type == ST_MSG_RING_PROPOSE) {
+    free(msg->u.ring_propose.members);
+    msg->u.ring_propose.members = NULL;
+    msg->u.ring_propose.n_members = 0;
+  } else if (msg->type == ST_MSG_RING_CONFIRM) {
+    free(msg->u.ring_confirm.members);
+    msg->u.ring_confirm.members = NULL;
+    msg->u.ring_confirm.n_members = 0;
   }
 }

@@ -70,6 +70,15 @@ int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
 /* [24, 1, is_reply, [entry...]]: the entries array is element 3. */
 #define ST__WIRE_PUSH_PULL_ENTRIES_INDEX 3
 
+/* A ring formation's members array (RING_PROPOSE, RING_CONFIRM; gossip.h,
+ * "Ring formation") is the other array allowed past ST__WIRE_MAX_ELEMENTS:
+ * up to ST_RING_FORM_MAX_MEMBERS ids, each a bin8 of 16 at least (18
+ * bytes). [41, 1, round, proposer, [id...]] and [43, 1, round, [id...]]:
+ * the array is element 4 and 3. */
+#define ST__WIRE_RING_MEMBER_MIN_BYTES 18
+#define ST__WIRE_RING_PROPOSE_MEMBERS_INDEX 4
+#define ST__WIRE_RING_CONFIRM_MEMBERS_INDEX 3
+
 /* A push-pull nests one level deeper than any other message: the top-level
  * array is depth 1, the entries array 2, an entry 3, its addr 4 and the
  * addr's ip and port 5, where the others reach 3 (an addr's ip and port)
@@ -91,7 +100,8 @@ typedef struct {
 } st__wire_rules_t;
 
 /* The rules for a message of this type (ST_MSG_PUSH_PULL: the entries
- * array and the deeper nesting; any other: the defaults). */
+ * array and the deeper nesting; ST_MSG_RING_PROPOSE and _CONFIRM: the
+ * members array; any other: the defaults). */
 void st__wire_rules_for(uint64_t type, st__wire_rules_t* r);
 
 /* Walks the first msgpack object of buf[0..len) without allocating and

@@ -7,7 +7,8 @@
  * array32 header of five bytes may ask for 4 billion objects of 24 bytes);
  * after this walk, no count it sees exceeds ST__WIRE_MAX_ELEMENTS (but for
  * a push-pull's entries, at most ST_WIRE_PUSH_PULL_MAX_ENTRIES and no more
- * than the bytes left hold at the smallest entry) and no length exceeds
+ * than the bytes left hold at the smallest entry, and a ring formation's
+ * members, at most ST_RING_FORM_MAX_MEMBERS) and no length exceeds
  * the buffer. No msgpack-c call lives here; nor in the check of an
  * exchange's model description, the other raw-byte check kept here. */
 #include "gossip/wire_internal.h"
@@ -195,6 +196,12 @@ void st__wire_rules_for(uint64_t type, st__wire_rules_t* r) {
     r->big_index = ST__WIRE_PUSH_PULL_ENTRIES_INDEX;
     r->big_max = ST_WIRE_PUSH_PULL_MAX_ENTRIES;
     r->big_min_each = ST__WIRE_PUSH_PULL_MIN_ENTRY_BYTES;
+  } else if (type == ST_MSG_RING_PROPOSE || type == ST_MSG_RING_CONFIRM) {
+    r->big_index = type == ST_MSG_RING_PROPOSE
+                       ? ST__WIRE_RING_PROPOSE_MEMBERS_INDEX
+                       : ST__WIRE_RING_CONFIRM_MEMBERS_INDEX;
+    r->big_max = ST_RING_FORM_MAX_MEMBERS;
+    r->big_min_each = ST__WIRE_RING_MEMBER_MIN_BYTES;
   }
 }
 

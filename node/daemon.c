@@ -39,6 +39,7 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->data_opt.normalize = 1;
   cfg->device = "auto";
   cfg->gossip_every_s = 0.5;
+  cfg->ring_every_s = 5;
   cfg->checkpoint_every_s = 30;
   cfg->eval_every_s = 5;
   cfg->status_every_s = 1;
@@ -104,6 +105,10 @@ static void sweep_cb(uv_timer_t* t) {
   st__xchg_sync_tick(d);
 }
 
+static void ring_tick_cb(uv_timer_t* t) {
+  st__ring_tick(t->data);
+}
+
 static void status_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   if (d->state == ST__D_LEAVING)
@@ -117,7 +122,8 @@ static void status_cb(uv_timer_t* t) {
   s.accuracy = (float) st.test_accuracy;
   s.samples_per_sec = (float) st.samples_per_sec;
   memcpy(s.fingerprint, d->local.fingerprint, sizeof(s.fingerprint));
-  s.ring_capable = false;
+  s.ring_capable =
+      d->rf != NULL && (d->state == ST__D_TRAINING || d->state == ST__D_DONE);
   st_membership_set_status(d->m, st__dnow(d), &s);
   st__net_drain(d);
 }
@@ -176,7 +182,8 @@ static void tt_async_cb(uv_async_t* a) {
     switch (ev.kind) {
       case ST__TT_EV_SNAPSHOT:
       case ST__TT_EV_APPLIED:
-        st__xchg_on_tt_event(d, &ev);
+        if (!st__ring_on_tt_event(d, &ev))
+          st__xchg_on_tt_event(d, &ev);
         break;
       case ST__TT_EV_CHECKPOINT:
         if (!ev.ok)
@@ -228,6 +235,7 @@ static void leave_done_cb(uv_timer_t* t) {
       st__dlog(d, "checkpoint written to %s", d->checkpoint_path);
     }
   }
+  st__ring_close(d);
   /* The trainer is gone: nothing borrows from the connections any more. */
   for (st__conn_t* c = d->conns; c != NULL; c = c->next)
     c->tt_pending = 0;
@@ -250,6 +258,7 @@ static void leave_done_cb(uv_timer_t* t) {
   close_handle((uv_handle_t*) &d->sweep_timer);
   close_handle((uv_handle_t*) &d->seed_timer);
   close_handle((uv_handle_t*) &d->log_timer);
+  close_handle((uv_handle_t*) &d->ring_tick_timer);
   close_handle((uv_handle_t*) &d->tt_async);
   close_handle((uv_handle_t*) &d->leave_timer);
 }
@@ -267,7 +276,7 @@ void st__daemon_leave(st__daemon_t* d, const char* why) {
     st__net_drain(d);
   }
   /* Alone, there is nobody to tell. */
-  uint64_t linger = st_membership_alive_count(d->m) > 1 ? LEAVE_LINGER_MS : 0;
+  uint64_t linger = st_membership_alive_count(d->m) > 0 ? LEAVE_LINGER_MS : 0;
   uv_timer_start(&d->leave_timer, leave_done_cb, linger, 0);
 }
 
@@ -441,6 +450,7 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   start_timer(d, &d->log_timer, log_cb, cfg->log_every_s);
   start_timer(d, &d->seed_timer, seed_cb, 0);
   start_timer(d, &d->leave_timer, NULL, 0);
+  start_timer(d, &d->ring_tick_timer, ring_tick_cb, cfg->ring_every_s);
   return 0;
 }
 
@@ -491,6 +501,7 @@ static void cleanup(st__daemon_t* d) {
     c->tt_pending = 1;
     st__conn_release(c); /* down to 0: frees it */
   }
+  st__ring_free(d);
   if (d->m != NULL)
     st_membership_free(d->m);
   if (d->trainer_ready)
@@ -560,6 +571,8 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
     }
     rc = start_membership(d, err, err_len);
   }
+  if (rc == 0 && (rc = st__ring_start(d)) != 0)
+    st__set_err(err, err_len, "cannot start the ring: %s", strerror(-rc));
   if (rc == 0) {
     char id[33];
     st_node_id_format(&d->ident.id, id);

@@ -47,6 +47,7 @@ typedef struct {
   uint32_t threads; /* 0: OpenBLAS's choice */
 
   double gossip_every_s;     /* pairwise averaging period; 0: off */
+  double ring_every_s;       /* ring all-reduce proposal period; 0: off */
   double checkpoint_every_s; /* 0: only at exit */
   double eval_every_s;       /* test-set evaluation period */
   double status_every_s;     /* status record refresh */
@@ -55,8 +56,8 @@ typedef struct {
   bool quiet;                /* only warnings and errors on stderr */
 } st_daemon_config_t;
 
-/* Defaults: gossip every 0.5 s, checkpoint every 30 s, evaluate every 5 s,
- * status every 1 s, log every 5 s, norm guard 10. */
+/* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,
+ * evaluate every 5 s, status every 1 s, log every 5 s, norm guard 10. */
 void st_daemon_config_default(st_daemon_config_t* cfg);
 
 /* Runs the daemon until it is told to leave (SIGINT, SIGTERM, or `starling

@@ -76,6 +76,7 @@ struct st__job_s {
 typedef struct st__job_s job_t;
 
 static int process(st__conn_t* c);
+static void conn_abort(st__conn_t* c);
 static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
 static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
 
@@ -101,6 +102,7 @@ static void conn_free(st__conn_t* c) {
   st_stream_wipe(&c->tx);
   st_stream_wipe(&c->rx);
   free(c->rbuf);
+  free(c->ring_held);
   free(c->pp_request);
   free(c);
 }
@@ -120,7 +122,17 @@ void st__conn_release(st__conn_t* c) {
 static void close_cb(uv_handle_t* h) {
   st__conn_t* c = h->data;
   c->handle_closed = true;
+  if (c->purpose == ST__CONN_RING)
+    st__ring_on_closed(c);
   maybe_free(c);
+}
+
+/* Tells the conn's owner that it will carry nothing more. */
+static void notify_closed(st__conn_t* c) {
+  if (c->purpose == ST__CONN_XCHG)
+    st__xchg_on_closed(c);
+  else if (c->purpose == ST__CONN_RING)
+    st__ring_on_closed(c);
 }
 
 /* Closes at once, dropping queued frames. */
@@ -128,8 +140,7 @@ static void conn_abort(st__conn_t* c) {
   if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
     return;
   c->closing = true;
-  if (c->purpose == ST__CONN_XCHG)
-    st__xchg_on_closed(c);
+  notify_closed(c);
   uv_close((uv_handle_t*) &c->tcp, close_cb);
 }
 
@@ -137,6 +148,32 @@ void st__conn_close(st__conn_t* c) {
   c->closing = true;
   if (c->frames_out_pending == 0 && !uv_is_closing((uv_handle_t*) &c->tcp))
     uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
+void st__conn_pause(st__conn_t* c) {
+  c->paused = true;
+  uv_read_stop((uv_stream_t*) &c->tcp);
+}
+
+void st__conn_resume(st__conn_t* c) {
+  if (!c->paused || c->closing)
+    return;
+  c->paused = false;
+  if (c->in_process) {
+    /* Called from a message this conn's process() is dispatching: that
+     * loop goes on with the buffered frames itself. */
+    if (!c->rx_busy && !c->eof)
+      uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
+    return;
+  }
+  if (process(c) != 0 || (c->eof && !c->rx_busy && !c->paused)) {
+    conn_abort(c);
+    return;
+  }
+  if (c->eof)
+    return;
+  if (!c->rx_busy && !c->closing && !c->paused)
+    uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
 }
 
 st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id) {
@@ -152,8 +189,12 @@ static void write_cb(uv_write_t* req, int status) {
   c->frames_out_pending--;
   bool ack = w->xchg_ack && status == 0;
   free(w);
-  if (ack && !c->closing)
-    st__xchg_on_sent(c);
+  if (ack && !c->closing) {
+    if (c->purpose == ST__CONN_RING)
+      st__ring_on_sent(c);
+    else
+      st__xchg_on_sent(c);
+  }
   if (c->closing && c->frames_out_pending == 0 &&
       !uv_is_closing((uv_handle_t*) &c->tcp))
     uv_close((uv_handle_t*) &c->tcp, close_cb);
@@ -279,8 +320,6 @@ static void open_work(uv_work_t* req) {
                                j->in_len, &j->out_len, &final);
 }
 
-static void conn_abort(st__conn_t* c);
-
 static void open_after(uv_work_t* req, int status) {
   job_t* j = req->data;
   st__conn_t* c = j->c;
@@ -293,6 +332,8 @@ static void open_after(uv_work_t* req, int status) {
   bool live = !c->closing && !uv_is_closing((uv_handle_t*) &c->tcp);
   if (live && rc == 0 && c->purpose == ST__CONN_XCHG)
     st__xchg_on_message(c, j->out, j->out_len);
+  else if (live && rc == 0 && c->purpose == ST__CONN_RING)
+    st__ring_on_message(c, j->out, j->out_len);
   free(j->in);
   free(j->out);
   free(j);
@@ -304,7 +345,11 @@ static void open_after(uv_work_t* req, int status) {
     conn_abort(c);
     return;
   }
-  if (!c->rx_busy && !c->closing)
+  if (c->eof && !c->rx_busy && !c->paused) {
+    conn_abort(c);
+    return;
+  }
+  if (!c->rx_busy && !c->closing && !c->paused && !c->eof)
     uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
 }
 
@@ -419,6 +464,8 @@ static int session_up(st__conn_t* c) {
         return rc;
     } else if (c->purpose == ST__CONN_XCHG) {
       st__xchg_on_ready(c);
+    } else if (c->purpose == ST__CONN_RING) {
+      st__ring_on_ready(c);
     }
   }
   return 0;
@@ -473,11 +520,17 @@ static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
       c->purpose = ST__CONN_PUSH_PULL;
     else if (type == ST_MSG_XCHG_REQ)
       c->purpose = ST__CONN_XCHG;
+    else if (type == ST_MSG_RING_SEG)
+      c->purpose = ST__CONN_RING;
     else
       return -EPROTO;
   }
   if (c->purpose == ST__CONN_XCHG) {
     st__xchg_on_message(c, msg, len);
+    return 0;
+  }
+  if (c->purpose == ST__CONN_RING) {
+    st__ring_on_message(c, msg, len);
     return 0;
   }
   /* Push-pull: a request (we answer on this connection) or the reply to
@@ -490,12 +543,22 @@ static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
   return 0;
 }
 
-/* Consumes whole frames from the receive buffer. Returns < 0 to abort. */
+static int process_frames(st__conn_t* c);
+
+/* Consumes whole frames from the receive buffer. Returns < 0 to abort.
+ * Not re-entered: a handler that resumes reading lets this loop go on. */
 static int process(st__conn_t* c) {
+  c->in_process = true;
+  int rc = process_frames(c);
+  c->in_process = false;
+  return rc;
+}
+
+static int process_frames(st__conn_t* c) {
   st__daemon_t* d = c->d;
   size_t off = 0;
   int rc = 0;
-  while (rc == 0 && !c->closing && !c->rx_busy) {
+  while (rc == 0 && !c->closing && !c->rx_busy && !c->paused) {
     const uint8_t* p = c->rbuf + off;
     size_t avail = c->rlen - off;
     if (c->phase == P_HANDSHAKE) {
@@ -527,7 +590,8 @@ static int process(st__conn_t* c) {
         break;
       if (avail < ST_FRAME_LENGTH_BYTES + ct_len)
         break;
-      if (ct_len >= ST__OFFLOAD_BYTES && c->purpose == ST__CONN_XCHG) {
+      if (ct_len >= ST__OFFLOAD_BYTES &&
+          (c->purpose == ST__CONN_XCHG || c->purpose == ST__CONN_RING)) {
         rc = open_offloaded(c, p + ST_FRAME_LENGTH_BYTES, ct_len);
         off += ST_FRAME_LENGTH_BYTES + ct_len;
         break;
@@ -579,6 +643,13 @@ static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
     conn_abort(c);
     return;
   }
+  if (nread < 0 && (c->rx_busy || c->paused)) {
+    /* Frames received before the end are still being opened or wait for
+     * the ring driver: the end counts once they are through. */
+    c->eof = true;
+    uv_read_stop(s);
+    return;
+  }
   if (nread < 0) {
     if (c->phase == P_OPEN && c->purpose != ST__CONN_UNKNOWN && !c->closing &&
         c->purpose == ST__CONN_PUSH_PULL && c->initiator)
@@ -622,8 +693,7 @@ static void connect_cb(uv_connect_t* req, int status) {
   st__conn_t* c = req->data;
   free(req);
   if (status != 0) {
-    if (c->purpose == ST__CONN_XCHG)
-      st__xchg_on_closed(c);
+    notify_closed(c);
     c->closing = true;
     if (!uv_is_closing((uv_handle_t*) &c->tcp))
       uv_close((uv_handle_t*) &c->tcp, close_cb);
@@ -742,6 +812,9 @@ void st__conn_sweep(st__daemon_t* d) {
       continue;
     /* An exchange keeps its own timeout once the stream is open. */
     if (c->purpose == ST__CONN_XCHG && c->x != NULL)
+      continue;
+    /* So does a ring round's stream once its round runs. */
+    if (c->purpose == ST__CONN_RING && c->ring_round != 0)
       continue;
     if (now >= c->deadline_ms)
       conn_abort(c);

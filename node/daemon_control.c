@@ -138,6 +138,23 @@ static void status_json(st__daemon_t* d, st__json_buf_t* b) {
          d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
   kv_num(b, &first, "exchange_ms_last",
          d->c.ok > 0 ? d->c.exchange_ms_last : NAN);
+  kv_u64(b, &first, "ring_rounds_ok", d->c.ring_ok);
+  kv_u64(b, &first, "ring_rounds_aborted", d->c.ring_aborted);
+  kv_str(b, &first, "ring_state",
+         d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
+                       : "off");
+  kv_num(b, &first, "ring_last_ms",
+         d->c.ring_last_n > 0 ? d->c.ring_last_ms : NAN);
+  put_key(b, &first, "ring_last_members");
+  st__json_buf_puts(b, "[");
+  for (uint32_t i = 0; i < d->c.ring_last_n; i++) {
+    char mid[33];
+    st_node_id_format(&d->ring_last_members[i], mid);
+    if (i > 0)
+      st__json_buf_puts(b, ",");
+    st__json_buf_string(b, mid);
+  }
+  st__json_buf_puts(b, "]");
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
   kv_u64(b, &first, "packets_in", d->c.packets_in);
@@ -192,12 +209,15 @@ static void status_text(st__daemon_t* d, st__json_buf_t* b) {
            "exchanges  %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
            " busy, %" PRIu64
            " dropped by the guard\n"
+           "rings      %" PRIu64 " ok, %" PRIu64
+           " aborted; last: %u members, %.0f ms\n"
            "traffic    %.1f MB in, %.1f MB out\n"
            "rejected   %" PRIu64
            " packets/handshakes/frames "
            "(status --json has each reason)\n",
            pc.alive, pc.suspect, pc.dead, d->c.ok, d->c.failed, d->c.busy,
-           d->c.dropped, (double) d->c.bytes_in / 1e6,
+           d->c.dropped, d->c.ring_ok, d->c.ring_aborted, d->c.ring_last_n,
+           d->c.ring_last_ms, (double) d->c.bytes_in / 1e6,
            (double) d->c.bytes_out / 1e6, rejected);
   st__json_buf_puts(b, line);
 }
@@ -247,6 +267,12 @@ static void peers_doc(st__daemon_t* d, st__json_buf_t* b, bool json) {
       kv_num(b, &first, "samples_per_sec", sps);
       kv_num(b, &first, "last_heard_s", heard < 0 ? NAN : heard);
       kv_u64(b, &first, "incarnation", m.incarnation);
+      bool in_ring = false;
+      for (uint32_t k = 0; k < d->c.ring_last_n; k++)
+        if (memcmp(&d->ring_last_members[k], &m.id, sizeof(m.id)) == 0)
+          in_ring = true;
+      put_key(b, &first, "in_last_ring");
+      st__json_buf_puts(b, in_ring ? "true" : "false");
       st__json_buf_puts(b, "}");
     } else {
       char line[256], heard_s[32];

@@ -37,7 +37,8 @@ typedef struct st__conn_s st__conn_t;
 typedef enum {
   ST__CONN_UNKNOWN = 0,
   ST__CONN_PUSH_PULL,
-  ST__CONN_XCHG
+  ST__CONN_XCHG,
+  ST__CONN_RING /* a ring round's stream, previous member -> next */
 } st__conn_purpose_t;
 
 struct st__conn_s {
@@ -76,8 +77,19 @@ struct st__conn_s {
   struct st__job_s* txq_head;
   struct st__job_s* txq_tail;
   bool tx_busy, rx_busy;
-  int jobs; /* jobs in flight that point at this conn */
+  int jobs;        /* jobs in flight that point at this conn */
+  bool paused;     /* reading stopped by the ring driver */
+  bool in_process; /* inside process(): frames being dispatched */
+  bool eof;        /* the peer closed; frames before it still pending */
+  /* RING: the round this stream belongs to; an accepted stream's first
+   * message, kept until this node starts that round. */
+  uint64_t ring_round;
+  uint8_t* ring_held;
+  size_t ring_held_len;
+  uint64_t ring_held_round;
 };
+
+#define ST__RING_PENDING 8
 
 #define ST__OFFLOAD_BYTES (64u * 1024u)
 
@@ -88,6 +100,9 @@ typedef struct {
   double exchange_ms_sum; /* successful averaging exchanges, connect to
                              done: the mean is sum / ok */
   double exchange_ms_last;
+  uint64_t ring_ok, ring_aborted; /* ring rounds this node took part in */
+  double ring_last_ms;
+  uint32_t ring_last_n;
   uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
   uint64_t packets_in, packets_out;
   uint64_t udp_unbound;   /* packets not bound to this node (dropped) */
@@ -115,7 +130,7 @@ struct st__daemon_s {
   uv_pipe_t control;
   uv_signal_t sigint, sigterm;
   uv_timer_t member_timer, gossip_timer, status_timer, sweep_timer, seed_timer,
-      leave_timer, log_timer;
+      leave_timer, log_timer, ring_tick_timer, form_timer, ring_timer;
   uv_async_t tt_async;
   bool control_open;
 
@@ -159,6 +174,27 @@ struct st__daemon_s {
   uint64_t next_conn_id;
   st__conn_t* conns;
   size_t n_conns;
+
+  /* The ring all-reduce (daemon_ring.c). */
+  st_ring_form_t* rf; /* NULL: rings off (--ring-every 0) */
+  st_ring_t* ring;    /* the round's data plane, until the trainer is done
+                         with its delta */
+  bool ring_done;     /* the round ended (ring kept for the trainer) */
+  uint64_t ring_round, ring_seq;
+  uint32_t ring_n, ring_rank;
+  st_node_id_t ring_members[ST_RING_FORM_MAX_MEMBERS];
+  st_node_id_t ring_last_members[ST_RING_FORM_MAX_MEMBERS];
+  uint64_t ring_started_ms;
+  int ring_tt_pending;
+  double ring_segment_ms; /* measured, smoothed: for the stall timeout */
+  st__conn_t* ring_next;
+  bool ring_next_ready;
+  st__conn_t* ring_prev;
+  struct {
+    uint8_t* data;
+    size_t len;
+  } ring_pending[ST__RING_PENDING];
+  uint32_t ring_pending_n;
 
   st__dcounters_t c;
   st__heard_t heard[ST__HEARD_SLOTS];
@@ -225,6 +261,31 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 void st__xchg_gossip_tick(st__daemon_t* d);
 void st__xchg_sync_tick(st__daemon_t* d);
 void st__xchg_sweep(st__daemon_t* d);
+
+/* daemon_net.c: one sealed UDP packet to a member. */
+void st__net_send_to(st__daemon_t* d, const st_wire_addr_t* addr,
+                     const st_node_id_t* to, const uint8_t* data, size_t len);
+
+/* daemon_conn.c: reading paused and resumed (the ring driver). */
+void st__conn_pause(st__conn_t* c);
+void st__conn_resume(st__conn_t* c);
+
+/* daemon_ring.c */
+int st__ring_start(st__daemon_t* d);
+void st__ring_close(st__daemon_t* d);
+void st__ring_free(st__daemon_t* d);
+void st__ring_tick(st__daemon_t* d);
+void st__ring_drain_form(st__daemon_t* d);
+void st__ring_timer_cb(uv_timer_t* t);
+void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
+                        const uint8_t* data, size_t len);
+void st__ring_on_ready(st__conn_t* c);
+void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__ring_on_sent(st__conn_t* c);
+void st__ring_on_closed(st__conn_t* c);
+void st__ring_on_member_gone(st__daemon_t* d, const st_node_id_t* id);
+/* true when the event was the ring's */
+bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 
 /* daemon_control.c */
 int st__control_start(st__daemon_t* d, char* err, size_t err_len);

@@ -62,17 +62,18 @@ static bool id_zero(const st_node_id_t* id) {
   return memcmp(id, &zero, sizeof(zero)) == 0;
 }
 
-static void send_packet(st__daemon_t* d, const st_maction_t* a) {
+void st__net_send_to(st__daemon_t* d, const st_wire_addr_t* addr,
+                     const st_node_id_t* to, const uint8_t* data, size_t len) {
   uint8_t out[ST_PACKET_MAX_BYTES];
   size_t out_len = 0;
-  int rc = st_packet_seal(&d->sealer, id_zero(&a->to_id) ? NULL : &a->to_id,
-                          a->data, a->len, out, sizeof(out), &out_len);
+  int rc = st_packet_seal(&d->sealer, to == NULL || id_zero(to) ? NULL : to,
+                          data, len, out, sizeof(out), &out_len);
   if (rc != 0) {
     d->c.udp_send_fail++;
     return;
   }
   struct sockaddr_storage ss;
-  st__addr_to_sockaddr(&a->to, &ss);
+  st__addr_to_sockaddr(addr, &ss);
   uv_buf_t b = uv_buf_init((char*) out, (unsigned) out_len);
   rc = uv_udp_try_send(&d->udp, &b, 1, (const struct sockaddr*) &ss);
   if (rc < 0) {
@@ -81,6 +82,10 @@ static void send_packet(st__daemon_t* d, const st_maction_t* a) {
   }
   d->c.packets_out++;
   d->c.bytes_out += out_len;
+}
+
+static void send_packet(st__daemon_t* d, const st_maction_t* a) {
+  st__net_send_to(d, &a->to, &a->to_id, a->data, a->len);
 }
 
 /* The machine asks for a tick only when its earliest deadline moves; one
@@ -115,6 +120,7 @@ static void on_member(st__daemon_t* d, const st_member_t* mb) {
     /* Its next life comes with a higher boot epoch, which the window
      * accepts anyway; forgetting frees the slot for other senders. */
     st_replay_table_forget(d->replay, &mb->id);
+    st__ring_on_member_gone(d, &mb->id);
   }
 }
 
@@ -161,6 +167,24 @@ void st__net_drain(st__daemon_t* d) {
     uv_timer_start(&d->member_timer, member_timer_cb, IDLE_TICK_MS, 0);
 }
 
+/* Whether a plaintext starts with a RING_PROPOSE .. RING_CANCEL message:
+ * a msgpack array header (fixarray, array16 or array32) and then the type
+ * as a positive fixint. The ring formation machine decodes (and may
+ * refuse) the rest. */
+static bool is_ring_form(const uint8_t* p, size_t len) {
+  size_t at = 0;
+  if ((p[0] & 0xf0) == 0x90)
+    at = 1;
+  else if (p[0] == 0xdc)
+    at = 3;
+  else if (p[0] == 0xdd)
+    at = 5;
+  else
+    return false;
+  return at < len && p[at] >= ST_MSG_RING_PROPOSE &&
+         p[at] <= ST_MSG_RING_CANCEL;
+}
+
 static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
   static char space[65536];
   (void) h;
@@ -192,6 +216,11 @@ static void recv_cb(uv_udp_t* u, ssize_t nread, const uv_buf_t* buf,
     return;
   }
   st__net_heard(d, &hdr.sender);
+  /* A ring formation message travels alone in its packet. */
+  if (plain_len > 2 && is_ring_form(plain, plain_len)) {
+    st__ring_on_packet(d, &hdr.sender, plain, plain_len);
+    return;
+  }
   st_wire_addr_t from;
   st__addr_from_sockaddr(addr, &from);
   st_membership_packet(d->m, st__dnow(d), &hdr.sender, &from, plain, plain_len);

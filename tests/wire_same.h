@@ -96,6 +96,34 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
     case ST_MSG_XCHG_DONE:
       return memcmp(a->u.xchg_done.hash, b->u.xchg_done.hash,
                     sizeof a->u.xchg_done.hash) == 0;
+    case ST_MSG_RING_SEG: {
+      const st_msg_ring_seg_t *x = &a->u.ring_seg, *y = &b->u.ring_seg;
+      return x->round_id == y->round_id && x->phase == y->phase &&
+             x->step == y->step && x->chunk == y->chunk &&
+             x->offset == y->offset && x->data_len == y->data_len &&
+             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
+    }
+    case ST_MSG_RING_PROPOSE: {
+      const st_msg_ring_propose_t *x = &a->u.ring_propose,
+                                  *y = &b->u.ring_propose;
+      return x->round_id == y->round_id &&
+             memcmp(&x->proposer, &y->proposer, 16) == 0 &&
+             x->n_members == y->n_members &&
+             (x->n_members == 0 ||
+              memcmp(x->members, y->members, 16 * (size_t) x->n_members) == 0);
+    }
+    case ST_MSG_RING_ACCEPT:
+      return a->u.ring_accept.round_id == b->u.ring_accept.round_id &&
+             a->u.ring_accept.accept == b->u.ring_accept.accept;
+    case ST_MSG_RING_CONFIRM: {
+      const st_msg_ring_confirm_t *x = &a->u.ring_confirm,
+                                  *y = &b->u.ring_confirm;
+      return x->round_id == y->round_id && x->n_members == y->n_members &&
+             (x->n_members == 0 ||
+              memcmp(x->members, y->members, 16 * (size_t) x->n_members) == 0);
+    }
+    case ST_MSG_RING_CANCEL:
+      return a->u.ring_cancel.round_id == b->u.ring_cancel.round_id;
   }
   return 0;
 }

@@ -20,6 +20,7 @@ enum {
   OPT_DATA_DIR,
   OPT_CONTROL,
   OPT_GOSSIP_EVERY,
+  OPT_RING_EVERY,
   OPT_CHECKPOINT_EVERY,
   OPT_EVAL_EVERY,
   OPT_LOG_EVERY,
@@ -37,6 +38,7 @@ static const struct option own_opts[] = {
     {"data-dir", required_argument, NULL, OPT_DATA_DIR},
     {"control", required_argument, NULL, OPT_CONTROL},
     {"gossip-every", required_argument, NULL, OPT_GOSSIP_EVERY},
+    {"ring-every", required_argument, NULL, OPT_RING_EVERY},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
     {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
@@ -81,6 +83,9 @@ static void usage(FILE* f) {
       "  --gossip-every S     average with a random peer every S seconds "
       "(default 0.5;\n"
       "                       0: never)\n"
+      "  --ring-every S       propose an exact ring all-reduce with the "
+      "healthy peers\n"
+      "                       every S seconds (default 5; 0: never)\n"
       "  --checkpoint-every S write a checkpoint every S seconds (default "
       "30)\n"
       "  --eval-every S       evaluate on the test set every S seconds "
@@ -165,6 +170,12 @@ int st__cmd_node(int argc, char** argv) {
       case OPT_GOSSIP_EVERY:
         rc = st__parse_double(CMD, "--gossip-every", v, 0, 86400,
                               &cfg.gossip_every_s) != 0
+                 ? 2
+                 : 0;
+        break;
+      case OPT_RING_EVERY:
+        rc = st__parse_double(CMD, "--ring-every", v, 0, 86400,
+                              &cfg.ring_every_s) != 0
                  ? 2
                  : 0;
         break;

@@ -41,8 +41,9 @@ stop_all() {
 }
 trap 'echo; echo "stopping every node (each announces its leave and writes a checkpoint)"; stop_all; exit 130' INT TERM
 
-field() { # field NODE LABEL: a value from `starling status` (the table)
-  "$starling" status --data-dir "$dir/node$1" 2>/dev/null |
+field() { # field NODE LABEL: a value from `starling status` (the table);
+  # empty while the node is not answering yet
+  { "$starling" status --data-dir "$dir/node$1" 2>/dev/null || true; } |
     awk -v l="$2" 'index($0, l) == 1 { sub(l " *", ""); print; exit }'
 }
 

@@ -1,0 +1,591 @@
+/* ring.c: the ring all-reduce machine (gossip.h, "Ring all-reduce"): the
+ * mean of n members' snapshots by a reduce-scatter and an all-gather around
+ * a ring (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
+ * clusters of workstations", JPDC 2009; the pipelined ring of Gloo's
+ * allreduce_ring_chunked and of Baidu's ring all-reduce), sans-IO.
+ *
+ * Words, used in this sense throughout:
+ *
+ * - n members, ranks 0 .. n - 1 in ring order; member r receives from
+ *   r - 1 and sends to r + 1 (mod n). N = n_params floats.
+ * - A *chunk* is one member's share of the vector: n members, n chunks;
+ *   chunk c covers floats [c * N / n, (c + 1) * N / n) (integer division),
+ *   so the remainder is spread and sizes differ by at most one. When
+ *   N < n some chunks are empty; an empty chunk has no segments and
+ *   nothing of it goes on the wire.
+ * - A *segment* is the unit sent on the wire: one RING_SEG message holding
+ *   at most segment_floats floats (ST_RING_SEGMENT_FLOATS = 1 MiB of
+ *   float32 at most). Segment k of a chunk covers its floats
+ *   [k * segment_floats, min((k + 1) * segment_floats, chunk size)); the
+ *   offset on the wire is k * segment_floats, within the chunk.
+ * - A *step* moves one chunk from every member to the next. The round has
+ *   2 (n - 1) of them, numbered t = 0 .. 2n - 3 here (on the wire: phase
+ *   and the step within the phase): reduce-scatter steps t < n - 1, then
+ *   all-gather steps. At step t member r sends chunk (r - t) mod n and
+ *   receives chunk (r - 1 - t) mod n. Reduce-scatter: what it receives at
+ *   step t it adds to its own floats (at the last such step, t = n - 2, it
+ *   divides the sum by n: chunk r + 1 is then the mean), and at step t + 1
+ *   sends that partial sum on. All-gather: member r sends the finished
+ *   chunk r + 1 at step n - 1 and then, at each later step, the finished
+ *   chunk it received at the step before.
+ * - A member's *send stream* is the segments it sends, step by step, each
+ *   chunk's segments in order; its *receive stream* the same from r - 1.
+ *   Since the chunk sent at step t + 1 is the chunk received at step t,
+ *   the send stream after step 0 is the receive stream without its last
+ *   step, segment for segment: send-stream segment i (i >= the segments
+ *   of step 0) is ready as soon as receive-stream segment i - (segments of
+ *   step 0) has been received and added. Step 0 (our own chunk r) is ready
+ *   once the snapshot is there.
+ * - *In flight*: SENDs emitted and not yet reported written (st_ring_sent).
+ *   At most in_flight (default 2) are; the next segment is encoded as soon
+ *   as it is ready and the count allows, so sending, receiving and adding
+ *   overlap: a member forwards segment k of a step while segment k + 1 is
+ *   still on its way to it.
+ *
+ * Same bits everywhere: chunk c is summed along the ring in one fixed
+ * order, x_c, then x_{c+1} + that, ... up to x_{c-1} + that, in float32,
+ * and divided by n (exact IEEE division) by member c - 1; the all-gather
+ * then copies those bits. Every member so ends with the same mean, and a
+ * NaN or Inf in it fails the round on every member alike.
+ *
+ * Decisions the header leaves to this file:
+ *
+ * - Receiving: the next message must be a RING_SEG of our round id whose
+ *   phase, step, chunk, offset and length are exactly those of the next
+ *   segment of the receive stream (segments arrive in order on one
+ *   stream), else FAIL_PROTOCOL; so is a message after the receive stream
+ *   is complete, or one that does not decode. Reduce-scatter segments can
+ *   arrive before our snapshot (the chunks we receive then hold no
+ *   contribution of ours): they are stored in the sum buffer and added
+ *   when the snapshot comes, in the order received; float addition
+ *   commutes, so the bits are those of adding on arrival.
+ * - Finishing: once the whole receive stream is added and every SEND is
+ *   acknowledged, one pass turns the snapshot buffer into the delta
+ *   (mean - own) and checks it: a NaN or Inf fails the round
+ *   (FAIL_NONFINITE), else APPLY, then DONE(OK). Failures drop whatever
+ *   was not yet emitted (no more SENDs, no APPLY): the others see the
+ *   streams close.
+ * - The timer: TIMER at creation for now + timeout_ms. A tick at or after
+ *   last progress + timeout_ms fails the round (FAIL_TIMEOUT); an earlier
+ *   tick at or after the armed time re-arms it at the new deadline. So
+ *   the TIMER comes once per timeout period at most, not once a segment.
+ * - Actions are drained in this order: TIMER, WANT_SNAPSHOT, SEND, APPLY,
+ *   DONE. SEND data is encoded when the action is drained, into one
+ *   buffer of segment_floats * 4 + RING_ENVELOPE_BYTES, valid until the
+ *   next call into the machine.
+ * - Memory: the snapshot (n_params floats, then the delta) and the sums
+ *   (n_params floats, then the mean), allocated by st_ring_new; nothing is
+ *   allocated per segment. A member with N = 10M parameters holds 80 MB
+ *   and one encoded segment. */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+#include "gossip/wire_internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ring.c sends the host's float bytes as little-endian float32"
+#endif
+
+/* As the exchange's: a ring moving 2 (n - 1) / n of a 100 MB model each
+ * way at 100 Mbit/s takes about 16 s; 30 s without any progress means a
+ * member or a link is gone. The daemon may derive a tighter one from
+ * measured segment times (gossip.h, st_ring_progress_t). */
+#define RING_DEFAULT_TIMEOUT_MS 30000u
+/* [40, 1, round u64 (9), phase (1), step u32 (5), chunk u32 (5), offset
+ * u64 (9), bin32 header (5)]: 37 bytes around the data at most. */
+#define RING_ENVELOPE_BYTES 64u
+
+typedef struct {
+  uint32_t t; /* the step, 0 .. steps (steps: past the end) */
+  uint64_t k; /* the segment within the step's chunk */
+} pos_t;
+
+struct st_ring_s {
+  st_ring_config_t cfg;
+  uint64_t round_id;
+  uint32_t n;      /* members */
+  uint32_t rank;   /* ours */
+  uint64_t floats; /* N */
+  uint32_t steps;  /* 2 (n - 1) */
+
+  float* own;   /* the snapshot; the delta once finished */
+  float* sum;   /* partial sums, received segments, then the mean */
+  uint8_t* enc; /* one encoded segment */
+  size_t enc_cap;
+
+  pos_t tx;           /* the next segment of the send stream */
+  uint64_t tx_sent;   /* segments emitted */
+  uint64_t tx_acked;  /* of those, acknowledged */
+  uint64_t tx_first;  /* segments of step 0 (our chunk r) */
+  uint64_t tx_total;  /* segments of the whole send stream */
+  pos_t rx;           /* the next segment expected */
+  uint64_t rx_stored; /* segments received */
+  pos_t add;          /* the next received segment to add */
+  uint64_t rx_added;  /* received segments added (all-gather ones count
+                         once stored) */
+  uint64_t rx_total;
+
+  bool asked; /* WANT_SNAPSHOT queued or emitted, no snapshot yet */
+  bool want_pending;
+  bool have_own;
+  bool timer_pending;
+  uint64_t timer_at;
+  uint64_t started_ms, last_progress_ms;
+  bool finished;
+  bool apply_pending, done_pending;
+  st_ring_result_t result;
+};
+
+/* ==== Names and configuration ===============================================
+ */
+
+static const char* const result_names[ST_RING_RESULT_COUNT] = {
+    [ST_RING_OK] = "ok",
+    [ST_RING_FAIL_PROTOCOL] = "protocol",
+    [ST_RING_FAIL_CLOSED] = "closed",
+    [ST_RING_FAIL_ABORTED] = "aborted",
+    [ST_RING_FAIL_TIMEOUT] = "timeout",
+    [ST_RING_FAIL_NONFINITE] = "nonfinite",
+};
+
+const char* st_ring_result_name(st_ring_result_t r) {
+  if ((unsigned) r >= ST_RING_RESULT_COUNT)
+    return "unknown";
+  return result_names[r];
+}
+
+void st_ring_config_default(st_ring_config_t* cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->segment_floats = ST_RING_SEGMENT_FLOATS;
+  cfg->in_flight = ST_RING_IN_FLIGHT;
+  cfg->timeout_ms = RING_DEFAULT_TIMEOUT_MS;
+}
+
+/* ==== Chunks, segments and the two streams ==================================
+ */
+
+static uint64_t chunk_start(const st_ring_t* x, uint32_t c) {
+  /* c <= 2^16 and N <= 2^40: the product stays below 2^57. */
+  return (uint64_t) c * x->floats / x->n;
+}
+
+static uint64_t chunk_floats(const st_ring_t* x, uint32_t c) {
+  return chunk_start(x, c + 1) - chunk_start(x, c);
+}
+
+static uint64_t chunk_segments(const st_ring_t* x, uint32_t c) {
+  uint64_t s = x->cfg.segment_floats;
+  return (chunk_floats(x, c) + s - 1) / s;
+}
+
+/* The chunk member `rank` sends at step t: (rank - t) mod n. The receive
+ * stream is the previous member's send stream. t < 2n, so adding 2n keeps
+ * the difference positive. */
+static uint32_t chunk_at(const st_ring_t* x, uint32_t rank, uint32_t t) {
+  return (uint32_t) (((uint64_t) rank + 2u * x->n - t) % x->n);
+}
+
+static uint32_t tx_chunk(const st_ring_t* x, uint32_t t) {
+  return chunk_at(x, x->rank, t);
+}
+
+static uint32_t rx_chunk(const st_ring_t* x, uint32_t t) {
+  return chunk_at(x, (x->rank + x->n - 1) % x->n, t);
+}
+
+/* Moves p past steps whose chunk is empty (N < n). */
+static void skip_empty(const st_ring_t* x, pos_t* p, bool rx) {
+  while (p->t < x->steps &&
+         chunk_segments(x, rx ? rx_chunk(x, p->t) : tx_chunk(x, p->t)) == 0)
+    p->t++;
+}
+
+/* The segment after p in its stream. */
+static void advance(const st_ring_t* x, pos_t* p, bool rx) {
+  uint32_t c = rx ? rx_chunk(x, p->t) : tx_chunk(x, p->t);
+  if (++p->k == chunk_segments(x, c)) {
+    p->k = 0;
+    p->t++;
+    skip_empty(x, p, rx);
+  }
+}
+
+/* Where segment p of a stream lies: its chunk, its offset in the chunk and
+ * its floats. */
+static void seg_span(const st_ring_t* x, pos_t p, uint32_t c, uint64_t* off,
+                     uint64_t* count) {
+  uint64_t s = x->cfg.segment_floats;
+  *off = p.k * s;
+  uint64_t left = chunk_floats(x, c) - *off;
+  *count = left < s ? left : s;
+}
+
+static bool reduce_scatter(const st_ring_t* x, uint32_t t) {
+  return t + 1 < x->n;
+}
+
+/* ==== Adding ================================================================
+ */
+
+/* sum = own + received over one segment; at the last reduce-scatter step
+ * divided by n: that chunk is then the mean. src may be unaligned (a
+ * message's bytes) or sum itself (a segment stored before the snapshot). */
+static void add_segment(const st_ring_t* x, uint64_t at, uint64_t count,
+                        const uint8_t* src, bool last) {
+  float* s = x->sum + at;
+  const float* o = x->own + at;
+  if (last) {
+    float n = (float) x->n;
+    for (uint64_t i = 0; i < count; i++) {
+      float v;
+      memcpy(&v, src + 4 * i, 4);
+      s[i] = (o[i] + v) / n;
+    }
+  } else {
+    for (uint64_t i = 0; i < count; i++) {
+      float v;
+      memcpy(&v, src + 4 * i, 4);
+      s[i] = o[i] + v;
+    }
+  }
+}
+
+/* Adds the received segments stored before the snapshot came, in order. */
+static void add_stored(st_ring_t* x) {
+  while (x->rx_added < x->rx_stored) {
+    pos_t p = x->add;
+    uint32_t c = rx_chunk(x, p.t);
+    if (reduce_scatter(x, p.t)) {
+      if (!x->have_own)
+        return;
+      uint64_t off, count;
+      seg_span(x, p, c, &off, &count);
+      uint64_t at = chunk_start(x, c) + off;
+      add_segment(x, at, count, (const uint8_t*) (x->sum + at),
+                  p.t + 2 == x->n);
+    }
+    advance(x, &x->add, true);
+    x->rx_added++;
+  }
+}
+
+/* ==== The machine's pieces ==================================================
+ */
+
+/* Ends the round. A failure drops what was not yet emitted: the others
+ * learn nothing more from us, and see the streams close. */
+static void finish(st_ring_t* x, st_ring_result_t r) {
+  if (x->finished)
+    return;
+  x->finished = true;
+  x->result = r;
+  x->want_pending = x->timer_pending = x->asked = false;
+  /* OK comes from progress, which has made the delta (or from st_ring_new
+   * when there is nothing to average: no snapshot, no APPLY). */
+  x->apply_pending = r == ST_RING_OK && x->have_own;
+  x->done_pending = true;
+}
+
+/* Called after every event: once everything is received and added and
+ * every SEND acknowledged, turns own into the delta and finishes. */
+static void progress(st_ring_t* x) {
+  if (x->finished || !x->have_own || x->rx_added < x->rx_total ||
+      x->tx_acked < x->tx_total)
+    return;
+  /* delta = mean - own, in place; a NaN or Inf in the mean (the same on
+   * every member) or an overflow of the difference shows in the delta. */
+  uint32_t bad = 0;
+  size_t n = (size_t) x->floats;
+  for (size_t i = 0; i < n; i++) {
+    float d = x->sum[i] - x->own[i];
+    x->own[i] = d;
+    bad |= !(fabsf(d) <= FLT_MAX);
+  }
+  finish(x, bad ? ST_RING_FAIL_NONFINITE : ST_RING_OK);
+}
+
+static void touch(st_ring_t* x, uint64_t now_ms) {
+  if (now_ms > x->last_progress_ms)
+    x->last_progress_ms = now_ms;
+}
+
+/* ==== Creation ==============================================================
+ */
+
+static bool config_ok(const st_ring_config_t* c) {
+  return c->segment_floats >= 1 &&
+         c->segment_floats <= ST_RING_SEGMENT_FLOATS && c->in_flight >= 1;
+}
+
+int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
+                uint32_t n_members, uint32_t my_rank, uint64_t n_params,
+                uint64_t now_ms, st_ring_t** out) {
+  if (out == NULL)
+    return -EINVAL;
+  *out = NULL;
+  if (cfg == NULL || !config_ok(cfg) || n_members == 0 ||
+      n_members > ST_RING_MAX_MEMBERS || my_rank >= n_members ||
+      n_params > ST__WIRE_MAX_TENSOR_FLOATS ||
+      n_params > SIZE_MAX / (2 * sizeof(float)))
+    return -EINVAL;
+  st_ring_t* x = calloc(1, sizeof *x);
+  if (x == NULL)
+    return -ENOMEM;
+  x->cfg = *cfg;
+  x->round_id = round_id;
+  x->n = n_members;
+  x->rank = my_rank;
+  x->floats = n_params;
+  x->steps = 2 * (n_members - 1);
+  x->started_ms = x->last_progress_ms = now_ms;
+  *out = x;
+  if (n_members == 1 || n_params == 0) {
+    finish(x, ST_RING_OK); /* the mean of one is itself: nothing to add */
+    return 0;
+  }
+  size_t bytes = (size_t) n_params * sizeof(float);
+  x->enc_cap = (size_t) cfg->segment_floats * sizeof(float) +
+               RING_ENVELOPE_BYTES;
+  x->own = malloc(bytes);
+  x->sum = malloc(bytes);
+  x->enc = malloc(x->enc_cap);
+  if (x->own == NULL || x->sum == NULL || x->enc == NULL) {
+    st_ring_free(x);
+    *out = NULL;
+    return -ENOMEM;
+  }
+  for (uint32_t t = 0; t < x->steps; t++) {
+    x->tx_total += chunk_segments(x, tx_chunk(x, t));
+    x->rx_total += chunk_segments(x, rx_chunk(x, t));
+  }
+  x->tx_first = chunk_segments(x, tx_chunk(x, 0));
+  skip_empty(x, &x->tx, false);
+  skip_empty(x, &x->rx, true);
+  x->add = x->rx;
+  if (cfg->timeout_ms > 0) {
+    x->timer_pending = true;
+    x->timer_at = now_ms + cfg->timeout_ms;
+    if (x->timer_at < now_ms)
+      x->timer_at = UINT64_MAX;
+  }
+  x->asked = x->want_pending = true;
+  return 0;
+}
+
+void st_ring_free(st_ring_t* x) {
+  if (x == NULL)
+    return;
+  free(x->own);
+  free(x->sum);
+  free(x->enc);
+  free(x);
+}
+
+/* ==== Events ================================================================
+ */
+
+int st_ring_snapshot(st_ring_t* x, uint64_t now_ms, const float* own,
+                     size_t n) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->finished)
+    return 0;
+  if (!x->asked || n != x->floats || own == NULL)
+    return -EINVAL;
+  if (own != x->own)
+    memcpy(x->own, own, n * sizeof(float));
+  x->asked = x->want_pending = false;
+  x->have_own = true;
+  touch(x, now_ms);
+  add_stored(x);
+  progress(x);
+  return 0;
+}
+
+float* st_ring_snapshot_buffer(st_ring_t* x) {
+  return x != NULL && !x->finished && x->asked ? x->own : NULL;
+}
+
+/* Whether g is exactly the next segment of the receive stream. */
+static bool expected(const st_ring_t* x, const st_msg_ring_seg_t* g) {
+  if (x->rx.t >= x->steps || g->round_id != x->round_id)
+    return false;
+  uint32_t t = x->rx.t, c = rx_chunk(x, t);
+  bool rs = reduce_scatter(x, t);
+  uint64_t off, count;
+  seg_span(x, x->rx, c, &off, &count);
+  return g->phase == (rs ? ST_RING_REDUCE_SCATTER : ST_RING_ALL_GATHER) &&
+         g->step == (rs ? t : t - (x->n - 1)) && g->chunk == c &&
+         g->offset == off && g->data_len == count * sizeof(float);
+}
+
+int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
+                    size_t len) {
+  if (x == NULL || (data == NULL && len > 0))
+    return -EINVAL;
+  if (x->finished)
+    return 0;
+  st_msg_t m;
+  if (st_wire_decode(data, len, &m, NULL) != 0 || m.type != ST_MSG_RING_SEG ||
+      !expected(x, &m.u.ring_seg)) {
+    st_wire_msg_free(&m);
+    finish(x, ST_RING_FAIL_PROTOCOL);
+    return 0;
+  }
+  const st_msg_ring_seg_t* g = &m.u.ring_seg;
+  uint32_t t = x->rx.t;
+  uint64_t at = chunk_start(x, g->chunk) + g->offset;
+  uint64_t count = g->data_len / sizeof(float);
+  if (reduce_scatter(x, t) && x->have_own && x->rx_added == x->rx_stored) {
+    /* Added straight from the message, the common case. */
+    add_segment(x, at, count, g->data, t + 2 == x->n);
+    advance(x, &x->add, true);
+    x->rx_added++;
+  } else {
+    /* An all-gather segment is final as it comes; a reduce-scatter one
+     * before the snapshot waits in sum for add_stored. */
+    memcpy(x->sum + at, g->data, g->data_len);
+  }
+  advance(x, &x->rx, true);
+  x->rx_stored++;
+  touch(x, now_ms);
+  add_stored(x);
+  progress(x);
+  return 0;
+}
+
+int st_ring_sent(st_ring_t* x, uint64_t now_ms) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->finished)
+    return 0;
+  if (x->tx_acked == x->tx_sent)
+    return -EINVAL;
+  x->tx_acked++;
+  touch(x, now_ms);
+  progress(x);
+  return 0;
+}
+
+int st_ring_tick(st_ring_t* x, uint64_t now_ms) {
+  if (x == NULL)
+    return -EINVAL;
+  if (x->finished || x->cfg.timeout_ms == 0)
+    return 0;
+  uint64_t deadline = x->last_progress_ms + x->cfg.timeout_ms;
+  if (deadline < x->last_progress_ms)
+    deadline = UINT64_MAX;
+  if (now_ms >= deadline) {
+    finish(x, ST_RING_FAIL_TIMEOUT);
+  } else if (now_ms >= x->timer_at) {
+    x->timer_at = deadline;
+    x->timer_pending = true;
+  }
+  return 0;
+}
+
+int st_ring_abort(st_ring_t* x, uint64_t now_ms, st_ring_result_t reason) {
+  if (x == NULL || reason == ST_RING_OK ||
+      (unsigned) reason >= ST_RING_RESULT_COUNT)
+    return -EINVAL;
+  finish(x, reason);
+  return 0;
+}
+
+/* ==== Actions ===============================================================
+ */
+
+/* Whether the next segment of the send stream can be emitted now. */
+static bool send_ready(const st_ring_t* x) {
+  if (x->finished || x->tx.t >= x->steps ||
+      x->tx_sent - x->tx_acked >= x->cfg.in_flight)
+    return false;
+  if (x->tx.t == 0)
+    return x->have_own;
+  /* Send-stream segment tx_sent is receive-stream segment tx_sent -
+   * tx_first, which must have been added. */
+  return x->tx_sent - x->tx_first < x->rx_added;
+}
+
+static void emit_segment(st_ring_t* x, st_ract_t* out) {
+  uint32_t t = x->tx.t, c = tx_chunk(x, t);
+  bool rs = reduce_scatter(x, t);
+  uint64_t off, count;
+  seg_span(x, x->tx, c, &off, &count);
+  const float* src = (t == 0 ? x->own : x->sum) + chunk_start(x, c) + off;
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_RING_SEG;
+  m.u.ring_seg.round_id = x->round_id;
+  m.u.ring_seg.phase = rs ? ST_RING_REDUCE_SCATTER : ST_RING_ALL_GATHER;
+  m.u.ring_seg.step = rs ? t : t - (x->n - 1);
+  m.u.ring_seg.chunk = c;
+  m.u.ring_seg.offset = off;
+  m.u.ring_seg.data = (const uint8_t*) src;
+  m.u.ring_seg.data_len = (uint32_t) (count * sizeof(float));
+  size_t len = 0;
+  int rc = st_wire_encode(&m, x->enc, x->enc_cap, &len);
+  (void) rc; /* valid by construction, and enc_cap holds the largest */
+  out->kind = ST_RACT_SEND;
+  out->data = x->enc;
+  out->len = len;
+  advance(x, &x->tx, false);
+  x->tx_sent++;
+}
+
+bool st_ring_next_action(st_ring_t* x, st_ract_t* out) {
+  if (x == NULL || out == NULL)
+    return false;
+  memset(out, 0, sizeof *out);
+  if (x->timer_pending) {
+    x->timer_pending = false;
+    out->kind = ST_RACT_TIMER;
+    out->at_ms = x->timer_at;
+  } else if (x->want_pending) {
+    x->want_pending = false;
+    out->kind = ST_RACT_WANT_SNAPSHOT;
+  } else if (send_ready(x)) {
+    emit_segment(x, out);
+  } else if (x->apply_pending) {
+    x->apply_pending = false;
+    out->kind = ST_RACT_APPLY;
+    out->values = x->own;
+    out->n = (size_t) x->floats;
+  } else if (x->done_pending) {
+    x->done_pending = false;
+    out->kind = ST_RACT_DONE;
+    out->result = x->result;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool st_ring_finished(const st_ring_t* x) {
+  return x == NULL || x->finished;
+}
+
+void st_ring_progress(const st_ring_t* x, st_ring_progress_t* out) {
+  memset(out, 0, sizeof *out);
+  if (x == NULL)
+    return;
+  out->started_ms = x->started_ms;
+  out->last_progress_ms = x->last_progress_ms;
+  out->segments_to_send = x->tx_total;
+  out->segments_sent = x->tx_sent;
+  out->segments_acked = x->tx_acked;
+  out->segments_to_receive = x->rx_total;
+  out->segments_received = x->rx_stored;
+  out->have_snapshot = x->have_own;
+}
+
+const float* st_ring_mean(const st_ring_t* x) {
+  if (x == NULL || !x->finished || x->result != ST_RING_OK || !x->have_own ||
+      x->floats == 0)
+    return NULL;
+  return x->sum;
+}

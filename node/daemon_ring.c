@@ -1,0 +1,438 @@
+/* daemon_ring.c: the opportunistic ring all-reduce in the daemon: drives
+ * the formation machine (gossip/ring_form.c) over sealed UDP packets and
+ * the data plane (gossip/ring.c) over two encrypted TCP streams per round.
+ *
+ * Formation: every --ring-every seconds a node that is training (or done)
+ * and sees itself as the smallest id among the live, ring-capable members
+ * running its model proposes a round to those members. RING_* messages
+ * arrive on the membership's UDP socket; daemon_net.c routes them here.
+ *
+ * Data plane: on START the node takes a snapshot into the ring machine's
+ * buffer, dials the next member (checking on the handshake that it is that
+ * node) and sends its segments there; the previous member dials it, and
+ * the first RING_SEG names the round. A stream from the previous member
+ * may come before this node's own START (the proposer's CONFIRM is a UDP
+ * packet, the stream is TCP): its first message is kept and reading pauses
+ * until START, or until the connection's deadline closes it.
+ *
+ * End: a member that finishes closes the stream to the next member (after
+ * its last frames); the stream from the previous member is that member's
+ * to close. A failure closes both.
+ *
+ * Failure: the ring machine's stall timeout (no progress for a while) is
+ * derived from the segment times measured in earlier rounds; a closed
+ * stream or a member declared dead or gone aborts the round. Any abort
+ * closes both streams, which ends the round at the neighbours, and so on
+ * around the ring: nobody applies a partial result. The member blamed is
+ * logged; membership itself decides, by probing, whether it is dead.
+ */
+#include "node/daemon_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tags of the trainer's mailbox: rings use the high bit, exchanges the
+ * connection ids below it. */
+#define RING_TAG_BIT ((uint64_t) 1 << 63)
+/* The stall timeout: this many times the mean time a segment took in
+ * earlier rounds, within these bounds (the first round uses the bound). */
+#define STALL_SEGMENTS 50.0
+#define STALL_MIN_MS 2000.0
+#define STALL_MAX_MS 30000.0
+
+static bool in_round(const st__daemon_t* d, const st_node_id_t* id) {
+  for (uint32_t i = 0; i < d->ring_n; i++)
+    if (memcmp(&d->ring_members[i], id, sizeof(*id)) == 0)
+      return true;
+  return false;
+}
+
+static void ring_end(st__daemon_t* d, st_ring_result_t r) {
+  uint64_t now = st__dnow(d);
+  double ms = (double) (now - d->ring_started_ms);
+  if (r == ST_RING_OK) {
+    d->c.ring_ok++;
+    st_ring_progress_t p;
+    st_ring_progress(d->ring, &p);
+    uint64_t segs = p.segments_to_send > 0 ? p.segments_to_send : 1;
+    double per = ms / (double) segs;
+    d->ring_segment_ms =
+        d->ring_segment_ms > 0 ? 0.7 * d->ring_segment_ms + 0.3 * per : per;
+  } else {
+    d->c.ring_aborted++;
+    st__dwarn(d, "ring round %016llx of %u members aborted after %.0f ms: %s",
+              (unsigned long long) d->ring_round, d->ring_n, ms,
+              st_ring_result_name(r));
+  }
+  d->c.ring_last_ms = ms;
+  d->c.ring_last_n = d->ring_n;
+  memcpy(d->ring_last_members, d->ring_members,
+         d->ring_n * sizeof(st_node_id_t));
+  st_ring_form_round_over(d->rf, now, d->ring_round, r == ST_RING_OK);
+  if (d->ring_next != NULL) {
+    d->ring_next->ring_round = 0;
+    st__conn_close(d->ring_next);
+    d->ring_next = NULL;
+  }
+  /* The stream from the previous member is its to close: it may still be
+   * finishing (its last sends written, not yet acknowledged), and an end
+   * of stream from here would abort it. A failure closes it, so that the
+   * abort goes round the ring. */
+  if (d->ring_prev != NULL) {
+    d->ring_prev->ring_round = 0;
+    if (r != ST_RING_OK)
+      st__conn_close(d->ring_prev);
+    d->ring_prev = NULL;
+  }
+  d->ring_done = true;
+  st__ring_drain_form(d);
+}
+
+/* Frees the round's machine once the trainer no longer borrows from it. */
+static void ring_maybe_free(st__daemon_t* d) {
+  if (d->ring != NULL && d->ring_done && d->ring_tt_pending == 0) {
+    st_ring_free(d->ring);
+    d->ring = NULL;
+    d->ring_round = 0;
+    d->ring_n = 0;
+  }
+}
+
+static void flush_pending(st__daemon_t* d);
+
+static void drain_ring(st__daemon_t* d) {
+  st_ract_t a;
+  while (d->ring != NULL && !d->ring_done && st_ring_next_action(d->ring, &a)) {
+    switch (a.kind) {
+      case ST_RACT_SEND:
+        if (d->ring_next != NULL && d->ring_next_ready &&
+            d->ring_pending_n == 0) {
+          if (st__conn_send(d->ring_next, a.data, a.len, true) != 0)
+            st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+        } else if (d->ring_pending_n < ST__RING_PENDING) {
+          /* The stream to the next member is not up yet: keep the
+           * segment (the machine holds at most in_flight back). */
+          uint8_t* p = malloc(a.len);
+          if (p == NULL) {
+            st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+            break;
+          }
+          memcpy(p, a.data, a.len);
+          d->ring_pending[d->ring_pending_n].data = p;
+          d->ring_pending[d->ring_pending_n].len = a.len;
+          d->ring_pending_n++;
+        } else {
+          st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+        }
+        break;
+      case ST_RACT_WANT_SNAPSHOT: {
+        float* buf = st_ring_snapshot_buffer(d->ring);
+        if (buf == NULL || st__tt_request_snapshot(
+                               d->tt, RING_TAG_BIT | d->ring_seq, buf) != 0) {
+          st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+          break;
+        }
+        d->ring_tt_pending++;
+        break;
+      }
+      case ST_RACT_APPLY:
+        if (st__tt_request_apply(d->tt, RING_TAG_BIT | d->ring_seq, a.values,
+                                 1.0f) == 0)
+          d->ring_tt_pending++;
+        break;
+      case ST_RACT_TIMER: {
+        uint64_t now = st__dnow(d);
+        uv_timer_start(&d->ring_timer, st__ring_timer_cb,
+                       a.at_ms > now ? a.at_ms - now : 0, 0);
+        break;
+      }
+      case ST_RACT_DONE:
+        ring_end(d, a.result);
+        break;
+    }
+  }
+  ring_maybe_free(d);
+}
+
+static void flush_pending(st__daemon_t* d) {
+  for (uint32_t i = 0; i < d->ring_pending_n; i++) {
+    if (d->ring != NULL && !d->ring_done &&
+        st__conn_send(d->ring_next, d->ring_pending[i].data,
+                      d->ring_pending[i].len, true) != 0)
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+    free(d->ring_pending[i].data);
+  }
+  d->ring_pending_n = 0;
+}
+
+void st__ring_timer_cb(uv_timer_t* t) {
+  st__daemon_t* d = t->data;
+  if (d->ring != NULL && !d->ring_done) {
+    st_ring_tick(d->ring, st__dnow(d));
+    drain_ring(d);
+  }
+}
+
+static void form_timer_cb(uv_timer_t* t) {
+  st__daemon_t* d = t->data;
+  st_ring_form_tick(d->rf, st__dnow(d));
+  st__ring_drain_form(d);
+}
+
+/* Feeds the kept first message of the previous member's stream. */
+static void attach_prev(st__daemon_t* d, st__conn_t* c) {
+  d->ring_prev = c;
+  c->ring_round = d->ring_round;
+  if (c->ring_held != NULL) {
+    uint8_t* m = c->ring_held;
+    size_t len = c->ring_held_len;
+    c->ring_held = NULL;
+    st_ring_message(d->ring, st__dnow(d), m, len);
+    free(m);
+    st__conn_resume(c);
+  }
+}
+
+static void start_round(st__daemon_t* d, const st_rfact_t* a) {
+  uint64_t now = st__dnow(d);
+  if (d->ring != NULL) {
+    /* The previous round's machine still lends its delta to the trainer:
+     * refuse this one (the others see our streams never come up). */
+    st_ring_form_round_over(d->rf, now, a->round_id, false);
+    return;
+  }
+  st_ring_config_t rc;
+  st_ring_config_default(&rc);
+  double stall = d->ring_segment_ms > 0 ? STALL_SEGMENTS * d->ring_segment_ms
+                                        : STALL_MAX_MS;
+  rc.timeout_ms = (uint32_t) fmin(fmax(stall, STALL_MIN_MS), STALL_MAX_MS);
+  if (st_ring_new(&rc, a->round_id, a->n_members, a->my_rank, d->local.n_params,
+                  now, &d->ring) != 0) {
+    st_ring_form_round_over(d->rf, now, a->round_id, false);
+    return;
+  }
+  d->ring_seq++;
+  d->ring_round = a->round_id;
+  d->ring_n = a->n_members;
+  memcpy(d->ring_members, a->members, a->n_members * sizeof(st_node_id_t));
+  d->ring_rank = a->my_rank;
+  d->ring_started_ms = now;
+  d->ring_done = false;
+  d->ring_next = NULL;
+  d->ring_next_ready = false;
+  d->ring_prev = NULL;
+  if (a->n_members >= 2) {
+    const st_node_id_t* next = &a->members[(a->my_rank + 1) % a->n_members];
+    const st_member_t* mb = st_membership_find(d->m, next);
+    if (mb == NULL) {
+      st_ring_abort(d->ring, now, ST_RING_FAIL_ABORTED);
+    } else {
+      d->ring_next = st__conn_dial(d, &mb->addr, next, ST__CONN_RING);
+      if (d->ring_next == NULL)
+        st_ring_abort(d->ring, now, ST_RING_FAIL_CLOSED);
+      else
+        d->ring_next->ring_round = a->round_id;
+    }
+    /* The previous member's stream may already be here. */
+    for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+      if (!c->initiator && c->purpose == ST__CONN_RING &&
+          c->ring_held_round == a->round_id && c->ring_held != NULL &&
+          !c->closing) {
+        attach_prev(d, c);
+        break;
+      }
+  }
+  drain_ring(d);
+}
+
+void st__ring_drain_form(st__daemon_t* d) {
+  st_rfact_t a;
+  while (d->rf != NULL && st_ring_form_next_action(d->rf, &a)) {
+    switch (a.kind) {
+      case ST_RFACT_SEND: {
+        const st_member_t* mb = st_membership_find(d->m, &a.to);
+        if (mb != NULL)
+          st__net_send_to(d, &mb->addr, &a.to, a.data, a.len);
+        break;
+      }
+      case ST_RFACT_START:
+        start_round(d, &a);
+        break;
+      case ST_RFACT_TIMER: {
+        uint64_t now = st__dnow(d);
+        uv_timer_start(&d->form_timer, form_timer_cb,
+                       a.at_ms > now ? a.at_ms - now : 0, 0);
+        break;
+      }
+    }
+  }
+}
+
+void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
+                        const uint8_t* data, size_t len) {
+  if (d->rf == NULL)
+    return;
+  st_ring_form_message(d->rf, st__dnow(d), from, data, len);
+  st__ring_drain_form(d);
+}
+
+/* Proposes a round when this node is the smallest live ring-capable id
+ * of its view that runs its model. */
+void st__ring_tick(st__daemon_t* d) {
+  if (d->rf == NULL || (d->state != ST__D_TRAINING && d->state != ST__D_DONE))
+    return;
+  if (st_ring_form_state(d->rf) != ST_RING_FORM_IDLE || d->ring != NULL)
+    return;
+  st_node_id_t cand[ST_RING_FORM_MAX_MEMBERS];
+  size_t n = 0;
+  size_t count = st_membership_count(d->m);
+  for (size_t i = 0; i < count; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
+        !mb->status.ring_capable ||
+        memcmp(mb->status.fingerprint, d->local.fingerprint, 16) != 0 ||
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+      continue;
+    if (st_node_id_compare(&mb->id, &d->ident.id) < 0)
+      return; /* a smaller member proposes */
+    if (n < ST_RING_FORM_MAX_MEMBERS - 1)
+      cand[n++] = mb->id;
+  }
+  if (n == 0)
+    return;
+  st_ring_form_propose(d->rf, st__dnow(d), cand, n);
+  st__ring_drain_form(d);
+}
+
+/* ---- Connections --------------------------------------------------------- */
+
+void st__ring_on_ready(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if (c != d->ring_next)
+    return;
+  d->ring_next_ready = true;
+  flush_pending(d);
+  drain_ring(d);
+}
+
+void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  if (c == d->ring_prev && d->ring != NULL && !d->ring_done) {
+    st_ring_message(d->ring, st__dnow(d), msg, len);
+    drain_ring(d);
+    return;
+  }
+  if (c->initiator || c->ring_held != NULL) {
+    st__conn_close(c); /* nothing comes back on the stream we send on */
+    return;
+  }
+  /* The first message of a previous member's stream: its round. */
+  st_msg_t m;
+  if (st_wire_decode(msg, len, &m, &d->wc) != 0 || m.type != ST_MSG_RING_SEG) {
+    st__conn_close(c);
+    return;
+  }
+  uint64_t round = m.u.ring_seg.round_id;
+  c->ring_held = malloc(len);
+  if (c->ring_held == NULL) {
+    st__conn_close(c);
+    return;
+  }
+  memcpy(c->ring_held, msg, len);
+  c->ring_held_len = len;
+  c->ring_held_round = round;
+  st__conn_pause(c);
+  if (d->ring != NULL && !d->ring_done && d->ring_round == round &&
+      d->ring_prev == NULL) {
+    attach_prev(d, c);
+    drain_ring(d);
+  }
+}
+
+void st__ring_on_sent(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if (c == d->ring_next && d->ring != NULL && !d->ring_done) {
+    st_ring_sent(d->ring, st__dnow(d));
+    drain_ring(d);
+  }
+}
+
+void st__ring_on_closed(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if ((c == d->ring_next || c == d->ring_prev) && d->ring != NULL &&
+      !d->ring_done) {
+    if (c == d->ring_next)
+      d->ring_next = NULL;
+    else
+      d->ring_prev = NULL;
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+    drain_ring(d);
+  }
+  free(c->ring_held);
+  c->ring_held = NULL;
+}
+
+void st__ring_on_member_gone(st__daemon_t* d, const st_node_id_t* id) {
+  if (d->rf == NULL)
+    return;
+  st_ring_form_member_gone(d->rf, st__dnow(d), id);
+  st__ring_drain_form(d);
+  if (d->ring != NULL && !d->ring_done && in_round(d, id)) {
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+    drain_ring(d);
+  }
+}
+
+bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
+  if (!(ev->tag & RING_TAG_BIT))
+    return false;
+  if ((ev->tag & ~RING_TAG_BIT) != d->ring_seq || d->ring == NULL)
+    return true; /* a stopped round's: its machine is already gone */
+  d->ring_tt_pending--;
+  if (ev->kind == ST__TT_EV_SNAPSHOT && !d->ring_done) {
+    st_ring_snapshot(d->ring, st__dnow(d), st_ring_snapshot_buffer(d->ring),
+                     d->local.n_params);
+    drain_ring(d);
+  }
+  ring_maybe_free(d);
+  return true;
+}
+
+int st__ring_start(st__daemon_t* d) {
+  if (d->cfg->ring_every_s <= 0)
+    return 0;
+  st_ring_form_config_t fc;
+  st_ring_form_config_default(&fc);
+  int rc = st_ring_form_new(&fc, &d->ident.id, &d->rng, &d->rf);
+  if (rc != 0)
+    return rc;
+  uv_timer_init(&d->loop, &d->form_timer);
+  d->form_timer.data = d;
+  uv_timer_init(&d->loop, &d->ring_timer);
+  d->ring_timer.data = d;
+  return 0;
+}
+
+void st__ring_close(st__daemon_t* d) {
+  if (d->rf == NULL)
+    return;
+  if (d->ring != NULL && !d->ring_done)
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+  for (uint32_t i = 0; i < d->ring_pending_n; i++)
+    free(d->ring_pending[i].data);
+  d->ring_pending_n = 0;
+  if (!uv_is_closing((uv_handle_t*) &d->form_timer))
+    uv_close((uv_handle_t*) &d->form_timer, NULL);
+  if (!uv_is_closing((uv_handle_t*) &d->ring_timer))
+    uv_close((uv_handle_t*) &d->ring_timer, NULL);
+}
+
+void st__ring_free(st__daemon_t* d) {
+  if (d->ring != NULL)
+    st_ring_free(d->ring);
+  d->ring = NULL;
+  if (d->rf != NULL)
+    st_ring_form_free(d->rf);
+  d->rf = NULL;
+}
