@@ -533,10 +533,8 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   d->xcfg.norm_mult = cfg->norm_mult;
   int rc = st_crypto_init();
   bool loop_started = false;
-  if (rc == 0)
-    rc = st__state_prepare(d, err, err_len);
-  if (rc == 0)
-    rc = load_keys(d, err, err_len);
+  /* The flags first, then the data directory: a refused start leaves the
+   * directory as it was. */
   if (rc == 0) {
     struct sockaddr_storage ss;
     char e[256];
@@ -553,6 +551,10 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
     }
     d->n_seeds = cfg->n_seeds;
   }
+  if (rc == 0)
+    rc = st__state_prepare(d, err, err_len);
+  if (rc == 0)
+    rc = load_keys(d, err, err_len);
   if (rc == 0)
     rc = setup_training(d, err, err_len);
   if (rc == 0) {

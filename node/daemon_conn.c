@@ -794,10 +794,13 @@ int st__conn_listen(st__daemon_t* d, char* err, size_t err_len) {
                     sizeof(d->self_addr_text));
   }
   if (rc != 0) {
-    snprintf(err, err_len,
-             "cannot listen on TCP %s: %s; is another program using that "
-             "port? pick another with --listen",
-             d->self_addr_text, uv_strerror(rc));
+    snprintf(err, err_len, "cannot listen on TCP %s: %s; %s", d->self_addr_text,
+             uv_strerror(rc),
+             rc == UV_EADDRNOTAVAIL
+                 ? "this machine has no such address: give one of its own "
+                   "with --listen"
+                 : "is another program using that port? pick another with "
+                   "--listen");
     return rc;
   }
   return 0;

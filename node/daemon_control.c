@@ -393,7 +393,7 @@ static void on_connection(uv_stream_t* server, int status) {
 }
 
 /* 1 when a node answers on path, 0 when nothing does (a stale socket). */
-static int socket_alive(const char* path) {
+int st__control_in_use(const char* path) {
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   if (fd < 0)
     return 0;
@@ -424,7 +424,7 @@ int st__control_start(st__daemon_t* d, char* err, size_t err_len) {
                d->control_path);
       return -EEXIST;
     }
-    if (socket_alive(d->control_path)) {
+    if (st__control_in_use(d->control_path)) {
       snprintf(err, err_len,
                "a node is already running with control socket '%s' (same "
                "--data-dir?); stop it with 'starling leave --control %s' or "

@@ -215,6 +215,10 @@ void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* daemon_state.c */
+/* The data directory's paths (checkpoint, control socket) into d. */
+void st__state_paths(st__daemon_t* d);
+/* Makes the data directory, refuses one a running node uses, loads or
+ * makes the identity and raises the boot epoch. */
 int st__state_prepare(st__daemon_t* d, char* err, size_t err_len);
 void st__model_fingerprint(const st_model_spec_t* spec, uint8_t fp[16],
                            char* desc, size_t desc_len);
@@ -290,5 +294,7 @@ bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 /* daemon_control.c */
 int st__control_start(st__daemon_t* d, char* err, size_t err_len);
 void st__control_close(st__daemon_t* d);
+/* 1 when a node answers on the control socket at path. */
+int st__control_in_use(const char* path);
 
 #endif

@@ -234,10 +234,13 @@ int st__net_start(st__daemon_t* d, char* err, size_t err_len) {
   if (rc == 0)
     rc = uv_udp_bind(&d->udp, (const struct sockaddr*) &ss, 0);
   if (rc != 0) { /* with port 0 the caller tries another port */
-    snprintf(err, err_len,
-             "cannot bind UDP %s: %s; is another node using that port? pick "
-             "another with --listen",
-             d->self_addr_text, uv_strerror(rc));
+    snprintf(err, err_len, "cannot bind UDP %s: %s; %s", d->self_addr_text,
+             uv_strerror(rc),
+             rc == UV_EADDRNOTAVAIL
+                 ? "this machine has no such address: give one of its own "
+                   "with --listen"
+                 : "is another node using that port? pick another with "
+                   "--listen");
     return rc;
   }
   d->udp.data = d;

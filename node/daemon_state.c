@@ -205,15 +205,8 @@ static int next_boot_epoch(const char* dir, uint32_t* out, char* err,
   return 0;
 }
 
-int st__state_prepare(st__daemon_t* d, char* err, size_t err_len) {
+void st__state_paths(st__daemon_t* d) {
   const st_daemon_config_t* cfg = d->cfg;
-  if (strlen(cfg->data_dir) >= 400) {
-    st__set_err(err, err_len, "--data-dir '%s' is too long", cfg->data_dir);
-    return -ENAMETOOLONG;
-  }
-  int rc = ensure_dir(cfg->data_dir, err, err_len);
-  if (rc != 0)
-    return rc;
   snprintf(d->data_dir, sizeof(d->data_dir), "%s", cfg->data_dir);
   snprintf(d->checkpoint_path, sizeof(d->checkpoint_path),
            "%s/checkpoint.safetensors", d->data_dir);
@@ -222,6 +215,27 @@ int st__state_prepare(st__daemon_t* d, char* err, size_t err_len) {
   else
     snprintf(d->control_path, sizeof(d->control_path), "%s/control.sock",
              d->data_dir);
+}
+
+int st__state_prepare(st__daemon_t* d, char* err, size_t err_len) {
+  const st_daemon_config_t* cfg = d->cfg;
+  if (strlen(cfg->data_dir) >= 400) {
+    st__set_err(err, err_len, "--data-dir '%s' is too long", cfg->data_dir);
+    return -ENAMETOOLONG;
+  }
+  st__state_paths(d);
+  int rc = ensure_dir(cfg->data_dir, err, err_len);
+  if (rc != 0)
+    return rc;
+  /* A node already running on this directory keeps it untouched. */
+  if (st__control_in_use(d->control_path)) {
+    st__set_err(err, err_len,
+                "a node is already running with control socket '%s' (same "
+                "--data-dir?); stop it with 'starling leave --control %s' or "
+                "use another --data-dir",
+                d->control_path, d->control_path);
+    return -EADDRINUSE;
+  }
 
   char idpath[600];
   if (cfg->identity_path != NULL) {
