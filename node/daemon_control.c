@@ -143,6 +143,25 @@ static void status_json(st__daemon_t* d, st__json_buf_t* b) {
   kv_str(b, &first, "ring_state",
          d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
                        : "off");
+  char round[20] = "";
+  if (d->ring != NULL && !d->ring_done)
+    snprintf(round, sizeof(round), "%016llx",
+             (unsigned long long) d->ring_round);
+  kv_str(b, &first, "ring_round", round);
+  double progress = NAN;
+  if (d->ring != NULL && !d->ring_done) {
+    st_ring_progress_t p;
+    st_ring_progress(d->ring, &p);
+    progress = p.segments_to_receive > 0 ? (double) p.segments_received /
+                                               (double) p.segments_to_receive
+                                         : 1.0;
+  }
+  kv_num(b, &first, "ring_progress", progress);
+  snprintf(round, sizeof(round), "%016llx",
+           (unsigned long long) d->c.ring_last_round);
+  kv_str(b, &first, "ring_last_round", d->c.ring_last_n > 0 ? round : "");
+  put_key(b, &first, "ring_last_ok");
+  st__json_buf_puts(b, d->c.ring_last_ok ? "true" : "false");
   kv_num(b, &first, "ring_last_ms",
          d->c.ring_last_n > 0 ? d->c.ring_last_ms : NAN);
   put_key(b, &first, "ring_last_members");

@@ -103,6 +103,8 @@ typedef struct {
   uint64_t ring_ok, ring_aborted; /* ring rounds this node took part in */
   double ring_last_ms;
   uint32_t ring_last_n;
+  uint64_t ring_last_round;
+  bool ring_last_ok;
   uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
   uint64_t packets_in, packets_out;
   uint64_t udp_unbound;   /* packets not bound to this node (dropped) */

@@ -66,6 +66,8 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
               st_ring_result_name(r));
   }
   d->c.ring_last_ms = ms;
+  d->c.ring_last_round = d->ring_round;
+  d->c.ring_last_ok = r == ST_RING_OK;
   d->c.ring_last_n = d->ring_n;
   memcpy(d->ring_last_members, d->ring_members,
          d->ring_n * sizeof(st_node_id_t));

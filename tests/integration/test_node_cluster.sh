@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_node_cluster.sh: four `starling node` processes on loopback, each
-# training a disjoint quarter of Fashion-MNIST and averaging by gossip. All
+# training a disjoint quarter of Fashion-MNIST and averaging by gossip and
+# ring all-reduce (on by default). All
 # of them must finish their epochs with a good test accuracy, having
 # averaged with each other, see each other alive, leave in order on
 # `starling leave`, and write checkpoints whose parameters (read with NumPy)
@@ -87,6 +88,8 @@ for ((k = 0; k < N; k++)); do
   [ "$st" = done ] || node_fail "node $k: state $st after done"
   ge "$acc" 0.87 || node_fail "node $k: test accuracy $acc < 0.87"
   [ "$ok" -gt 0 ] || node_fail "node $k: no exchange succeeded"
+  rings=$(json_field "$SCRATCH/status$k.json" ring_rounds_ok)
+  [ "$rings" -gt 0 ] || node_fail "node $k: no ring round completed (rings are on by default)"
   [ "$alive" -eq 3 ] || node_fail "node $k: $alive peers alive, want 3"
   node_peers "$k" >"$SCRATCH/peers$k.json" || node_fail "peers of node $k"
   "$NUMPY_PY" - "$SCRATCH/peers$k.json" "$(json_field "$SCRATCH/status$k.json" id)" <<'PY' ||
@@ -104,7 +107,7 @@ assert all(m["last_heard_s"] is not None and m["last_heard_s"] < 10 for m in oth
 PY
     node_fail "node $k: peers --json: $(cat "$SCRATCH/peers$k.json")"
 done
-pass "every node: test accuracy >= 0.87, exchanges ok > 0, 4 alive members"
+pass "every node: test accuracy >= 0.87, exchanges and ring rounds ok > 0, 4 alive members"
 
 # The table forms answer too.
 "$STARLING" status --data-dir "$(node_dir 0)" | grep -q "^state      done" ||
