@@ -79,7 +79,8 @@ typedef enum {
   ST_MSG_XCHG_REPLY = 34,
   ST_MSG_XCHG_DONE = 35,
   ST_MSG_RING_SEG = 40, /* gossip.h, "Ring all-reduce" */
-  ST_MSG_RING_PROPOSE = 41, /* gossip.h, "Ring formation" */
+  /* gossip.h, "Ring formation" */
+  ST_MSG_RING_PROPOSE = 41,
   ST_MSG_RING_ACCEPT = 42,
   ST_MSG_RING_CONFIRM = 43,
   ST_MSG_RING_CANCEL = 44
@@ -204,10 +205,10 @@ typedef struct {
 /* One segment of a ring all-reduce (gossip.h, "Ring all-reduce"). */
 typedef struct {
   uint64_t round_id;
-  uint8_t phase;   /* st_ring_phase_t: 0 reduce-scatter, 1 all-gather */
-  uint32_t step;   /* within the phase, 0 .. n_members - 2 */
-  uint32_t chunk;  /* the chunk's index, 0 .. n_members - 1 */
-  uint64_t offset; /* in floats, within the chunk */
+  uint8_t phase;       /* st_ring_phase_t: 0 reduce-scatter, 1 all-gather */
+  uint32_t step;       /* within the phase, 0 .. n_members - 2 */
+  uint32_t chunk;      /* the chunk's index, 0 .. n_members - 1 */
+  uint64_t offset;     /* in floats, within the chunk */
   const uint8_t* data; /* little-endian float32; when decoded, borrowed from
                           the input buffer */
   uint32_t data_len;   /* bytes */
@@ -654,7 +655,9 @@ typedef enum {
   ST_RFACT_START,    /* start the data plane: round_id, members[0..n)
                         in ring order (the same list on every member),
                         this node at my_rank; members is borrowed until
-                        the next event */
+                        the next event. Always its event's last action,
+                        so the driver may call st_ring_form_round_over
+                        while handling it (when it cannot start) */
   ST_RFACT_TIMER     /* call st_ring_form_tick at or after at_ms;
                         replaces any earlier TIMER of this machine */
 } st_rfact_kind_t;
@@ -704,9 +707,10 @@ void st_ring_form_free(st_ring_form_t* f);
 /* Events. Each first drops the actions the previous event left undrained
  * (drain them all after every event). They return 0, or -EINVAL for
  * misuse. */
-/* Proposes a round to candidates[0..n) (self excluded, no duplicates;
- * -EINVAL otherwise, and for n == 0). -EBUSY unless idle. More than
- * ST_RING_FORM_MAX_MEMBERS - 1 candidates: a random subset that many. */
+/* Proposes a round to candidates[0..n), the other members (self and
+ * duplicates are dropped; -EINVAL when none is left). -EBUSY unless idle.
+ * More than ST_RING_FORM_MAX_MEMBERS - 1 candidates: a random subset of
+ * that many. */
 int st_ring_form_propose(st_ring_form_t* f, uint64_t now_ms,
                          const st_node_id_t* candidates, size_t n);
 /* One received message (a whole UDP plaintext holding exactly one RING_
@@ -763,7 +767,11 @@ const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
  * NaN or Inf in the mean) ends it with DONE(reason) and no APPLY; the
  * driver then closes both streams, which ends the round for the others
  * (their drivers see the close and call st_ring_abort), so nobody applies
- * a partial result.
+ * a partial result. A neighbour that finished closes its streams as soon
+ * as its own part is done, so a driver treats the end of the stream from
+ * the previous member (after its last frame) as a failure only while
+ * st_ring_progress shows segments still to receive, and the end of the
+ * stream to the next member only while SENDs are unacknowledged.
  *
  * Wire (after [type, version]):
  *   RING_SEG [round_id u64, phase u8, step u32, chunk u32, offset u64,
@@ -785,7 +793,10 @@ const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
  * (2 (n - 1) steps each wait for one segment); proposers cap far lower. */
 #define ST_RING_MAX_MEMBERS 65536u
 
-typedef enum { ST_RING_REDUCE_SCATTER = 0, ST_RING_ALL_GATHER = 1 } st_ring_phase_t;
+typedef enum {
+  ST_RING_REDUCE_SCATTER = 0,
+  ST_RING_ALL_GATHER = 1
+} st_ring_phase_t;
 
 /* How a round ended (ST_RACT_DONE); st_ring_result_name gives the names. */
 typedef enum {
@@ -882,8 +893,7 @@ void st_ring_free(st_ring_t* x);
 /* The snapshot asked for: n == n_params floats, copied before the call
  * returns unless own is st_ring_snapshot_buffer's buffer (then nothing is
  * copied). -EINVAL when none was asked for or n is wrong. */
-int st_ring_snapshot(st_ring_t* x, uint64_t now_ms, const float* own,
-                     size_t n);
+int st_ring_snapshot(st_ring_t* x, uint64_t now_ms, const float* own, size_t n);
 /* After WANT_SNAPSHOT: the machine's own buffer for the snapshot
  * (n_params floats, valid until st_ring_free), for the trainer to write
  * into before st_ring_snapshot(x, now, buffer, n_params). NULL when no

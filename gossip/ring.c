@@ -348,8 +348,8 @@ int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
     return 0;
   }
   size_t bytes = (size_t) n_params * sizeof(float);
-  x->enc_cap = (size_t) cfg->segment_floats * sizeof(float) +
-               RING_ENVELOPE_BYTES;
+  x->enc_cap =
+      (size_t) cfg->segment_floats * sizeof(float) + RING_ENVELOPE_BYTES;
   x->own = malloc(bytes);
   x->sum = malloc(bytes);
   x->enc = malloc(x->enc_cap);

@@ -540,7 +540,9 @@ static int get_model(const msgpack_object* o, char dst[ST_XCHG_MODEL_MAX]) {
     return -1;
   if (!st__wire_model_ok(o->via.str.ptr, o->via.str.size))
     return -1;
-  memcpy(dst, o->via.str.ptr, o->via.str.size);
+  /* msgpack-c gives an empty string a NULL pointer. */
+  if (o->via.str.size > 0)
+    memcpy(dst, o->via.str.ptr, o->via.str.size);
   dst[o->via.str.size] = '\0';
   return 0;
 }

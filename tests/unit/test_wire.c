@@ -541,7 +541,8 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
     case ST_MSG_RING_SEG: /* test_wire_ring.c */
-    case ST_MSG_RING_PROPOSE: /* test_wire_ring_form.c */
+    /* test_wire_ring_form.c */
+    case ST_MSG_RING_PROPOSE:
     case ST_MSG_RING_ACCEPT:
     case ST_MSG_RING_CONFIRM:
     case ST_MSG_RING_CANCEL:

@@ -216,8 +216,8 @@ static void w_field(w_t* w, fbad_t bad, uint64_t value, uint64_t big) {
 }
 
 static void w_seg(w_t* w, const sw_t* s) {
-  static const uint64_t big[5] = {0, 256, UINT64_C(1) << 32,
-                                  UINT64_C(1) << 32, 0};
+  static const uint64_t big[5] = {0, 256, UINT64_C(1) << 32, UINT64_C(1) << 32,
+                                  0};
   w->n = 0;
   w_byte(w, (uint8_t) (0x90 | (2 + s->n_fields)));
   w_uint(w, ST_MSG_RING_SEG), w_uint(w, ST_WIRE_VERSION);

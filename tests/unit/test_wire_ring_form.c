@@ -185,8 +185,7 @@ static void round_trip(const st_msg_t* m) {
   memset(&d, 0x5a, sizeof d); /* the decoder must write every byte it owns */
   ck_assert_int_eq(st_wire_decode(buf, len, &d, &c), 0);
   ck_assert_uint_eq(drops_total(&c), 0);
-  ck_assert_msg(msg_same(m, &d), "type %d differs after a round trip",
-                m->type);
+  ck_assert_msg(msg_same(m, &d), "type %d differs after a round trip", m->type);
   /* Re-encoding gives the same bytes: the encoding is canonical. */
   uint8_t again[BUF_CAP];
   size_t n2 = encode_ok(&d, again, sizeof again);
@@ -288,8 +287,7 @@ START_TEST(test_known_answer) {
   m.type = ST_MSG_RING_CANCEL;
   m.u.ring_cancel.round_id = 0x0102030405060708ull;
   size_t len = encode_ok(&m, buf, sizeof buf);
-  const uint8_t cancel[] = {0x93, 44,   1,    0xcf, 1, 2,
-                            3,    4,    5,    6,    7, 8};
+  const uint8_t cancel[] = {0x93, 44, 1, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8};
   ck_assert_uint_eq(len, sizeof cancel);
   ck_assert_mem_eq(buf, cancel, len);
   /* [42, 1, 7, false]. */
