@@ -364,12 +364,21 @@ void st__ring_on_closed(st__conn_t* c) {
   st__daemon_t* d = c->d;
   if ((c == d->ring_next || c == d->ring_prev) && d->ring != NULL &&
       !d->ring_done) {
+    /* An end is a failure only while the stream still owes something: the
+     * previous member closes its stream after its last frame, possibly
+     * before this member has had its own last SENDs acknowledged. */
+    st_ring_progress_t p;
+    st_ring_progress(d->ring, &p);
+    bool owed = c == d->ring_next ? p.segments_acked < p.segments_to_send
+                                  : p.segments_received < p.segments_to_receive;
     if (c == d->ring_next)
       d->ring_next = NULL;
     else
       d->ring_prev = NULL;
-    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
-    drain_ring(d);
+    if (owed) {
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+      drain_ring(d);
+    }
   }
   free(c->ring_held);
   c->ring_held = NULL;
