@@ -66,8 +66,10 @@ uint64_t st__dnow(const st__daemon_t* d) {
   return uv_hrtime() / 1000000u;
 }
 
-static void vlog(const st__daemon_t* d, const char* level, const char* fmt,
-                 va_list ap) {
+__attribute__((format(printf, 3, 0))) static void vlog(const st__daemon_t* d,
+                                                       const char* level,
+                                                       const char* fmt,
+                                                       va_list ap) {
   char id[33] = "?";
   st_node_id_format(&d->ident.id, id);
   double t = (double) (st__dnow(d) - d->started_ms) / 1e3;

@@ -65,17 +65,21 @@ int st__addr_parse(const char* text, struct sockaddr_storage* ss,
 }
 
 void st__addr_from_sockaddr(const struct sockaddr* sa, st_wire_addr_t* wa) {
+  /* Copied out rather than cast: a struct sockaddr may be less aligned
+   * than the family's own struct. */
   memset(wa, 0, sizeof(*wa));
   if (sa->sa_family == AF_INET) {
-    const struct sockaddr_in* s4 = (const struct sockaddr_in*) sa;
+    struct sockaddr_in s4;
+    memcpy(&s4, sa, sizeof(s4));
     wa->ip_len = 4;
-    memcpy(wa->ip, &s4->sin_addr, 4);
-    wa->port = ntohs(s4->sin_port);
+    memcpy(wa->ip, &s4.sin_addr, 4);
+    wa->port = ntohs(s4.sin_port);
   } else if (sa->sa_family == AF_INET6) {
-    const struct sockaddr_in6* s6 = (const struct sockaddr_in6*) sa;
+    struct sockaddr_in6 s6;
+    memcpy(&s6, sa, sizeof(s6));
     wa->ip_len = 16;
-    memcpy(wa->ip, &s6->sin6_addr, 16);
-    wa->port = ntohs(s6->sin6_port);
+    memcpy(wa->ip, &s6.sin6_addr, 16);
+    wa->port = ntohs(s6.sin6_port);
   }
 }
 
