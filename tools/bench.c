@@ -6,6 +6,7 @@
  *
  *   starling-bench train    training throughput (bench_train.c)
  *   starling-bench crypto   sealing, opening and handshakes (bench_crypto.c)
+ *   starling-bench ring     ring all-reduce over encrypted TCP (bench_ring.c)
  */
 #include <stdio.h>
 #include <string.h>
@@ -23,6 +24,8 @@ static const struct {
      "sealing and opening packets and stream frames, handshakes/s"},
     {"exchange", st__bench_exchange,
      "the floor for an averaging exchange: seal, send, open both ways"},
+    {"ring", st__bench_ring,
+     "ring all-reduce of N processes over encrypted TCP (busbw)"},
 };
 
 static void usage(FILE* f) {

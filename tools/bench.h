@@ -7,5 +7,6 @@
 int st__bench_train(int argc, char** argv);
 int st__bench_crypto(int argc, char** argv);
 int st__bench_exchange(int argc, char** argv);
+int st__bench_ring(int argc, char** argv);
 
 #endif

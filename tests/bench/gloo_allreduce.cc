@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
         "gloo ring all-reduce (TCP, UNENCRYPTED): %u ranks, %llu MiB float32: "
         "median %.2f ms (min %.2f, max %.2f), algbw %.3f Gbit/s, busbw %.3f "
         "Gbit/s; checked (max |err| %.2g)\n",
-        n, (unsigned long long) mib, med * 1e3, t.front() * 1e3,
-        t.back() * 1e3, algbw, busbw, worst);
+        n, (unsigned long long) mib, med * 1e3, t.front() * 1e3, t.back() * 1e3,
+        algbw, busbw, worst);
   return 0;
 }
