@@ -151,6 +151,13 @@ struct st_xchg_s {
   uint64_t rx_floats;
   bool rx_verified;  /* all there, hash and finiteness checked */
   bool norm_checked; /* AVERAGE: the norm guard passed */
+  /* Accumulated as chunks arrive, so that nothing is left to scan at the
+   * end: the sum of squares of the peer's floats (NaN or Inf when one of
+   * them is), our own snapshot's, and (AVERAGE) how many of the peer's
+   * floats have been turned into the delta in place. */
+  double rx_sumsq;
+  double own_sumsq;
+  uint64_t delta_floats;
 
   uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
   uint8_t ctl[CTL_BYTES];
@@ -254,11 +261,23 @@ static void free_buffers(st_xchg_t* x) {
   x->enc = NULL;
 }
 
-static double l2(const float* v, size_t n) {
+static double sumsq(const float* v, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++)
     s += (double) v[i] * v[i];
-  return sqrt(s);
+  return s;
+}
+
+/* AVERAGE, once our snapshot is here: delta = (s_peer - s_own) / 2 in
+ * place over the floats received so far (the APPLY values). The guard
+ * reads only the sums taken on arrival, so turning the floats early loses
+ * nothing, and nothing is applied unless it passes. */
+static void delta_catch_up(st_xchg_t* x) {
+  if (x->kind != ST_XCHG_AVERAGE || !x->have_own)
+    return;
+  for (uint64_t i = x->delta_floats; i < x->rx_floats; i++)
+    x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
+  x->delta_floats = x->rx_floats;
 }
 
 /* Called after every event: starts our stream once we may, runs the norm
@@ -267,7 +286,6 @@ static double l2(const float* v, size_t n) {
 static void progress(st_xchg_t* x) {
   if (x->phase != PH_TRANSFER)
     return;
-  size_t n = n_floats(x);
   if (sends(x) && x->have_own && !x->stream_queued) {
     x->stream_queued = true;
     push(x, Q_STREAM);
@@ -276,7 +294,7 @@ static void progress(st_xchg_t* x) {
       !x->norm_checked) {
     x->norm_checked = true;
     if (x->cfg.norm_mult > 0 &&
-        l2(x->peer, n) > x->cfg.norm_mult * (l2(x->own, n) + 1.0)) {
+        sqrt(x->rx_sumsq) > x->cfg.norm_mult * (sqrt(x->own_sumsq) + 1.0)) {
       finish(x, ST_XCHG_FAIL_NORM);
       return;
     }
@@ -287,11 +305,7 @@ static void progress(st_xchg_t* x) {
       (x->rx_verified && (x->kind != ST_XCHG_AVERAGE || x->norm_checked));
   if (!tx_complete || !rx_complete)
     return;
-  if (x->kind == ST_XCHG_AVERAGE) {
-    /* delta = (s_peer - s_own) / 2, in place: the APPLY values. */
-    for (size_t i = 0; i < n; i++)
-      x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
-  }
+  delta_catch_up(x); /* done chunk by chunk already, as a rule */
   if (receives(x)) {
     push(x, Q_APPLY);
   }
@@ -458,10 +472,15 @@ static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
   }
   /* The wire checked offset + count <= total = n_params. */
   size_t count = c->data_len / sizeof(float);
-  memcpy(x->peer + c->offset, c->data, c->data_len);
+  float* dst = x->peer + c->offset;
+  memcpy(dst, c->data, c->data_len);
   if (x->kind == ST_XCHG_FETCH)
     st_hash_update(&x->rx_hash, c->data, c->data_len);
+  /* A NaN or Inf makes the sum NaN or Inf; finite floats cannot overflow
+   * it (FLT_MAX^2 * 2^40 < DBL_MAX). */
+  x->rx_sumsq += sumsq(dst, count);
   x->rx_floats += count;
+  delta_catch_up(x);
 }
 
 static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
@@ -475,12 +494,9 @@ static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
     finish(x, ST_XCHG_FAIL_HASH);
     return;
   }
-  size_t n = n_floats(x);
-  for (size_t i = 0; i < n; i++) {
-    if (!isfinite(x->peer[i])) {
-      finish(x, ST_XCHG_FAIL_NONFINITE);
-      return;
-    }
+  if (!isfinite(x->rx_sumsq)) {
+    finish(x, ST_XCHG_FAIL_NONFINITE);
+    return;
   }
   x->rx_verified = true;
 }
@@ -527,6 +543,8 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
     memcpy(x->own, params, n * sizeof(float));
   x->asked = false;
   x->have_own = true;
+  x->own_sumsq = sumsq(x->own, n);
+  delta_catch_up(x);
   progress(x);
   return 0;
 }

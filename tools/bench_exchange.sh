@@ -5,7 +5,8 @@
 # a node holds against its model's size (docs/benchmarks.md).
 #
 # For each model: two `starling node`s on loopback that have finished their
-# (one-step) training average with each other every --gossip-every 0.3 s for
+# (one-step) training average with each other every --gossip-every 0.3 s
+# (rings off, so that only exchanges run) for
 # SECONDS; the figure is the mean of `exchange_ms_mean` over both nodes
 # (connect to done, including the snapshot and the correction) and each
 # node's peak anonymous memory (RssAnon sampled every 0.2 s: the heap, not
@@ -50,7 +51,7 @@ for m in $MODELS; do
   mkdir -p "$dir"
   common=(--model "$m" --data "csv:$work/data.csv" --epochs 1 --batch 2 --device cpu
           --threads 1 --eval-every 0 --log-every 0 --checkpoint-every 0 --quiet
-          --gossip-every 0.3 --cluster-key "$work/ck")
+          --gossip-every 0.3 --ring-every 0 --cluster-key "$work/ck")
   "$S" node --listen 127.0.0.1:0 --data-dir "$dir/n0" --shard 0/2 "${common[@]}" 2>"$dir/n0.log" &
   p0=$!
   pids+=($p0)
