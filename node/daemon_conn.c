@@ -93,6 +93,7 @@ static void conn_free(st__conn_t* c) {
     struct st__job_s* j = c->txq_head;
     c->txq_head = j->next;
     free(j->w);
+    free(j->in);
     free(j);
   }
   if (c->x != NULL)
@@ -140,8 +141,9 @@ static void conn_abort(st__conn_t* c) {
   if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
     return;
   c->closing = true;
-  notify_closed(c);
-  uv_close((uv_handle_t*) &c->tcp, close_cb);
+  notify_closed(c); /* its owner may close it itself */
+  if (!uv_is_closing((uv_handle_t*) &c->tcp))
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
 }
 
 void st__conn_close(st__conn_t* c) {
