@@ -400,6 +400,16 @@ int st_membership_tick(st_membership_t* m, uint64_t now_ms);
 int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
                              const st_msg_status_t* status);
 
+/* Another layer saw this member fail (a stream that broke, a ring round
+ * that stalled): it is probed next, ahead of the shuffled order. This is
+ * how such a failure feeds membership as a suspicion and not a death: the
+ * member is suspected only if it then fails its probe (direct and
+ * indirect), and declared dead only by the usual suspicion timeout, so a
+ * member that merely dropped one connection stays alive. -ENOENT when it
+ * is not an alive or suspect member. */
+int st_membership_probe_hint(st_membership_t* m, uint64_t now_ms,
+                             const st_node_id_t* id);
+
 /* Drains the actions the last events produced, in order; false when none
  * are left. */
 bool st_membership_next_action(st_membership_t* m, st_maction_t* out);

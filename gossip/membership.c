@@ -777,6 +777,33 @@ int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
   return 0;
 }
 
+int st_membership_probe_hint(st_membership_t* m, uint64_t now_ms,
+                             const st_node_id_t* id) {
+  if (!m || !id)
+    return -EINVAL;
+  st__mrec_t* r = st__mem_get(m, id);
+  if (!r || st__id_eq(id, &m->self) ||
+      (r->state != ST_MEMBER_ALIVE && r->state != ST_MEMBER_SUSPECT))
+    return -ENOENT;
+  begin(m, now_ms);
+  /* The table is the probe order: move the member to the next place to be
+   * probed in this pass (the place before it when it was probed already,
+   * swapping with a member this pass has seen). */
+  uint32_t i = (uint32_t) (r - m->mem);
+  if (i < m->probe_index)
+    m->probe_index--;
+  uint32_t j = m->probe_index;
+  if (i != j) {
+    st__mrec_t t = m->mem[i];
+    m->mem[i] = m->mem[j];
+    m->mem[j] = t;
+    st__table_rehash(m);
+  }
+  m->stats.probe_hints++;
+  finish(m, now_ms);
+  return 0;
+}
+
 /* ==== Queries ===============================================================
  */
 

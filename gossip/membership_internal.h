@@ -186,7 +186,8 @@ struct st_membership_s {
     uint64_t refutes_resent; /* ALIVEs sent to a stale accuser */
     uint64_t buddy_asks;     /* SUSPECTs sent to a suspect that spoke */
     uint64_t push_pulls_in, push_pulls_out;
-    uint64_t reconnects; /* push-pulls tried with a dead member */
+    uint64_t reconnects;  /* push-pulls tried with a dead member */
+    uint64_t probe_hints; /* st_membership_probe_hint */
   } stats;
 };
 typedef struct st__membership_stats_s st__membership_stats_t;

@@ -23,8 +23,10 @@
  * derived from the segment times measured in earlier rounds; a closed
  * stream or a member declared dead or gone aborts the round. Any abort
  * closes both streams, which ends the round at the neighbours, and so on
- * around the ring: nobody applies a partial result. The member blamed is
- * logged; membership itself decides, by probing, whether it is dead.
+ * around the ring: nobody applies a partial result. A closed stream or a
+ * stall feeds membership as a hint (st_membership_probe_hint): both
+ * neighbours are probed next, and one is suspected only if it then fails
+ * its probe; membership alone declares deaths.
  */
 #include "node/daemon_internal.h"
 
@@ -61,6 +63,16 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
         d->ring_segment_ms > 0 ? 0.7 * d->ring_segment_ms + 0.3 * per : per;
   } else {
     d->c.ring_aborted++;
+    /* A failure is a hint, not a verdict: membership probes both
+     * neighbours next and suspects one only if it fails its probe. */
+    if (r == ST_RING_FAIL_CLOSED || r == ST_RING_FAIL_TIMEOUT) {
+      for (int k = -1; k <= 1; k += 2) {
+        uint32_t nb = (d->ring_rank + d->ring_n + (uint32_t) k) % d->ring_n;
+        if (nb != d->ring_rank)
+          st_membership_probe_hint(d->m, now, &d->ring_members[nb]);
+      }
+      st__net_drain(d);
+    }
     st__dwarn(d, "ring round %016llx of %u members aborted after %.0f ms: %s",
               (unsigned long long) d->ring_round, d->ring_n, ms,
               st_ring_result_name(r));

@@ -77,6 +77,9 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
                 id, theirs, d->local.model);
     }
   }
+  if ((r == ST_XCHG_FAIL_CLOSED || r == ST_XCHG_FAIL_TIMEOUT) &&
+      st_membership_probe_hint(d->m, st__dnow(d), &c->peer) == 0)
+    st__net_drain(d); /* probed next: suspected only if it fails that */
   if (c->xkind == ST_XCHG_FETCH && c->initiator && r != ST_XCHG_OK &&
       r != ST_XCHG_MISMATCH)
     st__dlog(d, "state transfer from %.12s failed (%s); trying another peer",

@@ -1286,6 +1286,46 @@ START_TEST(test_reconnect) {
 END_TEST
 
 /* The defaults are memberlist's LAN configuration. */
+/* A hint from another layer (a broken stream): the member is probed next,
+ * in the very next probe period, ahead of the shuffled order; it becomes
+ * suspect only because it then fails that probe, and an answering member
+ * stays alive. Every member is hinted in turn, so the test holds whatever
+ * the shuffled order. */
+START_TEST(test_probe_hint) {
+  st_membership_config_t cfg;
+  st_membership_config_default(&cfg);
+  h_t h;
+  h_init(&h, 12, &cfg);
+  h_run(&h, h.now + 5000);
+  for (int t = 1; t < 12; t++) {
+    size_t before = h.n_sent;
+    ck_assert_int_eq(st_membership_probe_hint(h.m, h.now, &h.id[t]), 0);
+    drain(&h);
+    /* Within one probe interval, the next PING goes to t. */
+    h_run(&h, h.now + cfg.probe_interval_ms + 1);
+    int first = -1;
+    for (size_t i = before; i < h.n_sent && first < 0; i++) {
+      st_msg_t msg;
+      size_t used;
+      if (st_wire_decode_next(h.sent[i].data, h.sent[i].len, &msg, &used,
+                              NULL) == 0) {
+        if (msg.type == ST_MSG_PING)
+          first = who(&h, &msg.u.ping.target);
+        st_wire_msg_free(&msg);
+      }
+    }
+    ck_assert_msg(first == t, "hinted %d, next probe went to %d", t, first);
+    ck_assert_int_eq(state_of(&h, t), ST_MEMBER_ALIVE); /* it answered */
+  }
+  /* Not a member, or self: refused. */
+  st_node_id_t stranger;
+  memset(&stranger, 0xEE, sizeof stranger);
+  ck_assert_int_eq(st_membership_probe_hint(h.m, h.now, &stranger), -ENOENT);
+  ck_assert_int_eq(st_membership_probe_hint(h.m, h.now, &h.id[0]), -ENOENT);
+  h_free(&h);
+}
+END_TEST
+
 START_TEST(test_defaults) {
   st_membership_config_t c;
   st_membership_config_default(&c);
@@ -1337,6 +1377,7 @@ static Suite* suite(void) {
   tcase_add_test(tr, test_reclaim);
   tcase_add_test(tr, test_reconnect);
   tcase_add_test(tr, test_defaults);
+  tcase_add_test(tr, test_probe_hint);
   suite_add_tcase(s, tr);
   TCase* td = tcase_create("dissemination");
   tcase_add_loop_test(
