@@ -1,6 +1,8 @@
-/* fuzz_common.h: fixed keys and identities for the libFuzzer targets, so
- * that a crashing input reproduces. Test-only; header-only so that each
- * target stays one file. Never use these keys anywhere else. */
+/* fuzz_common.h: what the libFuzzer targets share: CHECK, the reading of a
+ * script-like input a byte or a frame at a time, and fixed keys and
+ * identities, so that a crashing input reproduces. Test-only; header-only
+ * so that each target stays one file. Never use these keys anywhere
+ * else. */
 #ifndef STARLING_FUZZ_COMMON_H
 #define STARLING_FUZZ_COMMON_H
 
@@ -10,6 +12,41 @@
 #include "crypto/crypto.h"
 #include "crypto/crypto_internal.h"
 #include "gossip/gossip.h"
+
+/* A property of the code under test: a crash when it fails, so that
+ * libFuzzer reports the input (and NDEBUG cannot turn it off). */
+#define CHECK(x) \
+  do {           \
+    if (!(x))    \
+      abort();   \
+  } while (0)
+
+/* An input read as a script: bytes taken from the front. */
+typedef struct {
+  const uint8_t* p;
+  size_t left;
+} fuzz_in_t;
+
+/* The next byte, or 0 past the end. */
+static inline uint8_t fuzz_byte(fuzz_in_t* in) {
+  if (in->left == 0)
+    return 0;
+  in->left--;
+  return *in->p++;
+}
+
+/* A raw frame: a length byte, then that many bytes (fewer at the end).
+ * Returns the frame and writes its length into *len. */
+static inline const uint8_t* fuzz_frame(fuzz_in_t* in, size_t* len) {
+  size_t n = fuzz_byte(in);
+  if (n > in->left)
+    n = in->left;
+  const uint8_t* p = in->p;
+  in->p += n;
+  in->left -= n;
+  *len = n;
+  return p;
+}
 
 /* A keyring over a fixed cluster key (byte b repeated). */
 static inline void fuzz_keyring(st_keyring_t* ring, uint8_t b) {

@@ -24,14 +24,9 @@
 
 #include "gossip/gossip.h"
 #include "gossip/membership_constants.h"
+#include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-
-#define CHECK(x) \
-  do {           \
-    if (!(x))    \
-      abort();   \
-  } while (0)
 
 #define NKNOWN 5 /* node 0 (the machine) and members 1..4 */
 

@@ -26,28 +26,11 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
-#define CHECK(x) \
-  do {           \
-    if (!(x))    \
-      abort();   \
-  } while (0)
-
 #define MAX_FLOATS 64
-
-typedef struct {
-  const uint8_t* p;
-  size_t left;
-} in_t;
-
-static uint8_t byte(in_t* in) {
-  if (in->left == 0)
-    return 0;
-  in->left--;
-  return *in->p++;
-}
 
 typedef struct {
   st_ring_t* x;
@@ -124,7 +107,8 @@ static void drain(harness_t* h) {
 
 /* The next segment of the receive stream, with floats from the input; b
  * chooses one field to change (b % 8 < 6), or none. */
-static void feed_next(harness_t* h, in_t* in, bool perturb, uint64_t round) {
+static void feed_next(harness_t* h, fuzz_in_t* in, bool perturb,
+                      uint64_t round) {
   if (h->t >= 2 * (h->n - 1))
     return;
   static float v[8];
@@ -134,7 +118,7 @@ static void feed_next(harness_t* h, in_t* in, bool perturb, uint64_t round) {
   if (count > h->cfg.segment_floats)
     count = h->cfg.segment_floats;
   for (uint64_t i = 0; i < count; i++) {
-    uint8_t b = byte(in);
+    uint8_t b = fuzz_byte(in);
     v[i] = b == 0xff ? NAN : (float) (b - 128) / 16;
   }
   bool rs = h->t + 1 < h->n;
@@ -150,7 +134,7 @@ static void feed_next(harness_t* h, in_t* in, bool perturb, uint64_t round) {
   g->data = (const uint8_t*) v;
   g->data_len = (uint32_t) (4 * count);
   if (perturb) {
-    uint8_t b = byte(in);
+    uint8_t b = fuzz_byte(in);
     switch (b % 6) {
       case 0:
         g->round_id ^= 1u + (b >> 3);
@@ -185,15 +169,15 @@ static void feed_next(harness_t* h, in_t* in, bool perturb, uint64_t round) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  in_t in = {data, size};
+  fuzz_in_t in = {data, size};
   harness_t h;
   memset(&h, 0, sizeof h);
   st_ring_config_default(&h.cfg);
-  h.n = 2 + byte(&in) % 8;
-  h.rank = byte(&in) % h.n;
-  h.floats = byte(&in) % (MAX_FLOATS + 1);
-  h.cfg.segment_floats = 1 + byte(&in) % 8;
-  h.cfg.in_flight = 1 + byte(&in) % 3;
+  h.n = 2 + fuzz_byte(&in) % 8;
+  h.rank = fuzz_byte(&in) % h.n;
+  h.floats = fuzz_byte(&in) % (MAX_FLOATS + 1);
+  h.cfg.segment_floats = 1 + fuzz_byte(&in) % 8;
+  h.cfg.in_flight = 1 + fuzz_byte(&in) % 3;
   h.cfg.timeout_ms = 1000;
   const uint64_t round = 0x7777;
   CHECK(st_ring_new(&h.cfg, round, h.n, h.rank, h.floats, 0, &h.x) == 0);
@@ -202,15 +186,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t now = 0;
   float snap[MAX_FLOATS];
   while (in.left > 0) {
-    uint8_t op = byte(&in);
+    uint8_t op = fuzz_byte(&in);
     switch (op % 8) {
       case 0: { /* a raw frame */
-        size_t len = byte(&in);
-        if (len > in.left)
-          len = in.left;
-        CHECK(st_ring_message(h.x, now, in.p, len) == 0);
-        in.p += len;
-        in.left -= len;
+        size_t len;
+        const uint8_t* f = fuzz_frame(&in, &len);
+        CHECK(st_ring_message(h.x, now, f, len) == 0);
         break;
       }
       case 1:
@@ -222,7 +203,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 4: { /* the snapshot */
         for (uint64_t i = 0; i < h.floats; i++) {
-          uint8_t b = byte(&in);
+          uint8_t b = fuzz_byte(&in);
           snap[i] = b == 0xff ? INFINITY : (float) (b - 128) / 8;
         }
         float* buf = st_ring_snapshot_buffer(h.x);
@@ -254,7 +235,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         now += 100u * (op >> 3);
         if ((op >> 3) == 31)
           CHECK(st_ring_abort(h.x, now,
-                              (st_ring_result_t) (1 + byte(&in) % 4)) == 0);
+                              (st_ring_result_t) (1 + fuzz_byte(&in) % 4)) ==
+                0);
         else
           CHECK(st_ring_tick(h.x, now) == 0);
         break;

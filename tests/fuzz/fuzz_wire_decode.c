@@ -28,15 +28,10 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/fuzz/fuzz_common.h"
 #include "tests/wire_same.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-
-#define CHECK(x) \
-  do {           \
-    if (!(x))    \
-      abort();   \
-  } while (0)
 
 static uint64_t drops_total(const st_wire_counters_t* c) {
   uint64_t t = 0;

@@ -24,28 +24,11 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
-#define CHECK(x) \
-  do {           \
-    if (!(x))    \
-      abort();   \
-  } while (0)
-
 #define MAX_FLOATS 64
-
-typedef struct {
-  const uint8_t* p;
-  size_t left;
-} in_t;
-
-static uint8_t byte(in_t* in) {
-  if (in->left == 0)
-    return 0;
-  in->left--;
-  return *in->p++;
-}
 
 typedef struct {
   st_xchg_t* x;
@@ -103,7 +86,7 @@ static void feed(harness_t* h, const st_msg_t* m) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  in_t in = {data, size};
+  fuzz_in_t in = {data, size};
   st_xchg_config_t cfg;
   st_xchg_config_default(&cfg);
   cfg.timeout_ms = 1000;
@@ -111,8 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   memset(&l, 0, sizeof l);
   memset(l.fingerprint, 0x33, 16);
   strcpy(l.model, "mlp:4-4 f32");
-  uint8_t role = byte(&in);
-  l.n_params = byte(&in) % (MAX_FLOATS + 1);
+  uint8_t role = fuzz_byte(&in);
+  l.n_params = fuzz_byte(&in) % (MAX_FLOATS + 1);
   l.step = 5;
   harness_t h;
   memset(&h, 0, sizeof h);
@@ -136,22 +119,19 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t now = 0;
   float floats[MAX_FLOATS];
   while (in.left > 0) {
-    uint8_t op = byte(&in);
+    uint8_t op = fuzz_byte(&in);
     st_msg_t m;
     memset(&m, 0, sizeof m);
     switch (op % 9) {
       case 0: { /* a raw frame */
-        size_t len = byte(&in);
-        if (len > in.left)
-          len = in.left;
-        CHECK(st_xchg_message(h.x, now, in.p, len) == 0);
-        in.p += len;
-        in.left -= len;
+        size_t len;
+        const uint8_t* f = fuzz_frame(&in, &len);
+        CHECK(st_xchg_message(h.x, now, f, len) == 0);
         break;
       }
       case 1:   /* XCHG_REQ */
       case 2: { /* XCHG_REPLY */
-        uint8_t b = byte(&in);
+        uint8_t b = fuzz_byte(&in);
         uint8_t* fp =
             op % 9 == 1 ? m.u.xchg_req.fingerprint : m.u.xchg_reply.fingerprint;
         memcpy(fp, l.fingerprint, 16);
@@ -174,16 +154,16 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: { /* TENSOR_CHUNK: the next floats, or anywhere */
-        uint8_t b = byte(&in), c = byte(&in);
+        uint8_t b = fuzz_byte(&in), c = fuzz_byte(&in);
         uint64_t total = b & 1 ? c : l.n_params;
         uint64_t off = b & 2 ? c % (total + 1) : h.rx_floats;
-        size_t count = (size_t) (byte(&in) % (MAX_FLOATS + 1));
+        size_t count = (size_t) (fuzz_byte(&in) % (MAX_FLOATS + 1));
         if (off > total)
           off = total;
         if (count > total - off)
           count = (size_t) (total - off);
         for (size_t i = 0; i < count; i++) {
-          uint8_t v = byte(&in);
+          uint8_t v = fuzz_byte(&in);
           floats[i] = v == 0xff ? NAN : (float) (v - 128) / 16;
         }
         m.type = ST_MSG_TENSOR_CHUNK;
@@ -199,17 +179,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 4: { /* XCHG_DONE, with the hash of what was sent or not */
         m.type = ST_MSG_XCHG_DONE;
-        if (byte(&in) & 1) {
+        if (fuzz_byte(&in) & 1) {
           st_hash_t copy = h.rx;
           st_hash_final(&copy, m.u.xchg_done.hash);
         } else {
-          m.u.xchg_done.hash[0] = byte(&in);
+          m.u.xchg_done.hash[0] = fuzz_byte(&in);
         }
         feed(&h, &m);
         break;
       }
       case 5: { /* the snapshot */
-        uint8_t b = byte(&in);
+        uint8_t b = fuzz_byte(&in);
         for (size_t i = 0; i < MAX_FLOATS; i++)
           floats[i] = (float) (b + i) / 8;
         if (b == 0xff)
@@ -229,7 +209,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       case 7:
-        now += byte(&in) * 10u;
+        now += fuzz_byte(&in) * 10u;
         CHECK(st_xchg_tick(h.x, now) == 0);
         break;
       default:

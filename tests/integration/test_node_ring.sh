@@ -82,7 +82,7 @@ aborted_everywhere() {
     grep -q "ring round $round of [0-9]* members aborted" "$(node_log "$k")" || return 1
   done
 }
-wait_for 40 "every survivor aborting round $round" aborted_everywhere
+wait_for 60 "every survivor aborting round $round" aborted_everywhere
 for ((k = 0; k < N - 1; k++)); do
   doc=$(node_status "$k") || node_fail "status of node $k"
   "$NUMPY_PY" -c '

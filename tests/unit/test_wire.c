@@ -9,12 +9,12 @@
  * ASan and the address space otherwise), and random mutations of valid
  * encodings.
  *
- * Hostile messages are written with a small msgpack writer of its own (no
- * msgpack-c here: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR writes the
- * fuzz seed corpus (one valid encoding per type) into DIR; otherwise the
- * committed corpus under $ST_SOURCE_DIR is checked to decode. The
- * push-pull message and st_wire_decode_next are tested in
- * test_wire_push_pull.c. */
+ * Hostile messages are written with the msgpack writer of
+ * tests/wire_testutil.h (no msgpack-c here: STYLE.md rule 6).
+ * ST_WIRE_WRITE_CORPUS=DIR writes the fuzz seed corpus (one valid encoding per
+ * type) into DIR; otherwise the committed corpus under $ST_SOURCE_DIR is
+ * checked to decode. The push-pull message and st_wire_decode_next are tested
+ * in test_wire_push_pull.c. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "gossip/gossip.h"
-#include "tests/wire_same.h"
 #include "tests/unit/testutil.h"
+#include "tests/wire_testutil.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define TW_ASAN 1
@@ -48,85 +48,7 @@ const char* __asan_default_options(void) {
 #endif
 
 #define BUF_CAP (ST_WIRE_MAX_MESSAGE_BYTES + 64)
-
-/* ==== A msgpack writer for hand-made messages ===============================
- */
-
-typedef struct {
-  uint8_t* b;
-  size_t n;
-} w_t;
-
-static w_t* w_new(void) {
-  w_t* w = calloc(1, sizeof *w);
-  ck_assert_ptr_nonnull(w);
-  w->b = malloc(BUF_CAP + ST_WIRE_CHUNK_MAX_BYTES);
-  ck_assert_ptr_nonnull(w->b);
-  return w;
-}
-
-static void w_free(w_t* w) {
-  free(w->b);
-  free(w);
-}
-
-static void w_byte(w_t* w, uint8_t x) {
-  w->b[w->n++] = x;
-}
-
-static void w_be(w_t* w, uint64_t v, size_t bytes) {
-  for (size_t i = bytes; i-- > 0;)
-    w_byte(w, (uint8_t) (v >> (8 * i)));
-}
-
-static void w_uint(w_t* w, uint64_t v) {
-  if (v <= 0x7f) {
-    w_byte(w, (uint8_t) v);
-  } else if (v <= 0xff) {
-    w_byte(w, 0xcc), w_be(w, v, 1);
-  } else if (v <= 0xffff) {
-    w_byte(w, 0xcd), w_be(w, v, 2);
-  } else if (v <= 0xffffffffu) {
-    w_byte(w, 0xce), w_be(w, v, 4);
-  } else {
-    w_byte(w, 0xcf), w_be(w, v, 8);
-  }
-}
-
-static void w_array(w_t* w, uint32_t n) {
-  if (n <= 15)
-    w_byte(w, (uint8_t) (0x90 | n));
-  else if (n <= 0xffff)
-    w_byte(w, 0xdc), w_be(w, n, 2);
-  else
-    w_byte(w, 0xdd), w_be(w, n, 4);
-}
-
-static void w_bin(w_t* w, const void* p, size_t n) {
-  if (n <= 0xff)
-    w_byte(w, 0xc4), w_be(w, n, 1);
-  else if (n <= 0xffff)
-    w_byte(w, 0xc5), w_be(w, n, 2);
-  else
-    w_byte(w, 0xc6), w_be(w, n, 4);
-  if (p != NULL)
-    memcpy(w->b + w->n, p, n);
-  else
-    memset(w->b + w->n, 0xab, n);
-  w->n += n;
-}
-
-static void w_f32(w_t* w, float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  w_byte(w, 0xca), w_be(w, u, 4);
-}
-
-static void w_f64(w_t* w, double d) {
-  uint64_t u;
-  memcpy(&u, &d, 8);
-  w_byte(w, 0xcb), w_be(w, u, 8);
-}
+#define W_CAP (BUF_CAP + ST_WIRE_CHUNK_MAX_BYTES) /* a hand-made message */
 
 /* ==== The layouts of gossip.h, as a table ===================================
  */
@@ -426,11 +348,6 @@ static void setup(void) {
   st_rng_seed(&rng, tu_seed());
 }
 
-static void rand_bytes(uint8_t* p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t) st_rng_next(&rng);
-}
-
 /* Any width: small values, edges and full-range values alike. */
 static uint64_t rand_uint(uint64_t max) {
   uint64_t v;
@@ -467,7 +384,7 @@ static float rand_f32(void) {
 static void rand_addr(st_wire_addr_t* a) {
   memset(a, 0, sizeof *a);
   a->ip_len = st_rng_below(&rng, 2) ? 4 : 16;
-  rand_bytes(a->ip, a->ip_len);
+  tw_rand_bytes(&rng, a->ip, a->ip_len);
   a->port = (uint16_t) rand_uint(UINT16_MAX);
 }
 
@@ -481,21 +398,21 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_HS1:
       m->u.hs1.version = ST_WIRE_VERSION;
       m->u.hs1.key_id = (uint8_t) rand_uint(UINT8_MAX);
-      rand_bytes(m->u.hs1.ephemeral, sizeof m->u.hs1.ephemeral);
+      tw_rand_bytes(&rng, m->u.hs1.ephemeral, sizeof m->u.hs1.ephemeral);
       break;
     case ST_MSG_HS2:
-      rand_bytes((uint8_t*) &m->u.hs2, sizeof m->u.hs2);
+      tw_rand_bytes(&rng, (uint8_t*) &m->u.hs2, sizeof m->u.hs2);
       break;
     case ST_MSG_HS3:
-      rand_bytes((uint8_t*) &m->u.hs3, sizeof m->u.hs3);
+      tw_rand_bytes(&rng, (uint8_t*) &m->u.hs3, sizeof m->u.hs3);
       break;
     case ST_MSG_PING:
       m->u.ping.seq = (uint32_t) rand_uint(UINT32_MAX);
-      rand_bytes(m->u.ping.target.b, 16);
+      tw_rand_bytes(&rng, m->u.ping.target.b, 16);
       break;
     case ST_MSG_PING_REQ:
       m->u.ping_req.seq = (uint32_t) rand_uint(UINT32_MAX);
-      rand_bytes(m->u.ping_req.target.b, 16);
+      tw_rand_bytes(&rng, m->u.ping_req.target.b, 16);
       rand_addr(&m->u.ping_req.target_addr);
       m->u.ping_req.want_nack = st_rng_below(&rng, 2);
       break;
@@ -504,25 +421,25 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       m->u.ack.seq = (uint32_t) rand_uint(UINT32_MAX);
       break;
     case ST_MSG_ALIVE:
-      rand_bytes(m->u.alive.node.b, 16);
+      tw_rand_bytes(&rng, m->u.alive.node.b, 16);
       m->u.alive.incarnation = rand_uint(UINT64_MAX);
       rand_addr(&m->u.alive.addr);
-      rand_bytes(m->u.alive.public_key, sizeof m->u.alive.public_key);
+      tw_rand_bytes(&rng, m->u.alive.public_key, sizeof m->u.alive.public_key);
       break;
     case ST_MSG_SUSPECT:
     case ST_MSG_DEAD:
-      rand_bytes(m->u.suspect.node.b, 16);
+      tw_rand_bytes(&rng, m->u.suspect.node.b, 16);
       m->u.suspect.incarnation = rand_uint(UINT64_MAX);
-      rand_bytes(m->u.suspect.from.b, 16);
+      tw_rand_bytes(&rng, m->u.suspect.from.b, 16);
       break;
     case ST_MSG_STATUS:
-      rand_bytes(m->u.status.node.b, 16);
+      tw_rand_bytes(&rng, m->u.status.node.b, 16);
       m->u.status.seq = rand_uint(UINT64_MAX);
       m->u.status.step = rand_uint(UINT64_MAX);
       m->u.status.loss = rand_f32();
       m->u.status.accuracy = rand_f32();
       m->u.status.samples_per_sec = rand_f32();
-      rand_bytes(m->u.status.fingerprint, 16);
+      tw_rand_bytes(&rng, m->u.status.fingerprint, 16);
       m->u.status.ring_capable = st_rng_below(&rng, 2);
       break;
     case ST_MSG_TENSOR_CHUNK: {
@@ -532,7 +449,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       c->total = count + rand_uint((UINT64_C(1) << 40) - count);
       c->offset = rand_uint(c->total - count);
       c->data_len = (uint32_t) (4 * count);
-      rand_bytes(data, c->data_len);
+      tw_rand_bytes(&rng, data, c->data_len);
       c->data = data;
       break;
     }
@@ -550,44 +467,13 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
   }
 }
 
-static uint64_t drops_total(const st_wire_counters_t* c) {
-  uint64_t t = 0;
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    t += c->drops[r];
-  return t;
-}
-
-/* Decodes b[0..n) expecting rc and exactly one drop counted under why. */
-static void expect_drop_(const uint8_t* b, size_t n, int rc, st_wire_drop_t why,
-                         const char* what, int line) {
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
-  st_msg_t m;
-  int got = st_wire_decode(b, n, &m, &c);
-  ck_assert_msg(got == rc, "line %d, %s: rc %d, want %d", line, what, got, rc);
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    ck_assert_msg(c.drops[r] == (r == (int) why ? 1u : 0u),
-                  "line %d, %s: %s counted %llu, want %s", line, what,
-                  st_wire_drop_name((st_wire_drop_t) r),
-                  (unsigned long long) c.drops[r], st_wire_drop_name(why));
-}
-#define expect_drop(b, n, rc, why, what) \
-  expect_drop_(b, n, rc, why, what, __LINE__)
-
 /* ==== Round trips ===========================================================
  */
 
 static void round_trip(const st_msg_t* m, size_t* enc_len) {
   static uint8_t buf[BUF_CAP];
-  size_t len = 0;
-  ck_assert_int_eq(st_wire_encode(m, buf, sizeof buf, &len), 0);
-  ck_assert_uint_le(len, ST_WIRE_MAX_MESSAGE_BYTES);
   st_msg_t d;
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
-  ck_assert_int_eq(st_wire_decode(buf, len, &d, &c), 0);
-  ck_assert_uint_eq(drops_total(&c), 0);
-  ck_assert_msg(msg_same(m, &d), "type %d differs after a round trip", m->type);
+  size_t len = tw_round_trip(m, buf, sizeof buf, &d);
   if (m->type == ST_MSG_TENSOR_CHUNK && d.u.chunk.data_len > 0) {
     ck_assert(d.u.chunk.data >= buf &&
               d.u.chunk.data + d.u.chunk.data_len <= buf + len);
@@ -610,7 +496,7 @@ END_TEST
 START_TEST(test_chunk_sizes) {
   uint8_t* data = malloc(ST_WIRE_CHUNK_MAX_BYTES);
   ck_assert_ptr_nonnull(data);
-  rand_bytes(data, ST_WIRE_CHUNK_MAX_BYTES);
+  tw_rand_bytes(&rng, data, ST_WIRE_CHUNK_MAX_BYTES);
   const uint32_t sizes[] = {
       0, 4, 8, 1020, ST_WIRE_CHUNK_MAX_BYTES - 4, ST_WIRE_CHUNK_MAX_BYTES};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -635,7 +521,7 @@ END_TEST
 
 /* The data of a decoded chunk is the input's own bytes, not a copy. */
 START_TEST(test_chunk_borrows_input) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   w_msg(w, &specs[NSPECS - 1], -1, V_VALID);
   st_msg_t m;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
@@ -681,7 +567,7 @@ START_TEST(test_wide_integers) {
   ck_assert_uint_eq(m.u.ping.seq, 0x12345678u);
   ck_assert_uint_eq(m.u.ping.target.b[15], 16);
   /* STATUS with float64 values, narrowed; NaN and infinity are values. */
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   w_array(w, 10), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
   w_bin(w, NULL, 16), w_uint(w, 1), w_uint(w, 2);
   w_f64(w, 0.1), w_f64(w, NAN), w_f64(w, -INFINITY);
@@ -837,7 +723,7 @@ START_TEST(test_reject_truncated) {
        * length: limit. Either way, exactly one drop. */
       ck_assert_uint_eq(
           c.drops[ST_WIRE_DROP_MALFORMED] + c.drops[ST_WIRE_DROP_LIMIT], 1);
-      ck_assert_uint_eq(drops_total(&c), 1);
+      ck_assert_uint_eq(tw_drops_total(&c), 1);
       if (n < 3)
         ck_assert_uint_eq(c.drops[ST_WIRE_DROP_MALFORMED], 1);
       free(p);
@@ -848,27 +734,27 @@ END_TEST
 
 START_TEST(test_reject_trailing) {
   const mspec_t* s = &specs[_i];
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   const uint8_t extra[] = {0x00, 0xc0, 0x90, 0xc1, 0xff};
   for (size_t i = 0; i < sizeof extra; i++) {
     w_msg(w, s, -1, V_VALID);
     w_byte(w, extra[i]);
-    expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_MALFORMED, s->name);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_MALFORMED, s->name);
   }
   /* Two whole messages in one buffer. */
   w_msg(w, s, -1, V_VALID);
   size_t one = w->n;
   memcpy(w->b + one, w->b, one);
   w->n = 2 * one;
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_MALFORMED, s->name);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_MALFORMED, s->name);
   w_free(w);
 }
 END_TEST
 
 START_TEST(test_reject_envelope) {
   const uint8_t empty[1] = {0};
-  expect_drop(empty, 0, -EBADMSG, ST_WIRE_DROP_MALFORMED, "empty");
-  expect_drop(NULL, 0, -EBADMSG, ST_WIRE_DROP_MALFORMED, "NULL, 0");
+  tw_expect_drop(empty, 0, -EBADMSG, ST_WIRE_DROP_MALFORMED, "empty");
+  tw_expect_drop(NULL, 0, -EBADMSG, ST_WIRE_DROP_MALFORMED, "NULL, 0");
   /* Not an array, an array too short, a type or version not an unsigned
    * integer. */
   const struct {
@@ -889,32 +775,32 @@ START_TEST(test_reject_envelope) {
       {{0xc1}, 1},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    expect_drop(bad[i].b, bad[i].n, -EBADMSG, ST_WIRE_DROP_MALFORMED,
-                "envelope");
+    tw_expect_drop(bad[i].b, bad[i].n, -EBADMSG, ST_WIRE_DROP_MALFORMED,
+                   "envelope");
 }
 END_TEST
 
 START_TEST(test_reject_version) {
   const mspec_t* s = &specs[_i];
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   const uint64_t versions[] = {0, 2, 255, 65536, UINT64_MAX};
   for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
     w_msg(w, s, -1, V_VALID);
     /* Rewrite with the other version: [n, type, version, fields...]. */
-    w_t* v = w_new();
+    w_t* v = w_new(W_CAP);
     w_array(v, (uint32_t) (2 + s->n));
     w_uint(v, s->type);
     w_uint(v, versions[i]);
     memcpy(v->b + v->n, w->b + 3, w->n - 3);
     v->n += w->n - 3;
-    expect_drop(v->b, v->n, -EPROTONOSUPPORT, ST_WIRE_DROP_VERSION, s->name);
+    tw_expect_drop(v->b, v->n, -EPROTONOSUPPORT, ST_WIRE_DROP_VERSION, s->name);
     /* The version is checked before the body and the type: a body of any
      * shape, or a type unknown to us, is still a version drop. */
     v->n = 0;
     w_array(v, 2);
     w_uint(v, 200);
     w_uint(v, versions[i]);
-    expect_drop(v->b, v->n, -EPROTONOSUPPORT, ST_WIRE_DROP_VERSION, "bare");
+    tw_expect_drop(v->b, v->n, -EPROTONOSUPPORT, ST_WIRE_DROP_VERSION, "bare");
     w_free(v);
   }
   w_free(w);
@@ -924,16 +810,16 @@ END_TEST
 START_TEST(test_reject_unknown_type) {
   const uint64_t types[] = {0,  4,   15,  25,       31,
                             36, 127, 255, 1u << 16, UINT64_MAX};
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     w->n = 0;
     w_array(w, 3), w_uint(w, types[i]), w_uint(w, ST_WIRE_VERSION);
     w_uint(w, 1);
-    expect_drop(w->b, w->n, -ENOMSG, ST_WIRE_DROP_UNKNOWN_TYPE, "type");
+    tw_expect_drop(w->b, w->n, -ENOMSG, ST_WIRE_DROP_UNKNOWN_TYPE, "type");
     /* Known before the body is walked. */
     w->n = 0;
     w_array(w, 2), w_uint(w, types[i]), w_uint(w, ST_WIRE_VERSION);
-    expect_drop(w->b, w->n, -ENOMSG, ST_WIRE_DROP_UNKNOWN_TYPE, "bare");
+    tw_expect_drop(w->b, w->n, -ENOMSG, ST_WIRE_DROP_UNKNOWN_TYPE, "bare");
   }
   w_free(w);
 }
@@ -941,7 +827,7 @@ END_TEST
 
 START_TEST(test_reject_field_count) {
   const mspec_t* s = &specs[_i];
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   /* One field short, and one extra (nil, or a copy of the last). */
   w->n = 0;
   w_array(w, (uint32_t) (1 + s->n));
@@ -949,7 +835,7 @@ START_TEST(test_reject_field_count) {
   w_uint(w, ST_WIRE_VERSION);
   for (int i = 0; i < s->n - 1; i++)
     w_value(w, &s->f[i], V_VALID);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "short");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "short");
   w->n = 0;
   w_array(w, (uint32_t) (3 + s->n));
   w_uint(w, s->type);
@@ -957,11 +843,11 @@ START_TEST(test_reject_field_count) {
   for (int i = 0; i < s->n; i++)
     w_value(w, &s->f[i], V_VALID);
   w_byte(w, 0xc0);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "long");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "long");
   /* No fields at all. */
   w->n = 0;
   w_array(w, 2), w_uint(w, s->type), w_uint(w, ST_WIRE_VERSION);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "none");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "none");
   w_free(w);
 }
 END_TEST
@@ -970,7 +856,7 @@ END_TEST
  * type, size or range. */
 START_TEST(test_reject_fields) {
   const mspec_t* s = &specs[_i];
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   w_msg(w, s, -1, V_VALID);
   st_msg_t m;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
@@ -989,7 +875,7 @@ START_TEST(test_reject_fields) {
             "%s: rc %d", what, rc);
         continue;
       }
-      expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, what);
+      tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, what);
       tried++;
     }
   }
@@ -999,7 +885,7 @@ START_TEST(test_reject_fields) {
 END_TEST
 
 START_TEST(test_reject_chunk_limits) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   struct {
     uint64_t offset, total;
     uint32_t bytes;
@@ -1024,7 +910,7 @@ START_TEST(test_reject_chunk_limits) {
     w_bin(w, NULL, cases[i].bytes);
     char what[32];
     snprintf(what, sizeof what, "chunk case %zu", i);
-    expect_drop(w->b, w->n, -EBADMSG, cases[i].why, what);
+    tw_expect_drop(w->b, w->n, -EBADMSG, cases[i].why, what);
   }
   /* The edges that are fine: offset + count == total, and total 2^40. */
   w->n = 0;
@@ -1038,9 +924,9 @@ START_TEST(test_reject_chunk_limits) {
   w_array(w, 6), w_uint(w, ST_MSG_TENSOR_CHUNK), w_uint(w, 1), w_uint(w, 1);
   w_uint(w, 0), w_uint(w, 1u << 20);
   w_bin(w, NULL, ST_WIRE_MAX_MESSAGE_BYTES);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "over the cap");
-  expect_drop(w->b, ST_WIRE_MAX_MESSAGE_BYTES + 1, -EBADMSG, ST_WIRE_DROP_LIMIT,
-              "one over the cap");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "over the cap");
+  tw_expect_drop(w->b, ST_WIRE_MAX_MESSAGE_BYTES + 1, -EBADMSG,
+                 ST_WIRE_DROP_LIMIT, "one over the cap");
   w_free(w);
 }
 END_TEST
@@ -1130,22 +1016,22 @@ static void run_hostile(void) {
     /* Exactly n bytes on the heap, so that ASan sees any read past them. */
     uint8_t* p = malloc(h->n);
     memcpy(p, h->b, h->n);
-    expect_drop(p, h->n, -EBADMSG, h->why, h->what);
+    tw_expect_drop(p, h->n, -EBADMSG, h->why, h->what);
     free(p);
   }
   /* Depth: [E, [[x]]] is depth 4 and walks (then fails as a field);
    * [E, [[[x]]]] is depth 5 and does not. */
   const uint8_t d4[] = {0x93, 0x12, 0x01, 0x91, 0x91, 0xc0};
-  expect_drop(d4, sizeof d4, -EBADMSG, ST_WIRE_DROP_FIELD, "depth 4");
+  tw_expect_drop(d4, sizeof d4, -EBADMSG, ST_WIRE_DROP_FIELD, "depth 4");
   const uint8_t d5[] = {0x93, 0x12, 0x01, 0x91, 0x91, 0x91, 0xc0};
-  expect_drop(d5, sizeof d5, -EBADMSG, ST_WIRE_DROP_LIMIT, "depth 5");
+  tw_expect_drop(d5, sizeof d5, -EBADMSG, ST_WIRE_DROP_LIMIT, "depth 5");
   /* 100 000 nested fixarrays of one: deep, and no stack grows with it. */
   size_t n = 100000;
   uint8_t* deep = malloc(n + 3);
   deep[0] = 0x93, deep[1] = 0x12, deep[2] = 0x01;
   memset(deep + 3, 0x91, n - 1);
   deep[n + 2] = 0xc0;
-  expect_drop(deep, n + 3, -EBADMSG, ST_WIRE_DROP_LIMIT, "depth 100000");
+  tw_expect_drop(deep, n + 3, -EBADMSG, ST_WIRE_DROP_LIMIT, "depth 100000");
   free(deep);
 }
 
@@ -1255,7 +1141,7 @@ START_TEST(test_mutations) {
     st_msg_t d;
     int rc = st_wire_decode(p, len, &d, &c);
     ck_assert_msg(rc_allowed(rc), "rc %d", rc);
-    ck_assert_uint_eq(drops_total(&c), rc == 0 ? 0 : 1);
+    ck_assert_uint_eq(tw_drops_total(&c), rc == 0 ? 0 : 1);
     if (rc == 0) {
       /* Whatever decodes re-encodes, and decodes to the same message. */
       accepted++;
@@ -1392,10 +1278,5 @@ static Suite* wire_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(wire_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tw_main(wire_suite);
 }

@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "gossip/gossip.h"
-#include "tests/wire_same.h"
 #include "tests/unit/testutil.h"
+#include "tests/wire_testutil.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define TW_ASAN 1
@@ -42,64 +42,7 @@ const char* __asan_default_options(void) {
 
 #define BUF_CAP (ST_WIRE_MAX_MESSAGE_BYTES + 64)
 #define MAXN ST_WIRE_PUSH_PULL_MAX_ENTRIES
-
-/* ==== A msgpack writer for hand-made messages ===============================
- */
-
-typedef struct {
-  uint8_t* b;
-  size_t n;
-} w_t;
-
-static w_t* w_new(void) {
-  w_t* w = calloc(1, sizeof *w);
-  ck_assert_ptr_nonnull(w);
-  w->b = malloc(2 * BUF_CAP);
-  ck_assert_ptr_nonnull(w->b);
-  return w;
-}
-
-static void w_free(w_t* w) {
-  free(w->b);
-  free(w);
-}
-
-static void w_byte(w_t* w, uint8_t x) {
-  w->b[w->n++] = x;
-}
-
-static void w_be(w_t* w, uint64_t v, size_t bytes) {
-  for (size_t i = bytes; i-- > 0;)
-    w_byte(w, (uint8_t) (v >> (8 * i)));
-}
-
-static void w_uint(w_t* w, uint64_t v) {
-  if (v <= 0x7f)
-    w_byte(w, (uint8_t) v);
-  else if (v <= 0xff)
-    w_byte(w, 0xcc), w_be(w, v, 1);
-  else if (v <= 0xffff)
-    w_byte(w, 0xcd), w_be(w, v, 2);
-  else if (v <= 0xffffffffu)
-    w_byte(w, 0xce), w_be(w, v, 4);
-  else
-    w_byte(w, 0xcf), w_be(w, v, 8);
-}
-
-static void w_array(w_t* w, uint32_t n) {
-  if (n <= 15)
-    w_byte(w, (uint8_t) (0x90 | n));
-  else if (n <= 0xffff)
-    w_byte(w, 0xdc), w_be(w, n, 2);
-  else
-    w_byte(w, 0xdd), w_be(w, n, 4);
-}
-
-static void w_bin(w_t* w, size_t n) {
-  w_byte(w, 0xc4), w_be(w, n, 1);
-  memset(w->b + w->n, 0xab, n);
-  w->n += n;
-}
+#define W_CAP (2 * BUF_CAP) /* a hand-made message */
 
 /* [24, 1, true, [ (n entries follow) */
 static void w_head(w_t* w, uint32_t n) {
@@ -135,7 +78,7 @@ typedef enum {
  * leaves the bytes the walk's 63-a-entry check asks for. */
 static void w_entry_(w_t* w, e_t v, int fat) {
   if (v == E_NOT_ARRAY) {
-    w_bin(w, 16);
+    w_bin(w, NULL, 16);
     return;
   }
   uint32_t arity = v == E_ARITY0   ? 0
@@ -145,7 +88,7 @@ static void w_entry_(w_t* w, e_t v, int fat) {
   w_array(w, arity);
   if (arity == 0)
     return;
-  w_bin(w, v == E_NODE15 ? 15 : 16);
+  w_bin(w, NULL, v == E_NODE15 ? 15 : 16);
   if (v == E_INC_NEG)
     w_byte(w, 0xff);
   else if (fat)
@@ -172,7 +115,7 @@ static void w_entry_(w_t* w, e_t v, int fat) {
       w_uint(w, ST_MEMBER_SUSPECT);
       break;
   }
-  w_array(w, 2), w_bin(w, v == E_ADDR_BIN5 ? 5 : fat ? 16 : 4);
+  w_array(w, 2), w_bin(w, NULL, v == E_ADDR_BIN5 ? 5 : fat ? 16 : 4);
   if (v == E_ADDR_PORT_BIG)
     w_uint(w, 65536);
   else if (fat)
@@ -181,7 +124,7 @@ static void w_entry_(w_t* w, e_t v, int fat) {
     w_uint(w, 7);
   if (arity == 4)
     return;
-  w_bin(w, v == E_KEY31 ? 31 : 32);
+  w_bin(w, NULL, v == E_KEY31 ? 31 : 32);
   if (arity == 6)
     w_byte(w, 0xc0);
 }
@@ -199,11 +142,6 @@ static void setup(void) {
   st_rng_seed(&rng, tu_seed());
 }
 
-static void rand_bytes(uint8_t* p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t) st_rng_next(&rng);
-}
-
 static uint64_t rand_u64(void) {
   switch (st_rng_below(&rng, 3)) {
     case 0:
@@ -218,17 +156,17 @@ static uint64_t rand_u64(void) {
 static void rand_addr(st_wire_addr_t* a) {
   memset(a, 0, sizeof *a);
   a->ip_len = st_rng_below(&rng, 2) ? 4 : 16;
-  rand_bytes(a->ip, a->ip_len);
+  tw_rand_bytes(&rng, a->ip, a->ip_len);
   a->port = (uint16_t) st_rng_next(&rng);
 }
 
 static void rand_entry(st_push_pull_entry_t* e) {
   memset(e, 0, sizeof *e);
-  rand_bytes(e->node.b, 16);
+  tw_rand_bytes(&rng, e->node.b, 16);
   e->incarnation = rand_u64();
   e->state = (uint8_t) st_rng_below(&rng, 4);
   rand_addr(&e->addr);
-  rand_bytes(e->public_key, sizeof e->public_key);
+  tw_rand_bytes(&rng, e->public_key, sizeof e->public_key);
 }
 
 /* A push-pull of n random entries; the caller frees m->u.push_pull.entries
@@ -258,7 +196,7 @@ static void rand_any(st_msg_t* m) {
     case 1:
       m->type = ST_MSG_PING;
       m->u.ping.seq = (uint32_t) st_rng_next(&rng);
-      rand_bytes(m->u.ping.target.b, 16);
+      tw_rand_bytes(&rng, m->u.ping.target.b, 16);
       return;
     case 2:
       m->type = st_rng_below(&rng, 2) ? ST_MSG_ACK : ST_MSG_NACK;
@@ -266,21 +204,21 @@ static void rand_any(st_msg_t* m) {
       return;
     case 3:
       m->type = ST_MSG_ALIVE;
-      rand_bytes(m->u.alive.node.b, 16);
+      tw_rand_bytes(&rng, m->u.alive.node.b, 16);
       m->u.alive.incarnation = rand_u64();
       rand_addr(&m->u.alive.addr);
-      rand_bytes(m->u.alive.public_key, 32);
+      tw_rand_bytes(&rng, m->u.alive.public_key, 32);
       return;
     case 4:
       m->type = st_rng_below(&rng, 2) ? ST_MSG_SUSPECT : ST_MSG_DEAD;
-      rand_bytes((uint8_t*) &m->u.suspect, sizeof m->u.suspect);
+      tw_rand_bytes(&rng, (uint8_t*) &m->u.suspect, sizeof m->u.suspect);
       return;
     default: {
       m->type = ST_MSG_TENSOR_CHUNK;
       uint32_t count = (uint32_t) st_rng_below(&rng, 9);
       uint8_t* data = malloc(4 * count + 1);
       ck_assert_ptr_nonnull(data);
-      rand_bytes(data, 4 * count);
+      tw_rand_bytes(&rng, data, 4 * count);
       m->u.chunk.transfer_id = rand_u64();
       m->u.chunk.total = count + st_rng_below(&rng, 100);
       m->u.chunk.offset = m->u.chunk.total - count;
@@ -299,13 +237,6 @@ static void rand_free(st_msg_t* m) {
   memset(m, 0, sizeof *m);
 }
 
-static uint64_t drops_total(const st_wire_counters_t* c) {
-  uint64_t t = 0;
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    t += c->drops[r];
-  return t;
-}
-
 /* Decodes b[0..n) (a heap copy of exactly n bytes, so that ASan sees any
  * read past it) expecting rc and exactly one drop counted under why. */
 static void expect_drop_(const uint8_t* b, size_t n, int rc, st_wire_drop_t why,
@@ -318,12 +249,7 @@ static void expect_drop_(const uint8_t* b, size_t n, int rc, st_wire_drop_t why,
   memset(&c, 0, sizeof c);
   st_msg_t m;
   int got = st_wire_decode(p, n, &m, &c);
-  ck_assert_msg(got == rc, "line %d, %s: rc %d, want %d", line, what, got, rc);
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    ck_assert_msg(c.drops[r] == (r == (int) why ? 1u : 0u),
-                  "line %d, %s: %s counted %llu, want %s", line, what,
-                  st_wire_drop_name((st_wire_drop_t) r),
-                  (unsigned long long) c.drops[r], st_wire_drop_name(why));
+  tw_assert_drop(got, &c, rc, why, what, line);
   /* A refused message owns nothing, and freeing it is harmless. */
   ck_assert_ptr_null(m.u.push_pull.entries);
   st_wire_msg_free(&m);
@@ -358,7 +284,7 @@ START_TEST(test_round_trip) {
     double t0 = now_s();
     ck_assert_int_eq(st_wire_decode(buf, len, &d, &c), 0);
     double dt = now_s() - t0;
-    ck_assert_uint_eq(drops_total(&c), 0);
+    ck_assert_uint_eq(tw_drops_total(&c), 0);
     ck_assert(msg_same(&m, &d));
     ck_assert(n > 0 || d.u.push_pull.entries == NULL);
     if (n == MAXN && it == 0)
@@ -409,7 +335,7 @@ END_TEST
 
 /* The smallest entry is 63 bytes, which the walk's check assumes. */
 START_TEST(test_smallest_entry) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   w_head(w, 1);
   size_t before = w->n;
   w_entry(w, E_VALID);
@@ -477,7 +403,7 @@ END_TEST
  */
 
 START_TEST(test_reject_over_max) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   /* 12001 valid entries: over the limit, refused by the walk. */
   w_head(w, MAXN + 1);
   for (uint32_t i = 0; i < MAXN + 1; i++)
@@ -491,7 +417,7 @@ START_TEST(test_reject_over_max) {
 END_TEST
 
 static void run_hostile(void) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   /* An array32 of 2^32-1 entries, and a few bytes after it. */
   w_head(w, UINT32_MAX);
   ck_assert_uint_eq(w->b[4], 0xdd);
@@ -525,7 +451,7 @@ static void run_hostile(void) {
   w_head(w, 1);
   w_array(w, 17);
   for (int i = 0; i < 17; i++)
-    w_bin(w, 32);
+    w_bin(w, NULL, 32);
   expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "big entry");
   w->n = 0;
   w_array(w, 4), w_uint(w, ST_MSG_PING), w_uint(w, 1), w_uint(w, 1);
@@ -585,7 +511,7 @@ END_TEST
 /* Every wrong entry, first, in the middle and last of 7: a field error,
  * and nothing allocated is left behind (ASan). */
 START_TEST(test_reject_entries) {
-  w_t* w = w_new();
+  w_t* w = w_new(W_CAP);
   for (int v = 1; v < E_COUNT; v++) {
     for (int at = 0; at < 7; at += 3) {
       w_head(w, 7);
@@ -656,9 +582,9 @@ START_TEST(test_reject_truncated) {
     ck_assert_uint_eq(used, 0);
     ck_assert_uint_eq(
         c.drops[ST_WIRE_DROP_MALFORMED] + c.drops[ST_WIRE_DROP_LIMIT], 1);
-    ck_assert_uint_eq(drops_total(&c), 1);
+    ck_assert_uint_eq(tw_drops_total(&c), 1);
     ck_assert_int_eq(st_wire_decode(p, n, &d, &c), -EBADMSG);
-    ck_assert_uint_eq(drops_total(&c), 2);
+    ck_assert_uint_eq(tw_drops_total(&c), 2);
     free(p);
   }
   rand_free(&m);
@@ -725,7 +651,7 @@ START_TEST(test_decode_next_concat) {
       off += used;
     }
     ck_assert_uint_eq(off, len);
-    ck_assert_uint_eq(drops_total(&c), 0);
+    ck_assert_uint_eq(tw_drops_total(&c), 0);
     free(p);
     /* Cut inside the last message: the others decode, the last is refused
      * with one drop, and the reader stops there. */
@@ -750,7 +676,7 @@ START_TEST(test_decode_next_concat) {
     ck_assert_uint_eq(off, start);
     if (cut > start) {
       ck_assert_int_eq(rc, -EBADMSG);
-      ck_assert_uint_eq(drops_total(&c), 1);
+      ck_assert_uint_eq(tw_drops_total(&c), 1);
     }
     free(p);
     for (int i = 0; i < k; i++)
@@ -845,7 +771,7 @@ START_TEST(test_mutations) {
     int rc = st_wire_decode_next(p, len, &d, &used, &c);
     ck_assert(rc == 0 || rc == -EBADMSG || rc == -EPROTONOSUPPORT ||
               rc == -ENOMSG);
-    ck_assert_uint_eq(drops_total(&c), rc == 0 ? 0 : 1);
+    ck_assert_uint_eq(tw_drops_total(&c), rc == 0 ? 0 : 1);
     if (rc == 0) {
       accepted++;
       ck_assert_uint_le(used, len);
@@ -895,7 +821,7 @@ START_TEST(test_write_corpus) {
       memset(&m, 0, sizeof m);
       m.type = ST_MSG_PING;
       m.u.ping.seq = 42;
-      rand_bytes(m.u.ping.target.b, 16);
+      tw_rand_bytes(&rng, m.u.ping.target.b, 16);
     } else {
       rand_any(&m);
     }
@@ -941,10 +867,5 @@ static Suite* push_pull_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(push_pull_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tw_main(push_pull_suite);
 }

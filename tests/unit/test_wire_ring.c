@@ -8,7 +8,7 @@
  * out-of-range values, data that is not whole floats, too long, or reaches
  * past 2^40 floats, and hostile declared lengths; then random mutations.
  *
- * Hand-made messages come from a small msgpack writer of this file's own
+ * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR
  * writes the fuzz seed (ring_seg) into DIR; otherwise the committed seed
  * under $ST_SOURCE_DIR is checked to decode to the message that wrote it. */
@@ -20,70 +20,10 @@
 
 #include "gossip/gossip.h"
 #include "tests/unit/testutil.h"
-#include "tests/wire_same.h"
+#include "tests/wire_testutil.h"
 
 #define SEG_BYTES ST_WIRE_CHUNK_MAX_BYTES
 #define BUF_CAP (ST_WIRE_MAX_MESSAGE_BYTES + 64)
-
-/* ==== A msgpack writer for hand-made messages ===============================
- */
-
-typedef struct {
-  uint8_t* b;
-  size_t n;
-} w_t;
-
-static w_t* w_new(void) {
-  w_t* w = calloc(1, sizeof *w);
-  ck_assert_ptr_nonnull(w);
-  w->b = malloc(BUF_CAP);
-  ck_assert_ptr_nonnull(w->b);
-  return w;
-}
-
-static void w_free(w_t* w) {
-  free(w->b);
-  free(w);
-}
-
-static void w_byte(w_t* w, uint8_t x) {
-  ck_assert_uint_lt(w->n, BUF_CAP);
-  w->b[w->n++] = x;
-}
-
-static void w_be(w_t* w, uint64_t v, size_t bytes) {
-  for (size_t i = bytes; i-- > 0;)
-    w_byte(w, (uint8_t) (v >> (8 * i)));
-}
-
-static void w_uint(w_t* w, uint64_t v) {
-  if (v <= 0x7f)
-    w_byte(w, (uint8_t) v);
-  else if (v <= 0xff)
-    w_byte(w, 0xcc), w_be(w, v, 1);
-  else if (v <= 0xffff)
-    w_byte(w, 0xcd), w_be(w, v, 2);
-  else if (v <= 0xffffffffu)
-    w_byte(w, 0xce), w_be(w, v, 4);
-  else
-    w_byte(w, 0xcf), w_be(w, v, 8);
-}
-
-static void w_raw(w_t* w, const void* p, size_t n) {
-  ck_assert_uint_le(n, BUF_CAP - w->n);
-  memcpy(w->b + w->n, p, n);
-  w->n += n;
-}
-
-static void w_bin(w_t* w, const void* p, size_t n) {
-  if (n <= 0xff)
-    w_byte(w, 0xc4), w_be(w, n, 1);
-  else if (n <= 0xffff)
-    w_byte(w, 0xc5), w_be(w, n, 2);
-  else
-    w_byte(w, 0xc6), w_be(w, n, 4);
-  w_raw(w, p, n);
-}
 
 /* ==== Helpers ===============================================================
  */
@@ -95,54 +35,18 @@ static void setup(void) {
   st_rng_seed(&rng, tu_seed());
 }
 
-static void rand_bytes(uint8_t* p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t) st_rng_next(&rng);
-}
-
-static uint64_t rand_bits(int max_bits) {
-  /* Every encoding width, not only the widest. */
-  int bits = (int) st_rng_below(&rng, (uint64_t) max_bits + 1);
-  uint64_t v = st_rng_next(&rng);
-  return bits == 64 ? v : v & ((UINT64_C(1) << bits) - 1);
-}
-
-static uint64_t drops_total(const st_wire_counters_t* c) {
-  uint64_t t = 0;
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    t += c->drops[r];
-  return t;
-}
-
-/* Decodes b[0..n) expecting rc and exactly one drop counted under why. */
-static void expect_drop_(const uint8_t* b, size_t n, int rc, st_wire_drop_t why,
-                         const char* what, int line) {
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
-  st_msg_t m;
-  int got = st_wire_decode(b, n, &m, &c);
-  ck_assert_msg(got == rc, "line %d, %s: rc %d, want %d", line, what, got, rc);
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    ck_assert_msg(c.drops[r] == (r == (int) why ? 1u : 0u),
-                  "line %d, %s: %s counted %llu, want %s", line, what,
-                  st_wire_drop_name((st_wire_drop_t) r),
-                  (unsigned long long) c.drops[r], st_wire_drop_name(why));
-}
-#define expect_drop(b, n, rc, why, what) \
-  expect_drop_(b, n, rc, why, what, __LINE__)
-
 /* A random valid segment of `floats` floats (data in the static buffer). */
 static void rand_seg(uint32_t floats, st_msg_t* m) {
   memset(m, 0, sizeof *m);
   m->type = ST_MSG_RING_SEG;
   st_msg_ring_seg_t* g = &m->u.ring_seg;
-  g->round_id = rand_bits(64);
+  g->round_id = tw_rand_bits(&rng, 64);
   g->phase = (uint8_t) st_rng_below(&rng, 2);
-  g->step = (uint32_t) rand_bits(32);
-  g->chunk = (uint32_t) rand_bits(32);
-  g->offset = rand_bits(40) % ((UINT64_C(1) << 40) - floats + 1);
+  g->step = (uint32_t) tw_rand_bits(&rng, 32);
+  g->chunk = (uint32_t) tw_rand_bits(&rng, 32);
+  g->offset = tw_rand_bits(&rng, 40) % ((UINT64_C(1) << 40) - floats + 1);
   g->data_len = 4 * floats;
-  rand_bytes(data, g->data_len);
+  tw_rand_bytes(&rng, data, g->data_len);
   g->data = data;
 }
 
@@ -156,16 +60,8 @@ static uint8_t* enc_buf(void) {
 
 static void round_trip(const st_msg_t* m) {
   uint8_t* buf = enc_buf();
-  size_t len = 0;
-  ck_assert_int_eq(st_wire_encode(m, buf, BUF_CAP, &len), 0);
-  ck_assert_uint_le(len, ST_WIRE_MAX_MESSAGE_BYTES);
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
   st_msg_t d;
-  memset(&d, 0x5a, sizeof d); /* the decoder must write every byte it owns */
-  ck_assert_int_eq(st_wire_decode(buf, len, &d, &c), 0);
-  ck_assert_uint_eq(drops_total(&c), 0);
-  ck_assert_msg(msg_same(m, &d), "differs after a round trip");
+  size_t len = tw_round_trip(m, buf, BUF_CAP, &d);
   /* The data is borrowed from the input: its last data_len bytes. */
   if (d.u.ring_seg.data_len > 0)
     ck_assert_ptr_eq(d.u.ring_seg.data, buf + len - d.u.ring_seg.data_len);
@@ -343,24 +239,12 @@ START_TEST(test_reject_truncated) {
   uint8_t* buf = enc_buf();
   size_t len = 0;
   ck_assert_int_eq(st_wire_encode(&m, buf, BUF_CAP, &len), 0);
-  for (size_t n = 0; n < len; n++) {
-    /* Cut short anywhere: malformed, or a declared length beyond the
-     * bytes left (the bin's header survived). */
-    st_wire_counters_t c;
-    memset(&c, 0, sizeof c);
-    st_msg_t d;
-    ck_assert_int_eq(st_wire_decode(buf, n, &d, &c), -EBADMSG);
-    ck_assert_uint_eq(drops_total(&c), 1);
-    ck_assert_uint_eq(
-        c.drops[ST_WIRE_DROP_MALFORMED] + c.drops[ST_WIRE_DROP_LIMIT], 1);
-  }
-  buf[len] = 0xc0;
-  expect_drop(buf, len + 1, -EBADMSG, ST_WIRE_DROP_MALFORMED, "trailing");
+  tw_expect_truncations(buf, len);
 }
 END_TEST
 
 START_TEST(test_reject_field_count) {
-  w_t* w = w_new();
+  w_t* w = w_new(BUF_CAP);
   sw_t s = sw_ok();
   w_seg(w, &s);
   st_msg_t d;
@@ -370,7 +254,7 @@ START_TEST(test_reject_field_count) {
       continue;
     s.n_fields = n;
     w_seg(w, &s);
-    expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
   }
   w_free(w);
 }
@@ -378,7 +262,7 @@ END_TEST
 
 /* One field wrong at a time: every field with every wrong kind of value. */
 START_TEST(test_reject_fields) {
-  w_t* w = w_new();
+  w_t* w = w_new(BUF_CAP);
   for (int f = 0; f < 6; f++) {
     for (fbad_t bad = F_STR; bad <= F_BIG; bad++) {
       if (bad == F_BIG && (f == 0 || f >= 4))
@@ -389,7 +273,7 @@ START_TEST(test_reject_fields) {
       w_seg(w, &s);
       char what[64];
       snprintf(what, sizeof what, "field %d, kind %d", f, (int) bad);
-      expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, what);
+      tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, what);
     }
   }
   /* Phases 2 .. 255: in a u8, out of range. */
@@ -398,7 +282,7 @@ START_TEST(test_reject_fields) {
     sw_t s = sw_ok();
     s.phase = phases[i];
     w_seg(w, &s);
-    expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "phase");
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "phase");
   }
   /* Data that is not whole floats. */
   for (size_t n = 1; n < 12; n++) {
@@ -407,17 +291,17 @@ START_TEST(test_reject_fields) {
     sw_t s = sw_ok();
     s.data_len = n;
     w_seg(w, &s);
-    expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "data length");
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "data length");
   }
   /* Reaching past 2^40 floats; up to it is fine. */
   sw_t s = sw_ok();
   s.data_len = 8;
   s.offset = (UINT64_C(1) << 40) - 1;
   w_seg(w, &s);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "past 2^40");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "past 2^40");
   s.offset = UINT64_MAX;
   w_seg(w, &s);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "offset max");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "offset max");
   s.offset = (UINT64_C(1) << 40) - 2;
   w_seg(w, &s);
   st_msg_t d;
@@ -429,13 +313,13 @@ END_TEST
 
 /* Data beyond a segment: a limit, after the walk (the bytes are there). */
 START_TEST(test_reject_too_long) {
-  w_t* w = w_new();
+  w_t* w = w_new(BUF_CAP);
   sw_t s = sw_ok();
   s.offset = 0;
   s.data_len = SEG_BYTES + 4;
   w_seg(w, &s);
   ck_assert_uint_le(w->n, ST_WIRE_MAX_MESSAGE_BYTES);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "data too long");
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "data too long");
   s.data_len = SEG_BYTES;
   w_seg(w, &s);
   st_msg_t d;
@@ -458,14 +342,14 @@ START_TEST(test_reject_hostile_lengths) {
       {{0xc5, 0xff, 0xff}, 3},
       {{0xc4, 0xff}, 2},
   };
-  w_t* w = w_new();
+  w_t* w = w_new(BUF_CAP);
   for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
     w->n = 0;
     w_byte(w, 0x98), w_uint(w, ST_MSG_RING_SEG), w_uint(w, 1);
     w_uint(w, 1), w_uint(w, 0), w_uint(w, 0), w_uint(w, 0), w_uint(w, 0);
     w_raw(w, heads[i].head, heads[i].head_len);
     w_raw(w, "abcd", 4);
-    expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "bin length");
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "bin length");
   }
   w_free(w);
 }
@@ -481,18 +365,9 @@ START_TEST(test_mutations) {
     rand_seg((uint32_t) st_rng_below(&rng, 20), &m);
     size_t len = 0;
     ck_assert_int_eq(st_wire_encode(&m, buf, BUF_CAP, &len), 0);
-    int flips = 1 + (int) st_rng_below(&rng, 3);
-    for (int f = 0; f < flips; f++)
-      buf[st_rng_below(&rng, len)] ^= (uint8_t) (1 + st_rng_below(&rng, 255));
-    st_wire_counters_t c;
-    memset(&c, 0, sizeof c);
     st_msg_t d;
-    int rc = st_wire_decode(buf, len, &d, &c);
-    if (rc != 0) {
-      ck_assert(rc == -EBADMSG || rc == -ENOMSG || rc == -EPROTONOSUPPORT);
-      ck_assert_uint_eq(drops_total(&c), 1);
+    if (!tw_mutate_decode(&rng, buf, len, &d))
       continue;
-    }
     size_t n2 = 0;
     ck_assert_int_eq(st_wire_encode(&d, again, sizeof again, &n2), 0);
     st_msg_t d2;
@@ -519,32 +394,9 @@ static void seed_msg(st_msg_t* m) {
 }
 
 START_TEST(test_fuzz_corpus) {
-  const char* out = getenv("ST_WIRE_WRITE_CORPUS");
-  const char* src = getenv("ST_SOURCE_DIR");
-  char path[1024];
   st_msg_t m;
   seed_msg(&m);
-  uint8_t buf[256];
-  size_t len = 0;
-  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
-  if (out != NULL && *out != '\0') {
-    snprintf(path, sizeof path, "%s/ring_seg", out);
-    ck_assert_int_eq(tu_write_file(path, buf, len), 0);
-    return;
-  }
-  if (src == NULL || *src == '\0')
-    return; /* run outside CTest */
-  snprintf(path, sizeof path, "%s/tests/fuzz/corpus/fuzz_wire_decode/ring_seg",
-           src);
-  FILE* f = fopen(path, "rb");
-  if (f == NULL)
-    return; /* not in this checkout */
-  uint8_t seed[256];
-  size_t n = fread(seed, 1, sizeof seed, f);
-  fclose(f);
-  st_msg_t d;
-  ck_assert_msg(st_wire_decode(seed, n, &d, NULL) == 0, "seed ring_seg");
-  ck_assert_msg(msg_same(&m, &d), "seed ring_seg is stale");
+  tw_fuzz_seed(&m, "ring_seg");
 }
 END_TEST
 
@@ -570,10 +422,5 @@ static Suite* wire_ring_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(wire_ring_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tw_main(wire_ring_suite);
 }

@@ -9,7 +9,7 @@
  * pre-walk, LIMIT) or declaring more than the bytes hold, and random
  * mutations.
  *
- * Hand-made messages come from a small msgpack writer of this file's own
+ * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR writes
  * the four fuzz seeds (ring_propose, ring_accept, ring_confirm,
  * ring_cancel) into DIR; otherwise the committed seeds under $ST_SOURCE_DIR
@@ -22,66 +22,10 @@
 
 #include "gossip/gossip.h"
 #include "tests/unit/testutil.h"
-#include "tests/wire_same.h"
+#include "tests/wire_testutil.h"
 
 #define BUF_CAP 8192
 #define MAXM ST_RING_FORM_MAX_MEMBERS
-
-/* ==== A msgpack writer for hand-made messages ===============================
- */
-
-typedef struct {
-  uint8_t b[BUF_CAP];
-  size_t n;
-} w_t;
-
-static void w_byte(w_t* w, uint8_t x) {
-  ck_assert_uint_lt(w->n, sizeof w->b);
-  w->b[w->n++] = x;
-}
-
-static void w_be(w_t* w, uint64_t v, size_t bytes) {
-  for (size_t i = bytes; i-- > 0;)
-    w_byte(w, (uint8_t) (v >> (8 * i)));
-}
-
-static void w_uint(w_t* w, uint64_t v) {
-  if (v <= 0x7f)
-    w_byte(w, (uint8_t) v);
-  else if (v <= 0xff)
-    w_byte(w, 0xcc), w_be(w, v, 1);
-  else if (v <= 0xffff)
-    w_byte(w, 0xcd), w_be(w, v, 2);
-  else if (v <= 0xffffffffu)
-    w_byte(w, 0xce), w_be(w, v, 4);
-  else
-    w_byte(w, 0xcf), w_be(w, v, 8);
-}
-
-static void w_array(w_t* w, uint64_t n) {
-  if (n <= 15)
-    w_byte(w, (uint8_t) (0x90 | n));
-  else if (n <= 0xffff)
-    w_byte(w, 0xdc), w_be(w, n, 2);
-  else
-    w_byte(w, 0xdd), w_be(w, n, 4);
-}
-
-static void w_raw(w_t* w, const void* p, size_t n) {
-  ck_assert_uint_le(n, sizeof w->b - w->n);
-  memcpy(w->b + w->n, p, n);
-  w->n += n;
-}
-
-static void w_bin(w_t* w, const void* p, size_t n) {
-  w_byte(w, 0xc4), w_be(w, n, 1);
-  w_raw(w, p, n);
-}
-
-static void w_str(w_t* w, const void* p, size_t n) {
-  w_byte(w, (uint8_t) (0xa0 | n)); /* n <= 31 here */
-  w_raw(w, p, n);
-}
 
 /* ==== Helpers ===============================================================
  */
@@ -91,44 +35,6 @@ static st_rng_t rng;
 static void setup(void) {
   st_rng_seed(&rng, tu_seed());
 }
-
-static void rand_bytes(uint8_t* p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t) st_rng_next(&rng);
-}
-
-static uint64_t rand_u64(void) {
-  /* Every encoding width, not only the 8-byte one. */
-  int bits = (int) st_rng_below(&rng, 65);
-  uint64_t v = st_rng_next(&rng);
-  return bits == 64 ? v : v & ((UINT64_C(1) << bits) - 1);
-}
-
-static uint64_t drops_total(const st_wire_counters_t* c) {
-  uint64_t t = 0;
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    t += c->drops[r];
-  return t;
-}
-
-/* Decodes b[0..n) expecting rc and exactly one drop counted under why. */
-static void expect_drop_(const uint8_t* b, size_t n, int rc, st_wire_drop_t why,
-                         const char* what, int line) {
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
-  st_msg_t m;
-  int got = st_wire_decode(b, n, &m, &c);
-  if (got == 0)
-    st_wire_msg_free(&m);
-  ck_assert_msg(got == rc, "line %d, %s: rc %d, want %d", line, what, got, rc);
-  for (int r = 0; r < ST_WIRE_DROP_COUNT; r++)
-    ck_assert_msg(c.drops[r] == (r == (int) why ? 1u : 0u),
-                  "line %d, %s: %s counted %llu, want %s", line, what,
-                  st_wire_drop_name((st_wire_drop_t) r),
-                  (unsigned long long) c.drops[r], st_wire_drop_name(why));
-}
-#define expect_drop(b, n, rc, why, what) \
-  expect_drop_(b, n, rc, why, what, __LINE__)
 
 static void expect_ok(const uint8_t* b, size_t n, const char* what) {
   st_msg_t m;
@@ -147,25 +53,25 @@ static void rand_ring(st_msg_type_t t, uint32_t n, st_node_id_t* ids,
                       st_msg_t* m) {
   memset(m, 0, sizeof *m);
   m->type = t;
-  rand_bytes((uint8_t*) ids, n * sizeof *ids);
+  tw_rand_bytes(&rng, (uint8_t*) ids, n * sizeof *ids);
   switch (t) {
     case ST_MSG_RING_PROPOSE:
-      m->u.ring_propose.round_id = rand_u64();
-      rand_bytes(m->u.ring_propose.proposer.b, 16);
+      m->u.ring_propose.round_id = tw_rand_bits(&rng, 64);
+      tw_rand_bytes(&rng, m->u.ring_propose.proposer.b, 16);
       m->u.ring_propose.n_members = n;
       m->u.ring_propose.members = n > 0 ? ids : NULL;
       break;
     case ST_MSG_RING_ACCEPT:
-      m->u.ring_accept.round_id = rand_u64();
+      m->u.ring_accept.round_id = tw_rand_bits(&rng, 64);
       m->u.ring_accept.accept = st_rng_below(&rng, 2);
       break;
     case ST_MSG_RING_CONFIRM:
-      m->u.ring_confirm.round_id = rand_u64();
+      m->u.ring_confirm.round_id = tw_rand_bits(&rng, 64);
       m->u.ring_confirm.n_members = n;
       m->u.ring_confirm.members = n > 0 ? ids : NULL;
       break;
     default:
-      m->u.ring_cancel.round_id = rand_u64();
+      m->u.ring_cancel.round_id = tw_rand_bits(&rng, 64);
       break;
   }
 }
@@ -178,14 +84,8 @@ static size_t encode_ok(const st_msg_t* m, uint8_t* buf, size_t cap) {
 
 static void round_trip(const st_msg_t* m) {
   uint8_t buf[BUF_CAP];
-  size_t len = encode_ok(m, buf, sizeof buf);
-  st_wire_counters_t c;
-  memset(&c, 0, sizeof c);
   st_msg_t d;
-  memset(&d, 0x5a, sizeof d); /* the decoder must write every byte it owns */
-  ck_assert_int_eq(st_wire_decode(buf, len, &d, &c), 0);
-  ck_assert_uint_eq(drops_total(&c), 0);
-  ck_assert_msg(msg_same(m, &d), "type %d differs after a round trip", m->type);
+  size_t len = tw_round_trip(m, buf, sizeof buf, &d);
   /* Re-encoding gives the same bytes: the encoding is canonical. */
   uint8_t again[BUF_CAP];
   size_t n2 = encode_ok(&d, again, sizeof again);
@@ -429,97 +329,87 @@ START_TEST(test_reject_truncated) {
   m.u.ring_propose.round_id |= UINT64_C(1) << 63;
   uint8_t buf[BUF_CAP];
   size_t len = encode_ok(&m, buf, sizeof buf);
-  for (size_t n = 0; n < len; n++) {
-    /* Cut short anywhere: malformed, or a declared length or count beyond
-     * the bytes left. */
-    st_wire_counters_t c;
-    memset(&c, 0, sizeof c);
-    st_msg_t d;
-    ck_assert_int_eq(st_wire_decode(buf, n, &d, &c), -EBADMSG);
-    ck_assert_uint_eq(drops_total(&c), 1);
-    ck_assert_uint_eq(
-        c.drops[ST_WIRE_DROP_MALFORMED] + c.drops[ST_WIRE_DROP_LIMIT], 1);
-  }
-  buf[len] = 0xc0;
-  expect_drop(buf, len + 1, -EBADMSG, ST_WIRE_DROP_MALFORMED, "trailing");
+  tw_expect_truncations(buf, len);
 }
 END_TEST
 
 START_TEST(test_reject_field_count) {
   st_msg_type_t t = types[_i];
   static const int want[NTYPES] = {3, 2, 2, 1};
-  w_t w;
+  w_t* w = w_new(BUF_CAP);
   for (int n = 0; n <= 6; n++) {
     if (n == want[_i])
       continue;
-    w.n = 0;
-    w_array(&w, 2 + (uint64_t) n);
-    w_uint(&w, t), w_uint(&w, ST_WIRE_VERSION);
+    w->n = 0;
+    w_array(w, 2 + (uint64_t) n);
+    w_uint(w, t), w_uint(w, ST_WIRE_VERSION);
     for (int f = 0; f < n; f++)
-      w_uint(&w, 1);
-    expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
+      w_uint(w, 1);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
   }
+  w_free(w);
 }
 END_TEST
 
 /* ACCEPT and CANCEL: one field wrong at a time. */
 START_TEST(test_reject_accept_cancel) {
-  w_t w;
+  w_t* w = w_new(BUF_CAP);
   /* Valid first, so that each rejection below is its one change. */
-  w.n = 0;
-  w_array(&w, 4), w_uint(&w, ST_MSG_RING_ACCEPT), w_uint(&w, 1);
-  w_uint(&w, 5), w_byte(&w, 0xc3);
-  expect_ok(w.b, w.n, "accept");
-  w.n = 0;
-  w_array(&w, 4), w_uint(&w, ST_MSG_RING_ACCEPT), w_uint(&w, 1);
-  w_uint(&w, 5), w_uint(&w, 1); /* accept as an integer */
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept as uint");
-  w.n = 0;
-  w_array(&w, 4), w_uint(&w, ST_MSG_RING_ACCEPT), w_uint(&w, 1);
-  w_uint(&w, 5), w_byte(&w, 0xc0); /* nil */
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept nil");
-  w.n = 0;
-  w_array(&w, 4), w_uint(&w, ST_MSG_RING_ACCEPT), w_uint(&w, 1);
-  w_byte(&w, 0xff), w_byte(&w, 0xc3); /* round -1 */
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "negative round");
-  w.n = 0;
-  w_array(&w, 3), w_uint(&w, ST_MSG_RING_CANCEL), w_uint(&w, 1);
-  w_byte(&w, 0xcb), w_be(&w, 0x3ff0000000000000ull, 8); /* 1.0 */
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "round as float");
-  w.n = 0;
-  w_array(&w, 3), w_uint(&w, ST_MSG_RING_CANCEL), w_uint(&w, 1);
-  w_uint(&w, UINT64_MAX);
-  expect_ok(w.b, w.n, "cancel");
+  w->n = 0;
+  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
+  w_uint(w, 5), w_byte(w, 0xc3);
+  expect_ok(w->b, w->n, "accept");
+  w->n = 0;
+  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
+  w_uint(w, 5), w_uint(w, 1); /* accept as an integer */
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept as uint");
+  w->n = 0;
+  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
+  w_uint(w, 5), w_byte(w, 0xc0); /* nil */
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept nil");
+  w->n = 0;
+  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
+  w_byte(w, 0xff), w_byte(w, 0xc3); /* round -1 */
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "negative round");
+  w->n = 0;
+  w_array(w, 3), w_uint(w, ST_MSG_RING_CANCEL), w_uint(w, 1);
+  w_byte(w, 0xcb), w_be(w, 0x3ff0000000000000ull, 8); /* 1.0 */
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "round as float");
+  w->n = 0;
+  w_array(w, 3), w_uint(w, ST_MSG_RING_CANCEL), w_uint(w, 1);
+  w_uint(w, UINT64_MAX);
+  expect_ok(w->b, w->n, "cancel");
+  w_free(w);
 }
 END_TEST
 
 /* PROPOSE and CONFIRM: one field wrong at a time. */
 START_TEST(test_reject_list_fields) {
   st_msg_type_t t = _i == 0 ? ST_MSG_RING_PROPOSE : ST_MSG_RING_CONFIRM;
-  w_t w;
+  w_t* w = w_new(BUF_CAP);
   rw_t ok = rw_default(t);
-  w_ring(&w, t, &ok);
-  expect_ok(w.b, w.n, "valid");
+  w_ring(w, t, &ok);
+  expect_ok(w->b, w->n, "valid");
   for (int k = 1; k <= 3; k++) {
     rw_t r = ok;
     r.round_kind = k;
-    w_ring(&w, t, &r);
-    expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "round");
+    w_ring(w, t, &r);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "round");
   }
   if (t == ST_MSG_RING_PROPOSE) {
     static const int bad[] = {-1, 0, 15, 17, 32};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       rw_t r = ok;
       r.proposer_len = bad[i];
-      w_ring(&w, t, &r);
-      expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "proposer");
+      w_ring(w, t, &r);
+      tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "proposer");
     }
   }
   for (int k = 1; k <= 3; k++) {
     rw_t r = ok;
     r.members_kind = k;
-    w_ring(&w, t, &r);
-    expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "members kind");
+    w_ring(w, t, &r);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "members kind");
   }
   /* A member of the wrong size or type, first, middle or last. One that
    * takes fewer than 18 bytes (a bin8 of 15, a fixstr of 16, a fixint)
@@ -538,23 +428,24 @@ START_TEST(test_reject_list_fields) {
       rw_t r = ok;
       r.member_len = bad_member[i].len;
       r.bad_index = at;
-      w_ring(&w, t, &r);
-      expect_drop(w.b, w.n, -EBADMSG, bad_member[i].why, "member");
+      w_ring(w, t, &r);
+      tw_expect_drop(w->b, w->n, -EBADMSG, bad_member[i].why, "member");
     }
   }
   /* A nested array in the members' place of a member. */
-  w.n = 0;
-  w_array(&w, 2 + (uint64_t) ok.n_fields);
-  w_uint(&w, t), w_uint(&w, 1), w_uint(&w, 9);
+  w->n = 0;
+  w_array(w, 2 + (uint64_t) ok.n_fields);
+  w_uint(w, t), w_uint(w, 1), w_uint(w, 9);
   if (t == ST_MSG_RING_PROPOSE)
-    w_id(&w, 16, 1);
-  w_array(&w, 1), w_array(&w, 1), w_id(&w, 16, 2);
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_FIELD, "nested");
+    w_id(w, 16, 1);
+  w_array(w, 1), w_array(w, 1), w_id(w, 16, 2);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "nested");
   /* Empty lists decode (the machine refuses them). */
   rw_t r = ok;
   r.declared = r.present = 0;
-  w_ring(&w, t, &r);
-  expect_ok(w.b, w.n, "empty");
+  w_ring(w, t, &r);
+  expect_ok(w->b, w->n, "empty");
+  w_free(w);
 }
 END_TEST
 
@@ -562,39 +453,40 @@ END_TEST
  * allocation from the count. */
 START_TEST(test_reject_too_many) {
   st_msg_type_t t = _i == 0 ? ST_MSG_RING_PROPOSE : ST_MSG_RING_CONFIRM;
-  w_t w;
+  w_t* w = w_new(BUF_CAP);
   rw_t r = rw_default(t);
   /* Exactly the limit decodes. */
   r.declared = r.present = MAXM;
-  w_ring(&w, t, &r);
-  expect_ok(w.b, w.n, "64");
+  w_ring(w, t, &r);
+  expect_ok(w->b, w->n, "64");
   /* One more, all present. */
   r.declared = r.present = MAXM + 1;
-  w_ring(&w, t, &r);
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_LIMIT, "65");
+  w_ring(w, t, &r);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "65");
   /* Hostile counts with few bytes behind them. */
   static const uint32_t counts[] = {MAXM + 1, 1000, 65535, 0xffffffffu};
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
     r.declared = counts[i];
     r.present = 2;
-    w_ring(&w, t, &r);
-    expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_LIMIT, "hostile count");
+    w_ring(w, t, &r);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "hostile count");
   }
   /* Within the limit, but more than the bytes left hold at 18 an id. */
   r.declared = 10;
   r.present = 9;
-  w_ring(&w, t, &r);
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_LIMIT, "count past bytes");
+  w_ring(w, t, &r);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "count past bytes");
   /* Within the limit, as one-byte members: not enough bytes for ids. */
-  w.n = 0;
-  w_array(&w, 2 + (uint64_t) r.n_fields);
-  w_uint(&w, t), w_uint(&w, 1), w_uint(&w, 9);
+  w->n = 0;
+  w_array(w, 2 + (uint64_t) r.n_fields);
+  w_uint(w, t), w_uint(w, 1), w_uint(w, 9);
   if (t == ST_MSG_RING_PROPOSE)
-    w_id(&w, 16, 1);
-  w_array(&w, 20);
+    w_id(w, 16, 1);
+  w_array(w, 20);
   for (int i = 0; i < 20; i++)
-    w_uint(&w, 1);
-  expect_drop(w.b, w.n, -EBADMSG, ST_WIRE_DROP_LIMIT, "uint members");
+    w_uint(w, 1);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "uint members");
+  w_free(w);
 }
 END_TEST
 
@@ -609,18 +501,9 @@ START_TEST(test_mutations) {
               (uint32_t) st_rng_below(&rng, 20), ids, &m);
     uint8_t buf[BUF_CAP];
     size_t len = encode_ok(&m, buf, sizeof buf);
-    int flips = 1 + (int) st_rng_below(&rng, 3);
-    for (int f = 0; f < flips; f++)
-      buf[st_rng_below(&rng, len)] ^= (uint8_t) (1 + st_rng_below(&rng, 255));
-    st_wire_counters_t c;
-    memset(&c, 0, sizeof c);
     st_msg_t d;
-    int rc = st_wire_decode(buf, len, &d, &c);
-    if (rc != 0) {
-      ck_assert(rc == -EBADMSG || rc == -ENOMSG || rc == -EPROTONOSUPPORT);
-      ck_assert_uint_eq(drops_total(&c), 1);
+    if (!tw_mutate_decode(&rng, buf, len, &d))
       continue;
-    }
     uint8_t again[BUF_CAP];
     size_t n2 = encode_ok(&d, again, sizeof again);
     ck_assert_uint_le(n2, len);
@@ -648,35 +531,11 @@ static void seed_msg(int i, st_node_id_t* ids, st_msg_t* m) {
 }
 
 START_TEST(test_fuzz_corpus) {
-  const char* out = getenv("ST_WIRE_WRITE_CORPUS");
-  const char* src = getenv("ST_SOURCE_DIR");
-  char path[1024];
   for (int i = 0; i < NTYPES; i++) {
     st_node_id_t ids[5];
     st_msg_t m;
     seed_msg(i, ids, &m);
-    uint8_t buf[BUF_CAP];
-    size_t len = encode_ok(&m, buf, sizeof buf);
-    if (out != NULL && *out != '\0') {
-      snprintf(path, sizeof path, "%s/%s", out, seed_names[i]);
-      ck_assert_int_eq(tu_write_file(path, buf, len), 0);
-      continue;
-    }
-    if (src == NULL || *src == '\0')
-      return; /* run outside CTest */
-    snprintf(path, sizeof path, "%s/tests/fuzz/corpus/fuzz_wire_decode/%s", src,
-             seed_names[i]);
-    FILE* f = fopen(path, "rb");
-    if (f == NULL)
-      continue; /* not in this checkout */
-    uint8_t seed[BUF_CAP];
-    size_t n = fread(seed, 1, sizeof seed, f);
-    fclose(f);
-    st_msg_t d;
-    ck_assert_msg(st_wire_decode(seed, n, &d, NULL) == 0, "seed %s",
-                  seed_names[i]);
-    ck_assert_msg(msg_same(&m, &d), "seed %s is stale", seed_names[i]);
-    st_wire_msg_free(&d);
+    tw_fuzz_seed(&m, seed_names[i]);
   }
 }
 END_TEST
@@ -705,10 +564,5 @@ static Suite* wire_ring_form_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(wire_ring_form_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tw_main(wire_ring_form_suite);
 }
