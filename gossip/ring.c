@@ -59,9 +59,15 @@
  *   contribution of ours): they are stored in the sum buffer and added
  *   when the snapshot comes, in the order received; float addition
  *   commutes, so the bits are those of adding on arrival.
+ * - The delta (mean - own) is made segment by segment, in place in the
+ *   snapshot buffer, as soon as a segment's mean is final here: when this
+ *   member completes its chunk's sum (the last reduce-scatter step) and
+ *   when an all-gather segment arrives. By then the snapshot's floats of
+ *   that segment have had their one use (the step-0 send of chunk r, or
+ *   the add into a received partial sum), so nothing is left for the end
+ *   but a flag: no pass over the whole vector after the last segment.
  * - Finishing: once the whole receive stream is added and every SEND is
- *   acknowledged, one pass turns the snapshot buffer into the delta
- *   (mean - own) and checks it: a NaN or Inf fails the round
+ *   acknowledged: a NaN or Inf in the delta fails the round
  *   (FAIL_NONFINITE), else APPLY, then DONE(OK). Failures drop whatever
  *   was not yet emitted (no more SENDs, no APPLY): the others see the
  *   streams close.
@@ -112,9 +118,11 @@ struct st_ring_s {
   uint64_t floats; /* N */
   uint32_t steps;  /* 2 (n - 1) */
 
-  float* own;   /* the snapshot; the delta once finished */
-  float* sum;   /* partial sums, received segments, then the mean */
-  uint8_t* enc; /* one encoded segment */
+  float* own;            /* the snapshot; the delta once finished */
+  float* sum;            /* partial sums, received segments, then the mean */
+  uint64_t delta_floats; /* own floats turned into the delta so far */
+  bool delta_bad;        /* a NaN, Inf or overflow among them */
+  uint8_t* enc;          /* one encoded segment */
   size_t enc_cap;
 
   pos_t tx;           /* the next segment of the send stream */
@@ -231,6 +239,22 @@ static bool reduce_scatter(const st_ring_t* x, uint32_t t) {
 /* ==== Adding ================================================================
  */
 
+/* own = mean - own over [at, at + count): the delta, once the mean there
+ * is final; records a NaN or Inf in the mean or an overflow of the
+ * difference. */
+static void delta_span(st_ring_t* x, uint64_t at, uint64_t count) {
+  const float* m = x->sum + at;
+  float* o = x->own + at;
+  uint32_t bad = 0;
+  for (uint64_t i = 0; i < count; i++) {
+    float d = m[i] - o[i];
+    o[i] = d;
+    bad |= !(fabsf(d) <= FLT_MAX);
+  }
+  x->delta_bad |= bad != 0;
+  x->delta_floats += count;
+}
+
 /* sum = own + received over one segment; at the last reduce-scatter step
  * divided by n: that chunk is then the mean. src may be unaligned (a
  * message's bytes) or sum itself (a segment stored before the snapshot). */
@@ -267,6 +291,8 @@ static void add_stored(st_ring_t* x) {
       uint64_t at = chunk_start(x, c) + off;
       add_segment(x, at, count, (const uint8_t*) (x->sum + at),
                   p.t + 2 == x->n);
+      if (p.t + 2 == x->n)
+        delta_span(x, at, count);
     }
     advance(x, &x->add, true);
     x->rx_added++;
@@ -296,16 +322,12 @@ static void progress(st_ring_t* x) {
   if (x->finished || !x->have_own || x->rx_added < x->rx_total ||
       x->tx_acked < x->tx_total)
     return;
-  /* delta = mean - own, in place; a NaN or Inf in the mean (the same on
-   * every member) or an overflow of the difference shows in the delta. */
-  uint32_t bad = 0;
-  size_t n = (size_t) x->floats;
-  for (size_t i = 0; i < n; i++) {
-    float d = x->sum[i] - x->own[i];
-    x->own[i] = d;
-    bad |= !(fabsf(d) <= FLT_MAX);
-  }
-  finish(x, bad ? ST_RING_FAIL_NONFINITE : ST_RING_OK);
+  /* Every segment's delta is made (delta_span); a NaN or Inf in the mean
+   * (the same on every member) or an overflow of a difference shows there.
+   * Each float's mean becomes final exactly once. */
+  finish(x, x->delta_bad || x->delta_floats != x->floats
+                ? ST_RING_FAIL_NONFINITE
+                : ST_RING_OK);
 }
 
 static void touch(st_ring_t* x, uint64_t now_ms) {
@@ -443,12 +465,16 @@ int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
   if (reduce_scatter(x, t) && x->have_own && x->rx_added == x->rx_stored) {
     /* Added straight from the message, the common case. */
     add_segment(x, at, count, g->data, t + 2 == x->n);
+    if (t + 2 == x->n)
+      delta_span(x, at, count);
     advance(x, &x->add, true);
     x->rx_added++;
   } else {
     /* An all-gather segment is final as it comes; a reduce-scatter one
      * before the snapshot waits in sum for add_stored. */
     memcpy(x->sum + at, g->data, g->data_len);
+    if (!reduce_scatter(x, t))
+      delta_span(x, at, count); /* the mean, final as it comes */
   }
   advance(x, &x->rx, true);
   x->rx_stored++;
