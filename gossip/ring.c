@@ -460,6 +460,13 @@ int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
   }
   const st_msg_ring_seg_t* g = &m.u.ring_seg;
   uint32_t t = x->rx.t;
+  if (!reduce_scatter(x, t) && !x->have_own) {
+    /* Every mean holds our contribution, which needs our snapshot: an
+     * all-gather segment before it cannot be genuine. */
+    st_wire_msg_free(&m);
+    finish(x, ST_RING_FAIL_PROTOCOL);
+    return 0;
+  }
   uint64_t at = chunk_start(x, g->chunk) + g->offset;
   uint64_t count = g->data_len / sizeof(float);
   if (reduce_scatter(x, t) && x->have_own && x->rx_added == x->rx_stored) {
