@@ -652,6 +652,36 @@ static void take(st_ring_t* x, acts_t* a) {
   }
 }
 
+/* Every mean holds this member's contribution, so an all-gather segment
+ * cannot come before this member's snapshot: one that does is fabricated
+ * and fails the round with nothing applied. (Member 0 of 2, 8 floats,
+ * one segment a chunk: a reduce-scatter segment may come early and wait;
+ * the all-gather one after it may not. fuzz_ring found that such a
+ * segment used to turn garbage into an unchecked delta.) */
+START_TEST(test_allgather_before_snapshot) {
+  st_ring_config_t cfg;
+  st_ring_config_default(&cfg);
+  cfg.segment_floats = 4;
+  st_ring_t* x;
+  ck_assert_int_eq(st_ring_new(&cfg, 5, 2, 0, 8, T0, &x), 0);
+  float in[4] = {1, 2, 3, 4}, mean[4] = {5, 6, 7, 8};
+  uint8_t buf[256];
+  acts_t a = {0};
+  take(x, &a);
+  size_t len = make_seg(buf, sizeof buf, 5, 0, 0, 1, 0, in, 4);
+  ck_assert_int_eq(st_ring_message(x, T0, buf, len), 0);
+  take(x, &a);
+  ck_assert(!a.done); /* an early reduce-scatter segment waits */
+  len = make_seg(buf, sizeof buf, 5, 1, 0, 0, 0, mean, 4);
+  ck_assert_int_eq(st_ring_message(x, T0, buf, len), 0);
+  take(x, &a);
+  ck_assert(a.done);
+  ck_assert_int_eq(a.result, ST_RING_FAIL_PROTOCOL);
+  ck_assert(!a.apply);
+  st_ring_free(x);
+}
+END_TEST
+
 /* Member 1 of 3, 60 floats (chunks of 20), segments of 4: five segments a
  * chunk. Its step 0 sends its own chunk 1; then each segment of chunk 0
  * that comes from member 0 goes on at once as step 1's, own + received,
@@ -1153,6 +1183,7 @@ static Suite* ring_suite(void) {
   tcase_add_loop_test(tc, test_sum, 0, N_SUM_GROUPS);
   tcase_add_test(tc, test_late_snapshot);
   tcase_add_test(tc, test_pipelined);
+  tcase_add_test(tc, test_allgather_before_snapshot);
   tcase_add_test(tc, test_trivial);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
