@@ -51,7 +51,6 @@
 
 #define CMD "ring"
 #define MAX_MEMBERS 64u
-#define FRAME_BYTES (1024u * 1024u)
 #define REF_BLOCK 65536u
 
 typedef struct {
@@ -100,50 +99,6 @@ static double parse_rate(const char* s) {
   if (strcmp(end, "gbit") == 0)
     return v * 1e9;
   return 0;
-}
-
-/* ==== The AEAD rates of one core ============================================
- */
-
-/* Seal and open rates, bytes/s of 1 MiB frames on one core (the frames
- * the ring sends), best of 3 runs of 32 frames, before any member runs. */
-static void aead_rates(double* seal_bps, double* open_bps) {
-  uint8_t key[ST_KEY_BYTES], hdr[ST_STREAM_HEADER_BYTES];
-  memset(key, 7, sizeof(key));
-  size_t cap = FRAME_BYTES + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
-  uint8_t* plain = calloc(1, FRAME_BYTES);
-  uint8_t* frame = malloc(cap);
-  uint8_t* out = malloc(FRAME_BYTES);
-  *seal_bps = *open_bps = 0;
-  for (int r = 0; r < 3 && plain != NULL && frame != NULL && out != NULL; r++) {
-    st_stream_t tx, rx;
-    st_stream_tx_init(&tx, key, hdr);
-    st_stream_rx_init(&rx, key, hdr);
-    double ts = 0, to = 0;
-    int frames = 32;
-    for (int i = 0; i < frames; i++) {
-      size_t len = 0, got = 0;
-      bool final = false;
-      double t0 = st__now();
-      st_stream_seal_frame(&tx, plain, FRAME_BYTES, false, frame, cap, &len);
-      double t1 = st__now();
-      st_stream_open_frame(&rx, NULL, frame + ST_FRAME_LENGTH_BYTES,
-                           len - ST_FRAME_LENGTH_BYTES, out, FRAME_BYTES, &got,
-                           &final);
-      to += st__now() - t1;
-      ts += t1 - t0;
-    }
-    double bytes = (double) frames * FRAME_BYTES;
-    if (bytes / ts > *seal_bps)
-      *seal_bps = bytes / ts;
-    if (bytes / to > *open_bps)
-      *open_bps = bytes / to;
-    st_stream_wipe(&tx);
-    st_stream_wipe(&rx);
-  }
-  free(plain);
-  free(frame);
-  free(out);
 }
 
 /* ==== The parent ============================================================
@@ -473,7 +428,7 @@ int st__bench_ring(int argc, char** argv) {
   double load = 0; /* other processes on these cores skew every figure */
   getloadavg(&load, 1);
   double seal_bps, open_bps;
-  aead_rates(&seal_bps, &open_bps);
+  st__bench_aead_rates(&seal_bps, &open_bps);
   /* One cluster key; an identity per member, known to all (each checks
    * its neighbours' ids, as the daemon checks the member it dials). */
   st_cluster_key_t ck;
@@ -592,7 +547,7 @@ int st__bench_ring(int argc, char** argv) {
       100 * (cpu.seal + cpu.open) / cpu.process);
   printf(
       "  serial tail: %.2f ms from the last segment to DONE (the last "
-      "addition and the delta pass over the vector), %.0f%% of the time\n",
+      "addition and the delta of the last segment), %.0f%% of the time\n",
       cpu.tail * 1e3, 100 * cpu.tail / med);
   return 0;
 }

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "gossip/gossip.h"
+#include "tools/bench.h"
 #include "tools/bench_ring.h"
 #include "tools/cli.h"
 
@@ -126,32 +127,6 @@ static void fail(member_t* m, int err) {
 /* ==== Blocking I/O and the handshake ========================================
  */
 
-static int write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -EIO;
-    p += w;
-    n -= (size_t) w;
-  }
-  return 0;
-}
-
-static int read_all(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -EIO;
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
-
 static void tune(int fd) {
   int one = 1;
   struct timeval tv = {IO_TIMEOUT_S, 0};
@@ -171,17 +146,17 @@ static int send_hs(int fd, const st_msg_t* msg) {
   buf[1] = (uint8_t) (len >> 16);
   buf[2] = (uint8_t) (len >> 8);
   buf[3] = (uint8_t) len;
-  return write_all(fd, buf, len + 4);
+  return st__bench_write_all(fd, buf, len + 4);
 }
 
 static int recv_hs(int fd, st_msg_type_t want, st_msg_t* msg) {
   uint8_t buf[HS_FRAME_MAX];
   uint8_t lb[4];
-  if (read_all(fd, lb, 4) != 0)
+  if (st__bench_read_all(fd, lb, 4) != 0)
     return -EIO;
   size_t len =
       (size_t) lb[0] << 24 | (size_t) lb[1] << 16 | (size_t) lb[2] << 8 | lb[3];
-  if (len == 0 || len > HS_FRAME_MAX || read_all(fd, buf, len) != 0)
+  if (len == 0 || len > HS_FRAME_MAX || st__bench_read_all(fd, buf, len) != 0)
     return -EBADMSG;
   if (st_wire_decode(buf, len, msg, NULL) != 0)
     return -EBADMSG;
@@ -239,8 +214,8 @@ static int handshake(member_t* m, int fd, bool initiator, uint32_t peer) {
   uint8_t mine[ST_STREAM_HEADER_BYTES], theirs[ST_STREAM_HEADER_BYTES];
   if ((rc = st_stream_tx_init(initiator ? &m->tx : &unused, s.tx_key, mine)) !=
           0 ||
-      (rc = write_all(fd, mine, sizeof(mine))) != 0 ||
-      (rc = read_all(fd, theirs, sizeof(theirs))) != 0 ||
+      (rc = st__bench_write_all(fd, mine, sizeof(mine))) != 0 ||
+      (rc = st__bench_read_all(fd, theirs, sizeof(theirs))) != 0 ||
       (rc = st_stream_rx_init(initiator ? &unused : &m->rx, s.rx_key,
                               theirs)) != 0)
     goto done;
@@ -295,7 +270,7 @@ static void* sender_main(void* arg) {
                               last, frame, cap, &len);
     double t1 = thread_cpu();
     if (rc == 0)
-      rc = write_all(m->next_fd, frame, len);
+      rc = st__bench_write_all(m->next_fd, frame, len);
     double t2 = thread_cpu();
     pthread_mutex_lock(&m->mu);
     m->cpu_seal += t1 - t0;
@@ -340,9 +315,9 @@ static void* receiver_main(void* arg) {
     size_t ct_len = 0, len = 0;
     bool final = false;
     double t0 = thread_cpu();
-    if ((rc = read_all(fd, lb, sizeof(lb))) != 0 ||
+    if ((rc = st__bench_read_all(fd, lb, sizeof(lb))) != 0 ||
         (rc = st_frame_length(lb, ST_FRAME_MAX_DEFAULT, NULL, &ct_len)) != 0 ||
-        (rc = read_all(fd, ct, ct_len)) != 0)
+        (rc = st__bench_read_all(fd, ct, ct_len)) != 0)
       break;
     double t1 = thread_cpu();
     pthread_mutex_lock(&m->mu);
@@ -496,8 +471,8 @@ static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
   if (c->corrupt && c->rank == 0)
     own[c->floats / 2] += 0.5f; /* the mean moves by 0.5 / n */
   uint8_t go = 'R';
-  if (write_all(c->up_fd, &go, 1) != 0 || read_all(c->down_fd, &go, 1) != 0 ||
-      go != 'G') {
+  if (st__bench_write_all(c->up_fd, &go, 1) != 0 ||
+      st__bench_read_all(c->down_fd, &go, 1) != 0 || go != 'G') {
     st_ring_free(x);
     return -1;
   }
@@ -583,8 +558,9 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
       getsockname(m.listen_fd, (struct sockaddr*) &a, &al) != 0)
     goto out;
   port = ntohs(a.sin_port);
-  if (write_all(c->up_fd, (uint8_t*) &port, sizeof(port)) != 0 ||
-      read_all(c->down_fd, (uint8_t*) &m.next_port, sizeof(port)) != 0)
+  if (st__bench_write_all(c->up_fd, (uint8_t*) &port, sizeof(port)) != 0 ||
+      st__bench_read_all(c->down_fd, (uint8_t*) &m.next_port, sizeof(port)) !=
+          0)
     goto out;
   pthread_t ts, tr;
   m.next_fd = socket(AF_INET, SOCK_STREAM, 0); /* connected by the sender */
@@ -606,7 +582,8 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
   for (uint32_t r = 0; r < c->rounds && status == 0; r++) {
     st__ring_report_t rep;
     int rc = round_run(&m, r, &rep, &acked);
-    if (write_all(c->up_fd, (uint8_t*) &rep, sizeof(rep)) != 0 || rc != 0)
+    if (st__bench_write_all(c->up_fd, (uint8_t*) &rep, sizeof(rep)) != 0 ||
+        rc != 0)
       status = 1;
   }
   pthread_mutex_lock(&m.mu);
