@@ -1,6 +1,7 @@
 /* cli_node.c: `starling node`, the daemon (node/daemon.h): parses the
  * flags (the training flags are those of `starling train`) and runs it. */
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +115,38 @@ static void usage(FILE* f) {
           "  starling peers --data-dir n0\n");
 }
 
+/* The node's numeric flags: where each goes and its range. */
+static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  static const struct {
+    int opt;
+    const char* flag;
+    double max;
+    size_t field;
+  } flags[] = {
+      {OPT_GOSSIP_EVERY, "--gossip-every", 86400,
+       offsetof(st_daemon_config_t, gossip_every_s)},
+      {OPT_RING_EVERY, "--ring-every", 86400,
+       offsetof(st_daemon_config_t, ring_every_s)},
+      {OPT_CHECKPOINT_EVERY, "--checkpoint-every", 1e7,
+       offsetof(st_daemon_config_t, checkpoint_every_s)},
+      {OPT_EVAL_EVERY, "--eval-every", 1e7,
+       offsetof(st_daemon_config_t, eval_every_s)},
+      {OPT_LOG_EVERY, "--log-every", 1e7,
+       offsetof(st_daemon_config_t, log_every_s)},
+      {OPT_NORM_MULT, "--norm-guard", 1e12,
+       offsetof(st_daemon_config_t, norm_mult)},
+  };
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+    if (flags[i].opt != opt)
+      continue;
+    double* out = (double*) (void*) ((char*) cfg + flags[i].field);
+    return st__parse_double(CMD, flags[i].flag, v, 0, flags[i].max, out) != 0
+               ? 2
+               : 0;
+  }
+  return 2;
+}
+
 int st__cmd_node(int argc, char** argv) {
   size_t nt = st__train_long_opts_count();
   size_t no = sizeof(own_opts) / sizeof(own_opts[0]);
@@ -168,40 +201,12 @@ int st__cmd_node(int argc, char** argv) {
         cfg.control_path = v;
         break;
       case OPT_GOSSIP_EVERY:
-        rc = st__parse_double(CMD, "--gossip-every", v, 0, 86400,
-                              &cfg.gossip_every_s) != 0
-                 ? 2
-                 : 0;
-        break;
       case OPT_RING_EVERY:
-        rc = st__parse_double(CMD, "--ring-every", v, 0, 86400,
-                              &cfg.ring_every_s) != 0
-                 ? 2
-                 : 0;
-        break;
       case OPT_CHECKPOINT_EVERY:
-        rc = st__parse_double(CMD, "--checkpoint-every", v, 0, 1e7,
-                              &cfg.checkpoint_every_s) != 0
-                 ? 2
-                 : 0;
-        break;
       case OPT_EVAL_EVERY:
-        rc = st__parse_double(CMD, "--eval-every", v, 0, 1e7,
-                              &cfg.eval_every_s) != 0
-                 ? 2
-                 : 0;
-        break;
       case OPT_LOG_EVERY:
-        rc = st__parse_double(CMD, "--log-every", v, 0, 1e7,
-                              &cfg.log_every_s) != 0
-                 ? 2
-                 : 0;
-        break;
       case OPT_NORM_MULT:
-        rc = st__parse_double(CMD, "--norm-guard", v, 0, 1e12,
-                              &cfg.norm_mult) != 0
-                 ? 2
-                 : 0;
+        rc = seconds_flag(&cfg, c, v);
         break;
       case OPT_QUIET:
         cfg.quiet = true;
