@@ -41,10 +41,17 @@ stop_all() {
 }
 trap 'echo; echo "stopping every node (each announces its leave and writes a checkpoint)"; stop_all; exit 130' INT TERM
 
-field() { # field NODE LABEL: a value from `starling status` (the table);
-  # empty while the node is not answering yet
-  { "$starling" status --data-dir "$dir/node$1" 2>/dev/null || true; } |
-    awk -v l="$2" 'index($0, l) == 1 { sub(l " *", ""); print; exit }'
+status_of() { # status_of NODE: `starling status` (the table); empty while
+  # the node is not answering yet
+  "$starling" status --data-dir "$dir/node$1" 2>/dev/null || true
+}
+
+pick() { # pick TEXT LABEL: the value on the line of a status table
+  awk -v l="$2" 'index($0, l) == 1 { sub(l " *", ""); print; exit }' <<<"$1"
+}
+
+field() { # field NODE LABEL: one value of node NODE's status
+  pick "$(status_of "$1")" "$2"
 }
 
 start_node() { # start_node K [--join ADDR]
@@ -84,9 +91,10 @@ while :; do
       stop_all
       exit 1
     fi
-    st=$(field "$k" state); step=$(field "$k" step); loss=$(field "$k" loss)
-    acc=$(field "$k" "test acc"); sps=$(field "$k" "samples/s")
-    ex=$(field "$k" exchanges)
+    t=$(status_of "$k") # one request a node a refresh
+    st=$(pick "$t" state); step=$(pick "$t" step); loss=$(pick "$t" loss)
+    acc=$(pick "$t" "test acc"); sps=$(pick "$t" "samples/s")
+    ex=$(pick "$t" exchanges)
     [ "$st" = done ] && done_count=$((done_count + 1))
     lines+=("$(printf 'node %d  %-8s step %-16s loss %-7s test acc %-7s %7s samples/s  exchanges %s' \
       "$k" "${st:-?}" "${step:-?}" "${loss:-?}" "${acc:-?}" "${sps:-?}" "${ex%% busy*}")")
