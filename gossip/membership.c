@@ -720,6 +720,12 @@ int st_membership_push_pull_in(st_membership_t* m, uint64_t now_ms,
     if (pp->is_reply && m->announce) {
       m->announce = false;
       st__bc_queue_member(m, st__mem_get(m, &m->self), &m->self);
+      /* This reply was a full push-pull: the next is due one interval on,
+       * scaled to the cluster just learned (at random within it, so that
+       * joiners stay out of step), not the unscaled one drawn at start. */
+      if (m->cfg.push_pull_interval_ms)
+        m->next_push_pull_at =
+            now_ms + 1 + st_rng_below(m->rng, st__push_pull_interval_ms(m));
     }
   }
   st_wire_msg_free(&msg);

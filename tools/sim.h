@@ -55,6 +55,7 @@ typedef struct {
   bool lifeguard;
   bool json;
   bool trace; /* print every membership change (deterministic) */
+  bool warm;  /* start converged (sim_node.c, Warm boot) */
 
   /* Network. */
   double loss;       /* fraction of UDP packets dropped, each independently */
@@ -320,6 +321,13 @@ typedef struct st_sim_s {
   st_sim_counters_t c;
   uint64_t events;
   size_t own_bytes; /* heap the simulator itself holds (not machines) */
+
+  /* --warm: the full roster as one encoded PUSH_PULL reply, and whether
+   * the driver now drops the PUSH_PULLs a warm joiner sends its seed. */
+  uint8_t* warm_reply;
+  size_t warm_reply_len;  /* allocated */
+  size_t warm_reply_used; /* the message */
+  bool swallow_push_pull;
 } st_sim_t;
 
 /* sim_net.c */
@@ -343,6 +351,7 @@ int st__sim_node_lookup(const st_sim_t* s, const st_node_id_t* id,
                         uint32_t* idx);
 int st__sim_node_start(st_sim_t* s, uint32_t i, const uint32_t* seeds,
                        size_t n_seeds);
+int st__sim_warm_reply(st_sim_t* s);
 void st__sim_node_crash(st_sim_t* s, uint32_t i);
 int st__sim_node_restart(st_sim_t* s, uint32_t i);
 void st__sim_node_leave(st_sim_t* s, uint32_t i);

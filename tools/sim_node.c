@@ -171,6 +171,9 @@ static void drain(st_sim_t* s, uint32_t i) {
         }
         break;
       case ST_MACT_PUSH_PULL:
+        if (s->swallow_push_pull) {
+          break; /* a warm joiner's push: its seed knows it already */
+        }
         if (st__sim_addr_index(s, &a.to, &to) == 0) {
           st__sim_send_stream(s, i, to, a.data, a.len);
         } else {
@@ -305,6 +308,73 @@ static int join(st_sim_t* s, uint32_t i, const uint32_t* seeds,
   return rc;
 }
 
+/* ==== Warm boot (--warm) ================================================
+ *
+ * A cluster that has run quietly for a while: every member knows every
+ * other alive at its first incarnation. Booting 10,000 nodes by gossip
+ * costs O(N^2 log N) messages (each of N joins reaches N nodes, each
+ * retransmitted lambda log N times) before the scenario can start; the
+ * join scenario measures that. A warm node joins through a seed, the next
+ * node by index, that already knows everyone: the seed's reply is the
+ * roster below, encoded once and fed to each joiner at once, through the
+ * machine's own join path (st_membership_join, st_membership_push_pull_in:
+ * merged quietly, as any joiner merges a large reply). Its push to the seed
+ * is not sent, since the seed knows it. Each machine then announces its own
+ * ALIVE as every joiner does; the others hold it already and stop it. */
+
+int st__sim_warm_reply(st_sim_t* s) {
+  if (s->n > ST_WIRE_PUSH_PULL_MAX_ENTRIES)
+    return -E2BIG;
+  st_push_pull_entry_t* e = calloc(s->n, sizeof(*e));
+  size_t cap = 64 + (size_t) s->n * 96;
+  uint8_t* buf = st__sim_alloc(s, cap);
+  if (e == NULL || buf == NULL) {
+    free(e);
+    st__sim_free(s, buf, cap);
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < s->n; i++) {
+    const st_sim_node_t* nd = &s->nodes[i];
+    e[i].node = nd->id;
+    e[i].incarnation = (uint64_t) 1 << 32; /* boot epoch 1, no refutation */
+    e[i].state = ST_MEMBER_ALIVE;
+    e[i].addr = nd->addr;
+    memcpy(e[i].public_key, nd->public_key, ST_PUBLIC_KEY_BYTES);
+  }
+  st_msg_t msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.type = ST_MSG_PUSH_PULL;
+  msg.u.push_pull.is_reply = true;
+  msg.u.push_pull.n_entries = s->n;
+  msg.u.push_pull.entries = e;
+  size_t len = 0;
+  int rc = st_wire_encode(&msg, buf, cap, &len);
+  free(e);
+  if (rc != 0) {
+    st__sim_free(s, buf, cap);
+    return rc;
+  }
+  s->warm_reply = buf;
+  s->warm_reply_len = cap; /* the allocation; the message is len bytes */
+  s->warm_reply_used = len;
+  return 0;
+}
+
+static int warm_join(st_sim_t* s, uint32_t i) {
+  st_sim_node_t* nd = &s->nodes[i];
+  const st_sim_node_t* seed = &s->nodes[(i + 1) % s->n];
+  s->swallow_push_pull = true;
+  int rc = st_membership_join(nd->m, now_ms(s), &seed->addr, 1);
+  drain(s, i);
+  s->swallow_push_pull = false;
+  if (rc == 0) {
+    rc = st_membership_push_pull_in(nd->m, now_ms(s), &seed->addr,
+                                    s->warm_reply, s->warm_reply_used);
+    drain(s, i);
+  }
+  return rc;
+}
+
 int st__sim_node_start(st_sim_t* s, uint32_t i, const uint32_t* seeds,
                        size_t n_seeds) {
   st_sim_node_t* nd = &s->nodes[i];
@@ -329,7 +399,12 @@ int st__sim_node_start(st_sim_t* s, uint32_t i, const uint32_t* seeds,
   nd->started_us = s->now_us;
   nd->healthy_from_us = s->now_us + s->grace_us;
   st__sim_running_changed(s, +1);
-  rc = join(s, i, seeds, n_seeds);
+  if (s->warm_reply != NULL && nd->epoch == 1) {
+    rc = warm_join(s, i);
+    n_seeds = 1;
+  } else {
+    rc = join(s, i, seeds, n_seeds);
+  }
   if (rc != 0 && n_seeds > 0) {
     fprintf(stderr, "starling-sim: st_membership_join for node %u: %s\n", i,
             strerror(-rc));

@@ -3,10 +3,12 @@
  * Every scenario but join first boots the cluster: node 0 starts alone at
  * t = 0 and the others start one after another over the first seconds
  * (5 ms apart, 5 s at most in all), each joining through up to three random
- * running nodes. A check every 250 ms of simulated time looks for the
- * moment every running node sees every running node alive; that moment
- * (or, failing it, 40% of the run) starts the scenario's main phase five
- * seconds later (or at --crash-at), and with it the load window:
+ * running nodes; with --warm every node instead starts at t = 0 knowing
+ * every other alive (sim_node.c, Warm boot). A check every 250 ms of
+ * simulated time looks for the moment every running node sees every
+ * running node alive; that moment (or, failing it, 40% of the run) starts
+ * the scenario's main phase five seconds later (or at --crash-at), and
+ * with it the load window:
  *
  *   crash        k nodes crash, spaced so that each has time to be detected
  *   leave        k nodes leave gracefully, spaced the same way
@@ -96,6 +98,13 @@ static uint32_t default_events(const st_sim_t* s, uint32_t lo, uint32_t hi,
 /* ==== Setup ============================================================= */
 
 static void boot(st_sim_t* s) {
+  if (s->warm_reply != NULL) {
+    /* Warm: every node starts at t = 0 knowing everyone (sim_node.c). */
+    for (uint32_t i = 0; i < s->n; i++)
+      st__sim_schedule(s, 0, ST_SIM_EV_START, i, 0);
+    s->settle_from_us = 1;
+    return;
+  }
   uint64_t step = SIM_BOOT_STEP_US;
   if ((uint64_t) s->n * step > SIM_BOOT_MAX_US)
     step = SIM_BOOT_MAX_US / s->n;
@@ -369,6 +378,8 @@ int st__sim_run(const st_sim_options_t* opt, st_sim_result_t* res) {
   st_rng_seed(&s->script_rng, opt->seed ^ 0x736372697074ull);
   memset(res, 0, sizeof(*res));
   rc = st__sim_nodes_init(s);
+  if (rc == 0 && opt->warm)
+    rc = st__sim_warm_reply(s);
   if (rc != 0)
     goto out;
 
@@ -406,6 +417,7 @@ int st__sim_run(const st_sim_options_t* opt, st_sim_result_t* res) {
   res->memory_per_node_bytes = st__sim_machine_bytes(s, base_heap, base_own);
 out:
   st__sim_nodes_free(s);
+  st__sim_free(s, s->warm_reply, s->warm_reply_len);
   for (uint32_t k = 0; k < s->n_trackers; k++) {
     st__sim_free(s, s->trackers[k].bits, (s->n + 7) / 8);
   }

@@ -47,6 +47,8 @@ expect_fail "bad loss" 2 "--loss: '1.5' is not a number between 0 and 0.9" -- "$
 expect_fail "bad scenario" 2 "--scenario: 'explode' is not one of crash, join" -- \
   "$SIM" --scenario explode
 expect_fail "stray argument" 2 "unexpected argument 'extra'" -- "$SIM" extra
+expect_fail "warm join" 2 "the join scenario grows its own" -- "$SIM" --warm --scenario join
+expect_fail "warm too large" 2 "--warm needs --nodes <= 12000" -- "$SIM" --warm --nodes 12001
 
 # --- Determinism: same seed, same bytes (host measurements aside) -------------
 strip() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [d.pop(k) for k in ("wall_seconds","max_rss_bytes")]; print(json.dumps(d))' "$1"; }
@@ -149,6 +151,26 @@ print("ok: packets per member per second: %.3f at 16 nodes, %.3f at 64" % (a, b)
 sys.exit(0 if abs(a - b) <= 0.2 * min(a, b) else 1)
 EOF
 fi
+
+# --- Warm start: converged from t = 0, then the same targets --------------------
+# Every node knows every other alive at its first incarnation (the boot by
+# gossip is what the join scenario measures); the cluster must count as
+# converged at the first check, detect crashes within the targets, and run
+# at the steady load of 2 packets per member per second when nothing
+# happens (a ping and an ack: no boot dissemination left to carry).
+run warm --nodes 64 --seed 10 --duration 150 --scenario crash --events 4 --warm
+check "$SCRATCH/warm.json" 'd["warm"] is True and d["converged_s"] == 0.25' \
+  "warm: not converged at the first check"
+check "$SCRATCH/warm.json" 'd["crashes_dead_everywhere"] == 4 and d["dead_everywhere_p99_s"] <= d["suspicion_max_s"] + 3' \
+  "warm: a crash not held dead everywhere in time"
+check "$SCRATCH/warm.json" 'd["false_deaths"] == 0 and d["false_suspicions"] == 0 and d["rejected"] == 0' \
+  "warm: false alarms or rejected packets"
+check "$SCRATCH/warm.json" 'd["missing_pairs_at_end"] == 0 and d["suspect_pairs_at_end"] == 0' \
+  "warm: views incomplete at the end"
+run warm_steady --nodes 64 --seed 10 --duration 120 --scenario steady --warm
+check "$SCRATCH/warm_steady.json" '1.9 <= d["packets_per_member_per_s"] <= 2.1' \
+  "warm: load far from a ping and an ack per member per second"
+pass "warm start: converged at once, $(json_field "$SCRATCH/warm_steady.json" packets_per_member_per_s) packets per member per second"
 
 # --- Pauses, Lifeguard on and off: runs and reports (see docs/membership.md) ------
 run pause_on --nodes 32 --seed 9 --duration 300 --scenario pause

@@ -819,6 +819,68 @@ START_TEST(test_push_pull_merge) {
 }
 END_TEST
 
+/* A joiner's first periodic push-pull is drawn over the interval scaled to
+ * the cluster its seed's reply revealed (x3 at 100 members: 90 s), not over
+ * the unscaled 30 s drawn at its first event, when it knew only itself: at
+ * 10,000 members the join is itself a full push-pull, and a second one
+ * within 30 s from every joiner cost the simulator most of its time. */
+START_TEST(test_join_push_pull_schedule) {
+  h_t b;
+  h_init_as(&b, 100, 1);
+  for (int j = 2; j < b.n; j++) {
+    st_msg_t x = alive_msg(&b, j, INC1);
+    ck_assert_int_eq(feed(&b, j, &x, 1), 0);
+  }
+  uint64_t latest = 0;
+  for (int k = 0; k < 16; k++) {
+    h_t a;
+    h_init(&a, 100, NULL);
+    st_membership_free(a.m);
+    st_rng_seed(&a.rng, 500 + (uint64_t) k);
+    st_membership_config_t cfg;
+    st_membership_config_default(&cfg);
+    ck_assert_int_eq(
+        st_membership_new(&cfg, &a.id[0], &a.addr[0], a.pk[0], 1, &a.rng, &a.m),
+        0);
+    ck_assert_int_eq(st_membership_join(a.m, a.now, &a.addr[1], 1), 0);
+    drain(&a);
+    ck_assert_ptr_nonnull(a.pp);
+    free(b.pp);
+    b.pp = NULL;
+    ck_assert_int_eq(
+        st_membership_push_pull_in(b.m, b.now, &a.addr[0], a.pp, a.pp_len), 0);
+    drain(&b);
+    ck_assert_ptr_nonnull(b.pp);
+    ck_assert_int_eq(
+        st_membership_push_pull_in(a.m, a.now, &a.addr[1], b.pp, b.pp_len), 0);
+    drain(&a);
+    ck_assert_uint_eq(st_membership_count(a.m), 100);
+    uint64_t t0 = a.now, sent = 0;
+    for (int j = 0; j < a.n; j++)
+      sent += a.pp_to[j];
+    uint64_t after = 0;
+    while (after == 0 && a.now < t0 + 120000) {
+      h_run(&a, a.now + 500);
+      uint64_t now_sent = 0;
+      for (int j = 0; j < a.n; j++)
+        now_sent += a.pp_to[j];
+      if (now_sent > sent)
+        after = a.now - t0;
+    }
+    ck_assert_msg(after > 0 && after <= 90500,
+                  "seed %d: first push-pull %llu ms after the join", k,
+                  (unsigned long long) after);
+    if (after > latest)
+      latest = after;
+    h_free(&a);
+  }
+  ck_assert_msg(latest > 31000,
+                "every first push-pull within the unscaled 30 s (latest %llu)",
+                (unsigned long long) latest);
+  h_free(&b);
+}
+END_TEST
+
 /* ==== Status records ========================================================
  */
 
@@ -1371,6 +1433,7 @@ static Suite* suite(void) {
   tcase_add_test(tr, test_leave_self);
   tcase_add_loop_test(tr, test_buddy, 0, 2);
   tcase_add_test(tr, test_push_pull_merge);
+  tcase_add_test(tr, test_join_push_pull_schedule);
   tcase_add_loop_test(tr, test_status, 0,
                       (int) (sizeof status_cases / sizeof status_cases[0]));
   tcase_add_test(tr, test_set_status);
