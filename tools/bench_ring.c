@@ -54,7 +54,7 @@
 #define REF_BLOCK 65536u
 
 typedef struct {
-  uint64_t n, mib, repeats, mtu, seed, timeout_s;
+  uint64_t n, mib, repeats, mtu, seed, timeout_s, segment_kib, in_flight;
   bool netns, json, corrupt;
   const char* rate;
   double rate_bps; /* --rate in bits/s, 0 when not --netns */
@@ -200,18 +200,21 @@ static int run_members(const opts_t* o, const st_keyring_t* keys,
                 ns[r]);
         _exit(1);
       }
-      st__ring_member_cfg_t c = {.n = n,
-                                 .rank = r,
-                                 .floats = floats,
-                                 .rounds = rounds,
-                                 .seed = o->seed,
-                                 .keys = keys,
-                                 .identities = ids,
-                                 .ref = ref,
-                                 .netns = o->netns ? ns[r] : NULL,
-                                 .corrupt = o->corrupt,
-                                 .up_fd = up[r][1],
-                                 .down_fd = down[r][0]};
+      st__ring_member_cfg_t c = {
+          .n = n,
+          .rank = r,
+          .floats = floats,
+          .rounds = rounds,
+          .seed = o->seed,
+          .segment_floats = (uint32_t) (o->segment_kib * 256),
+          .in_flight = (uint32_t) o->in_flight,
+          .keys = keys,
+          .identities = ids,
+          .ref = ref,
+          .netns = o->netns ? ns[r] : NULL,
+          .corrupt = o->corrupt,
+          .up_fd = up[r][1],
+          .down_fd = down[r][0]};
       _exit(st__ring_member(&c));
     }
     g_pids[r] = pid;
@@ -305,6 +308,7 @@ static void usage(void) {
   printf(
       "usage: starling-bench ring --members N --mib S [--repeats R]\n"
       "           [--netns [--rate 1gbit] [--mtu 9000]] [--seed X]\n"
+      "           [--segment-kib K] [--in-flight F]\n"
       "           [--timeout SECONDS] [--json] [--corrupt]\n\n"
       "One all-reduce of S MiB of float32 among N member processes (2..%u)\n"
       "running gossip/ring.c over encrypted TCP (handshake and\n"
@@ -316,8 +320,11 @@ static void usage(void) {
       "crypto bound of this machine, and where the CPU time goes. Every\n"
       "result is checked against the float64 mean; exit 1 on a mismatch.\n"
       "The whole run is bounded by --timeout (default 600 s). --corrupt\n"
-      "tests the check: member 0 alters one float, the run must fail.\n",
-      MAX_MEMBERS);
+      "tests the check: member 0 alters one float, the run must fail.\n"
+      "--segment-kib (4..1024, default 1024) and --in-flight (1..%u,\n"
+      "default %u) set the ring's segment size and the segments each\n"
+      "member may have sent and not yet written (gossip/ring.c).\n",
+      MAX_MEMBERS, ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT);
 }
 
 static int parse(int argc, char** argv, opts_t* o) {
@@ -330,6 +337,8 @@ static int parse(int argc, char** argv, opts_t* o) {
       {"mtu", required_argument, NULL, 'M'},
       {"seed", required_argument, NULL, 's'},
       {"timeout", required_argument, NULL, 't'},
+      {"segment-kib", required_argument, NULL, 'S'},
+      {"in-flight", required_argument, NULL, 'F'},
       {"netns-tag", required_argument, NULL, 'T'},
       {"json", no_argument, NULL, 'j'},
       {"corrupt", no_argument, NULL, 'C'},
@@ -343,6 +352,8 @@ static int parse(int argc, char** argv, opts_t* o) {
   o->mtu = 9000; /* bench_ring_netns.c: the payload ceiling per MTU */
   o->seed = 6;
   o->timeout_s = 600;
+  o->segment_kib = ST_RING_SEGMENT_FLOATS / 256;
+  o->in_flight = ST_RING_IN_FLIGHT;
   o->rate = "1gbit";
   snprintf(o->tag, sizeof(o->tag), "%d", (int) getpid());
   int c;
@@ -368,6 +379,14 @@ static int parse(int argc, char** argv, opts_t* o) {
         break;
       case 't':
         bad = st__parse_u64(CMD, "--timeout", optarg, 1, 86400, &o->timeout_s);
+        break;
+      case 'S':
+        bad = st__parse_u64(CMD, "--segment-kib", optarg, 4,
+                            ST_RING_SEGMENT_FLOATS / 256, &o->segment_kib);
+        break;
+      case 'F':
+        bad = st__parse_u64(CMD, "--in-flight", optarg, 1,
+                            ST__BENCH_RING_MAX_IN_FLIGHT, &o->in_flight);
         break;
       case 'N':
         o->netns = true;
@@ -493,9 +512,11 @@ int st__bench_ring(int argc, char** argv) {
         "{\"members\":%u,\"mib\":%llu,\"repeats\":%llu,\"transport\":\"%s\","
         "\"encrypted\":true,\"cores\":%ld,\"load_1min\":%.2f,"
         "\"seconds_median\":%.6f,\"seconds_min\":%.6f,\"seconds_max\":%.6f,"
-        "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f",
+        "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"segment_kib\":%llu,"
+        "\"in_flight\":%llu",
         n, (unsigned long long) o.mib, (unsigned long long) o.repeats, where,
-        cores, load, med, tmin, tmax, algbw, busbw);
+        cores, load, med, tmin, tmax, algbw, busbw,
+        (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight);
     if (o.netns)
       printf(
           ",\"rate\":\"%s\",\"rate_gbps\":%.4f,\"mtu\":%llu,"
@@ -520,6 +541,8 @@ int st__bench_ring(int argc, char** argv) {
       n, (unsigned long long) o.mib, where);
   if (o.netns)
     printf(" (tbf %s each way, MTU %llu)", o.rate, (unsigned long long) o.mtu);
+  printf("; segments of %llu KiB, %llu in flight",
+         (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight);
   printf(
       "\n  %ld cores, load average %.2f before the run; 1 warm-up + %llu "
       "measured rounds; every mean checked against the float64 mean (max "

@@ -15,6 +15,9 @@
 
 #include "crypto/crypto.h"
 
+/* The most segments in flight --in-flight allows: the member's out-slots. */
+#define ST__BENCH_RING_MAX_IN_FLIGHT 8u
+
 /* What the parent gives a member (a forked child; everything is its own
  * copy after the fork). */
 typedef struct {
@@ -23,6 +26,8 @@ typedef struct {
   uint64_t floats; /* per all-reduce */
   uint32_t rounds; /* the warm-up round and the measured ones */
   uint64_t seed;   /* every member's data derives from it (st__ring_fill) */
+  uint32_t segment_floats;         /* st_ring_config_t's, from --segment-kib */
+  uint32_t in_flight;              /* st_ring_config_t's, from --in-flight */
   const st_keyring_t* keys;        /* the one cluster key */
   const st_identity_t* identities; /* n of them; the member uses its own
                                       and checks both neighbours' */

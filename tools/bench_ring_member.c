@@ -23,8 +23,9 @@
  *             free slot
  *
  * joined by one mutex and three condition variables. The machine lets at
- * most in_flight (2) SENDs be unwritten, so two out-slots suffice; four
- * in-slots let the receiver run ahead of the driver by a few segments.
+ * most in_flight (--in-flight, default 2) SENDs be unwritten, so that many
+ * out-slots suffice (there are ST__BENCH_RING_MAX_IN_FLIGHT); four in-slots
+ * let the receiver run ahead of the driver by a few segments.
  *
  * Rounds: the parent is the barrier. Before each round the member makes
  * the machine and writes its data into the snapshot buffer (not timed),
@@ -52,7 +53,7 @@
 #include "tools/cli.h"
 
 #define SLOT_BYTES ST_WIRE_MAX_MESSAGE_BYTES
-#define OUT_SLOTS ST_RING_IN_FLIGHT
+#define OUT_SLOTS ST__BENCH_RING_MAX_IN_FLIGHT
 #define IN_SLOTS 4u
 #define HS_FRAME_MAX 512u /* as node/daemon_conn.c: a handshake message */
 /* Every blocking socket call gives up after this long, so a member whose
@@ -453,6 +454,8 @@ static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
   const st__ring_member_cfg_t* c = m->cfg;
   st_ring_config_t rc;
   st_ring_config_default(&rc);
+  rc.segment_floats = c->segment_floats;
+  rc.in_flight = c->in_flight;
   st_ring_t* x = NULL;
   drive_t d;
   memset(&d, 0, sizeof(d));
