@@ -14,9 +14,9 @@
  *   N < n some chunks are empty; an empty chunk has no segments and
  *   nothing of it goes on the wire.
  * - A *segment* is the unit sent on the wire: one RING_SEG message holding
- *   at most segment_floats floats (ST_RING_SEGMENT_FLOATS = 1 MiB of
- *   float32 at most). Segment k of a chunk covers its floats
- *   [k * segment_floats, min((k + 1) * segment_floats, chunk size)); the
+ *   at most segment_floats floats (256 KiB of float32 by default,
+ *   ST_RING_SEGMENT_FLOATS = 1 MiB at most). Segment k of a chunk covers its
+ * floats [k * segment_floats, min((k + 1) * segment_floats, chunk size)); the
  *   offset on the wire is k * segment_floats, within the chunk.
  * - A *step* moves one chunk from every member to the next. The round has
  *   2 (n - 1) of them, numbered t = 0 .. 2n - 3 here (on the wire: phase
@@ -37,7 +37,7 @@
  *   step 0) has been received and added. Step 0 (our own chunk r) is ready
  *   once the snapshot is there.
  * - *In flight*: SENDs emitted and not yet reported written (st_ring_sent).
- *   At most in_flight (default 2) are; the next segment is encoded as soon
+ *   At most in_flight (default 4) are; the next segment is encoded as soon
  *   as it is ready and the count allows, so sending, receiving and adding
  *   overlap: a member forwards segment k of a step while segment k + 1 is
  *   still on its way to it.
@@ -168,7 +168,7 @@ const char* st_ring_result_name(st_ring_result_t r) {
 
 void st_ring_config_default(st_ring_config_t* cfg) {
   memset(cfg, 0, sizeof *cfg);
-  cfg->segment_floats = ST_RING_SEGMENT_FLOATS;
+  cfg->segment_floats = ST_RING_DEFAULT_SEGMENT_FLOATS;
   cfg->in_flight = ST_RING_IN_FLIGHT;
   cfg->timeout_ms = RING_DEFAULT_TIMEOUT_MS;
 }

@@ -321,10 +321,11 @@ static void usage(void) {
       "result is checked against the float64 mean; exit 1 on a mismatch.\n"
       "The whole run is bounded by --timeout (default 600 s). --corrupt\n"
       "tests the check: member 0 alters one float, the run must fail.\n"
-      "--segment-kib (4..1024, default 1024) and --in-flight (1..%u,\n"
+      "--segment-kib (4..1024, default %u) and --in-flight (1..%u,\n"
       "default %u) set the ring's segment size and the segments each\n"
       "member may have sent and not yet written (gossip/ring.c).\n",
-      MAX_MEMBERS, ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT);
+      MAX_MEMBERS, ST_RING_DEFAULT_SEGMENT_FLOATS / 256,
+      ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT);
 }
 
 static int parse(int argc, char** argv, opts_t* o) {
@@ -352,7 +353,7 @@ static int parse(int argc, char** argv, opts_t* o) {
   o->mtu = 9000; /* bench_ring_netns.c: the payload ceiling per MTU */
   o->seed = 6;
   o->timeout_s = 600;
-  o->segment_kib = ST_RING_SEGMENT_FLOATS / 256;
+  o->segment_kib = ST_RING_DEFAULT_SEGMENT_FLOATS / 256;
   o->in_flight = ST_RING_IN_FLIGHT;
   o->rate = "1gbit";
   snprintf(o->tag, sizeof(o->tag), "%d", (int) getpid());

@@ -23,7 +23,7 @@
  *             free slot
  *
  * joined by one mutex and three condition variables. The machine lets at
- * most in_flight (--in-flight, default 2) SENDs be unwritten, so that many
+ * most in_flight (--in-flight, default 4) SENDs be unwritten, so that many
  * out-slots suffice (there are ST__BENCH_RING_MAX_IN_FLIGHT); four in-slots
  * let the receiver run ahead of the driver by a few segments.
  *

@@ -22,9 +22,9 @@ PY
 "$BENCH" ring --members 3 --mib 1 --repeats 1 --json >"$SCRATCH/default.json" ||
   fail "3 members, 1 MiB: exit status $?"
 check "$SCRATCH/default.json" \
-  'd["verified"] is True and d["encrypted"] is True and d["segment_kib"] == 1024 and d["in_flight"] == 2 and d["busbw_gbps"] > 0' \
+  'd["verified"] is True and d["encrypted"] is True and d["segment_kib"] == 256 and d["in_flight"] == 4 and d["busbw_gbps"] > 0' \
   "default run"
-pass "3 members, 1 MiB, 1 MiB segments: mean verified"
+pass "3 members, 1 MiB, default segments: mean verified"
 
 "$BENCH" ring --members 4 --mib 1 --repeats 2 --segment-kib 4 --in-flight 5 --json \
   >"$SCRATCH/small.json" || fail "4 members, 4 KiB segments: exit status $?"

@@ -1121,8 +1121,8 @@ END_TEST
 START_TEST(test_misuse) {
   st_ring_config_t cfg, bad;
   st_ring_config_default(&cfg);
-  ck_assert_uint_eq(cfg.segment_floats, 262144);
-  ck_assert_uint_eq(cfg.in_flight, 2);
+  ck_assert_uint_eq(cfg.segment_floats, 65536);
+  ck_assert_uint_eq(cfg.in_flight, 4);
   ck_assert_uint_eq(cfg.timeout_ms, 30000);
   st_ring_t* x = (st_ring_t*) &cfg;
   ck_assert_int_eq(st_ring_new(NULL, 1, 2, 0, 10, T0, &x), -EINVAL);
