@@ -835,7 +835,11 @@ const char* st_ring_result_name(st_ring_result_t r);
 
 typedef struct {
   uint32_t segment_floats; /* 1 .. ST_RING_SEGMENT_FLOATS; default
-                              ST_RING_DEFAULT_SEGMENT_FLOATS */
+                              ST_RING_DEFAULT_SEGMENT_FLOATS. The largest
+                              segment: a small vector's round cuts each
+                              chunk into at least 4, none below 8192
+                              floats (gossip/ring.c, round_seg), so all
+                              members must use the same value */
   uint32_t in_flight;      /* SENDs unacknowledged at most, >= 1; default
                               ST_RING_IN_FLIGHT */
   uint32_t timeout_ms;     /* fail when nothing progressed for this long

@@ -15,9 +15,11 @@
  *   nothing of it goes on the wire.
  * - A *segment* is the unit sent on the wire: one RING_SEG message holding
  *   at most segment_floats floats (256 KiB of float32 by default,
- *   ST_RING_SEGMENT_FLOATS = 1 MiB at most). Segment k of a chunk covers its
- * floats [k * segment_floats, min((k + 1) * segment_floats, chunk size)); the
- *   offset on the wire is k * segment_floats, within the chunk.
+ *   ST_RING_SEGMENT_FLOATS = 1 MiB at most), fewer for a small vector
+ *   (round_seg: at least 4 segments a chunk, none below 32 KiB). In what
+ *   follows segment_floats means the round's segment. Segment k of a chunk
+ * covers its floats [k * segment_floats, min((k + 1) * segment_floats, chunk
+ * size)); the offset on the wire is k * segment_floats, within the chunk.
  * - A *step* moves one chunk from every member to the next. The round has
  *   2 (n - 1) of them, numbered t = 0 .. 2n - 3 here (on the wire: phase
  *   and the step within the phase): reduce-scatter steps t < n - 1, then
@@ -104,6 +106,14 @@
 /* [40, 1, round u64 (9), phase (1), step u32 (5), chunk u32 (5), offset
  * u64 (9), bin32 header (5)]: 37 bytes around the data at most. */
 #define RING_ENVELOPE_BYTES 64u
+/* A small vector's chunks are cut into at least this many segments, so
+ * that the hops still overlap (a member forwards a segment only once it
+ * has all of it), but not into segments below RING_MIN_SEGMENT_FLOATS
+ * (32 KiB), where per-segment costs win. Measured on 1 Gbit/s links, 4
+ * members, 1 MiB: one 256 KiB segment a chunk 0.64 of the link, four of
+ * 64 KiB 0.86, sixteen of 16 KiB 0.78 (docs/benchmarks.md). */
+#define RING_MIN_SEGMENTS_PER_CHUNK 4u
+#define RING_MIN_SEGMENT_FLOATS 8192u
 
 typedef struct {
   uint32_t t; /* the step, 0 .. steps (steps: past the end) */
@@ -112,6 +122,7 @@ typedef struct {
 
 struct st_ring_s {
   st_ring_config_t cfg;
+  uint64_t seg; /* this round's segment, <= cfg.segment_floats (round_seg) */
   uint64_t round_id;
   uint32_t n;      /* members */
   uint32_t rank;   /* ours */
@@ -185,8 +196,22 @@ static uint64_t chunk_floats(const st_ring_t* x, uint32_t c) {
   return chunk_start(x, c + 1) - chunk_start(x, c);
 }
 
+/* The round's segment: the configured one, or for a small vector the
+ * largest chunk / RING_MIN_SEGMENTS_PER_CHUNK, but not below
+ * RING_MIN_SEGMENT_FLOATS (nor above the configured one). A function of
+ * (config, n, N), so every member of the round cuts the same segments. */
+static uint64_t round_seg(const st_ring_t* x) {
+  uint64_t seg = x->cfg.segment_floats;
+  uint64_t chunk_max = (x->floats + x->n - 1) / x->n;
+  uint64_t want = (chunk_max + RING_MIN_SEGMENTS_PER_CHUNK - 1) /
+                  RING_MIN_SEGMENTS_PER_CHUNK;
+  if (want < RING_MIN_SEGMENT_FLOATS)
+    want = RING_MIN_SEGMENT_FLOATS;
+  return want < seg ? want : seg;
+}
+
 static uint64_t chunk_segments(const st_ring_t* x, uint32_t c) {
-  uint64_t s = x->cfg.segment_floats;
+  uint64_t s = x->seg;
   return (chunk_floats(x, c) + s - 1) / s;
 }
 
@@ -226,7 +251,7 @@ static void advance(const st_ring_t* x, pos_t* p, bool rx) {
  * its floats. */
 static void seg_span(const st_ring_t* x, pos_t p, uint32_t c, uint64_t* off,
                      uint64_t* count) {
-  uint64_t s = x->cfg.segment_floats;
+  uint64_t s = x->seg;
   *off = p.k * s;
   uint64_t left = chunk_floats(x, c) - *off;
   *count = left < s ? left : s;
@@ -363,6 +388,7 @@ int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
   x->rank = my_rank;
   x->floats = n_params;
   x->steps = 2 * (n_members - 1);
+  x->seg = round_seg(x);
   x->started_ms = x->last_progress_ms = now_ms;
   *out = x;
   if (n_members == 1 || n_params == 0) {

@@ -1,5 +1,6 @@
 # lib.sh: helpers for the integration tests (sourced, not run). Each test
-# gets a scratch directory that is removed on exit, and every process a test
+# gets a scratch directory that is removed on exit (kept, and named on
+# stderr, when ST_KEEP_SCRATCH is set: for reading a failed run's logs), and every process a test
 # starts in the background is recorded and killed by PID on exit.
 set -euo pipefail
 
@@ -13,7 +14,11 @@ cleanup() {
   for pid in "${PIDS[@]:-}"; do
     [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
   done
-  rm -rf "$SCRATCH"
+  if [ -n "${ST_KEEP_SCRATCH:-}" ]; then
+    echo "scratch kept: $SCRATCH" >&2
+  else
+    rm -rf "$SCRATCH"
+  fi
 }
 trap cleanup EXIT
 

@@ -50,6 +50,18 @@ d = json.loads(sys.argv[1])
 p = d["ring_progress"]
 print(d["ring_round"] if d["ring_round"] and p is not None and p < 0.34 else "")' "$doc")
   [ -n "$round" ] || continue
+  # Every survivor must be running that round too (a member whose CONFIRM
+  # came late, or whose trainer is still evaluating, may not have started
+  # it yet: it would not be in the round to abort).
+  everyone=1
+  for ((k = 0; k < N - 1; k++)); do
+    doc=$(node_status "$k") || { everyone=0; break; }
+    "$NUMPY_PY" -c '
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d["ring_round"] == sys.argv[2] else 1)' "$doc" "$round" || { everyone=0; break; }
+  done
+  [ $everyone -eq 1 ] || continue
   kill -STOP "${NODE_PID[$victim]}"
   # A survivor may still have finished that round (the status was read a
   # moment before the freeze): then let the victim go and try again.

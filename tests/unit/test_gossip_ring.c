@@ -1118,6 +1118,51 @@ START_TEST(test_trivial) {
 }
 END_TEST
 
+/* The round's segment (ring.c, round_seg): the configured one for a large
+ * vector; for a small one at least 4 segments a chunk, none below 8192
+ * floats; never above the configured one. Counted through the progress
+ * report: a member sends 2 (n - 1) chunks, each in that many segments.
+ * Without the small-vector rule the 1 MiB rows would send one segment a
+ * chunk (6 at 4 members). */
+static const struct {
+  uint32_t n;
+  uint64_t floats;
+  uint32_t segment_floats; /* 0: the default */
+  uint64_t to_send;
+} seg_cases[] = {
+    {4, 262144, 0, 6 * 4},      /* 1 MiB: chunks of 64 Ki, 16 Ki each */
+    {2, 262144, 0, 2 * 4},      /* chunks of 128 Ki, 32 Ki each */
+    {8, 262144, 0, 14 * 4},     /* chunks of 32 Ki, 8 Ki each */
+    {16, 262144, 0, 30 * 2},    /* chunks of 16 Ki, the 8 Ki floor */
+    {4, 4u << 20, 0, 6 * 16},   /* 16 MiB: the default 64 Ki segments */
+    {2, 1000, 0, 2 * 1},        /* tiny: one segment a chunk */
+    {4, 262144, 4096, 6 * 16},  /* configured below the floor: kept */
+    {4, 262144, 100000, 6 * 4}, /* configured large: the rule applies */
+};
+
+START_TEST(test_segment_choice) {
+  st_ring_config_t cfg;
+  st_ring_config_default(&cfg);
+  if (seg_cases[_i].segment_floats)
+    cfg.segment_floats = seg_cases[_i].segment_floats;
+  for (uint32_t rank = 0; rank < seg_cases[_i].n; rank++) {
+    st_ring_t* x = NULL;
+    ck_assert_int_eq(st_ring_new(&cfg, 7, seg_cases[_i].n, rank,
+                                 seg_cases[_i].floats, T0, &x),
+                     0);
+    st_ring_progress_t p;
+    st_ring_progress(x, &p);
+    ck_assert_msg(p.segments_to_send == seg_cases[_i].to_send &&
+                      p.segments_to_receive == seg_cases[_i].to_send,
+                  "case %d rank %u: %llu to send, %llu to receive, want %llu",
+                  _i, rank, (unsigned long long) p.segments_to_send,
+                  (unsigned long long) p.segments_to_receive,
+                  (unsigned long long) seg_cases[_i].to_send);
+    st_ring_free(x);
+  }
+}
+END_TEST
+
 START_TEST(test_misuse) {
   st_ring_config_t cfg, bad;
   st_ring_config_default(&cfg);
@@ -1185,6 +1230,8 @@ static Suite* ring_suite(void) {
   tcase_add_test(tc, test_pipelined);
   tcase_add_test(tc, test_allgather_before_snapshot);
   tcase_add_test(tc, test_trivial);
+  tcase_add_loop_test(tc, test_segment_choice, 0,
+                      (int) (sizeof seg_cases / sizeof seg_cases[0]));
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   TCase* tf = tcase_create("failures");
