@@ -16,6 +16,7 @@
 #include "node/node_internal.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <math.h>
@@ -525,6 +526,11 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
     return -ENOMEM;
   d->cfg = cfg;
   d->started_ms = st__dnow(d);
+  /* libuv writes to sockets with write(2): a peer (another node, a control
+   * client) that hung up makes the next write raise SIGPIPE, whose default
+   * action kills the process. Ignored, the write fails with EPIPE and the
+   * connection's error path closes it. */
+  signal(SIGPIPE, SIG_IGN);
   /* An exchange allocates and frees a few model-sized buffers. Above
    * glibc's mmap threshold each would come fresh from the kernel, and the
    * page faults and zeroing cost a tenth of an exchange (10M parameters):

@@ -120,7 +120,9 @@ static int run(const char* cmd, int argc, char** argv) {
   }
   char req[64];
   int n = snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
-  if (write(fd, req, (size_t) n) != n) {
+  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
+   * EPIPE and the message below, not a SIGPIPE death. */
+  if (send(fd, req, (size_t) n, MSG_NOSIGNAL) != n) {
     fprintf(stderr, "starling %s: cannot send to '%s': %s\n", cmd, path,
             strerror(errno));
     close(fd);

@@ -348,7 +348,7 @@ int main(int argc, char** argv) {
    * per member). Served by mmap, or trimmed back to the system, each such
    * block is faulted in and zeroed again by the kernel on every reuse: a
    * third of a 10,000-node warm boot. Kept in the heap, it is reused. */
-  mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's ceiling */
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, INT32_MAX);
   st_sim_result_t r;
   rc = st__sim_run(&o, &r);

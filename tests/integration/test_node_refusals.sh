@@ -8,7 +8,9 @@
 #   (d) SIGTERM: an orderly leave (peers see "left", not "dead") with a
 #       final checkpoint that NumPy reads;
 #   (e) a second node on the data directory of a running one is refused,
-#       and the running one is unharmed.
+#       and the running one is unharmed;
+#   (f) control clients that hang up before their answer do not kill the
+#       node (a write to a closed socket is an error, not SIGPIPE).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -109,6 +111,25 @@ expect_fail "(e) a second node on a running node's --data-dir" 1 \
 node_alive 0 || node_fail "(e) the running node died"
 [ "$(node_field 0 id)" = "$seed_id" ] || node_fail "(e) the running node no longer answers"
 pass "(e) the running node still answers on its control socket"
+
+# (f) Control clients that hang up before their answer: the node's write
+# then meets a closed socket (EPIPE), which must not kill it (SIGPIPE).
+"$NUMPY_PY" - "$(node_dir 0)/control.sock" <<'PY' ||
+import socket, sys
+for i in range(50):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+    except OSError as e:
+        sys.exit("client %d: %s: the node is gone" % (i, e))
+    s.sendall(b"peers json\n" if i % 2 else b"status json\n")
+    s.close()
+PY
+  node_fail "(f) the node died when control clients hung up before their answer"
+sleep 0.5
+node_alive 0 || node_fail "(f) the node died when control clients hung up early"
+[ "$(node_field 0 id)" = "$seed_id" ] || node_fail "(f) the node no longer answers"
+pass "(f) 50 control clients that hung up before the answer: the node runs on"
 
 # (d) SIGTERM on a cluster of two.
 node_start 4 "${RECIPE[@]}" --epochs 50 --shard 1/10 --join "$seed"

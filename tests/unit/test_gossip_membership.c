@@ -771,6 +771,25 @@ static void h_init_as(h_t* h, int n, int self) {
                    0);
 }
 
+/* a (member 0's machine) joins through b (member 1's): a pushes its state
+ * to b, b merges it and replies, a merges the reply. */
+static void join_through(h_t* a, h_t* b) {
+  ck_assert_int_eq(st_membership_join(a->m, a->now, &a->addr[1], 1), 0);
+  drain(a);
+  ck_assert_ptr_nonnull(a->pp);
+  free(b->pp);
+  b->pp = NULL;
+  ck_assert_int_eq(
+      st_membership_push_pull_in(b->m, b->now, &a->addr[0], a->pp, a->pp_len),
+      0);
+  drain(b);
+  ck_assert_ptr_nonnull(b->pp); /* the reply */
+  ck_assert_int_eq(
+      st_membership_push_pull_in(a->m, a->now, &a->addr[1], b->pp, b->pp_len),
+      0);
+  drain(a);
+}
+
 START_TEST(test_push_pull_merge) {
   h_t a, b;
   h_init_as(&a, 10, 0);
@@ -782,18 +801,7 @@ START_TEST(test_push_pull_merge) {
     set_view(&a, pp_cases[c].member, pp_cases[c].a);
     set_view(&b, pp_cases[c].member, pp_cases[c].b);
   }
-  ck_assert_int_eq(st_membership_join(a.m, a.now, &a.addr[1], 1), 0);
-  drain(&a);
-  ck_assert_ptr_nonnull(a.pp);
-  free(b.pp);
-  b.pp = NULL;
-  ck_assert_int_eq(
-      st_membership_push_pull_in(b.m, b.now, &a.addr[0], a.pp, a.pp_len), 0);
-  drain(&b);
-  ck_assert_ptr_nonnull(b.pp); /* the reply */
-  ck_assert_int_eq(
-      st_membership_push_pull_in(a.m, a.now, &a.addr[1], b.pp, b.pp_len), 0);
-  drain(&a);
+  join_through(&a, &b);
   ck_assert_int_eq(state_of(&a, 1), ST_MEMBER_ALIVE);
   ck_assert_int_eq(state_of(&b, 0), ST_MEMBER_ALIVE);
   for (int c = 0; c < NPP; c++) {
@@ -842,18 +850,7 @@ START_TEST(test_join_push_pull_schedule) {
     ck_assert_int_eq(
         st_membership_new(&cfg, &a.id[0], &a.addr[0], a.pk[0], 1, &a.rng, &a.m),
         0);
-    ck_assert_int_eq(st_membership_join(a.m, a.now, &a.addr[1], 1), 0);
-    drain(&a);
-    ck_assert_ptr_nonnull(a.pp);
-    free(b.pp);
-    b.pp = NULL;
-    ck_assert_int_eq(
-        st_membership_push_pull_in(b.m, b.now, &a.addr[0], a.pp, a.pp_len), 0);
-    drain(&b);
-    ck_assert_ptr_nonnull(b.pp);
-    ck_assert_int_eq(
-        st_membership_push_pull_in(a.m, a.now, &a.addr[1], b.pp, b.pp_len), 0);
-    drain(&a);
+    join_through(&a, &b);
     ck_assert_uint_eq(st_membership_count(a.m), 100);
     uint64_t t0 = a.now, sent = 0;
     for (int j = 0; j < a.n; j++)
