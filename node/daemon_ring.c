@@ -39,11 +39,11 @@
 #define RING_TAG_BIT ((uint64_t) 1 << 63)
 /* The stall timeout: this many times the mean time a segment took in
  * earlier rounds, within these bounds (the first round uses the bound).
- * The floor covers a member whose trainer is inside an evaluation when
- * the round asks for its snapshot (a snapshot is taken between steps):
- * evaluating 10,000 test images took 2 to 5 s for a 2.7M-parameter model
- * on 2 busy cores, and at a 2 s floor such rounds aborted again and again
- * (tests/integration/test_node_ring.sh, 3 members on 2 cores). A member
+ * The floor is for busy small machines: with a 2 s floor, 3-member rounds
+ * of a 2.7M-parameter model on 2 cores (tests/integration/test_node_ring.sh,
+ * beside 3 trainers evaluating 10,000 test images every few seconds)
+ * aborted again and again. (A member's trainer now also gives a snapshot
+ * between the batches of an evaluation, node/trainer_thread.c.) A member
  * that dies closes its streams, which aborts the round at once whatever
  * the floor; only a frozen one waits it out. */
 #define STALL_SEGMENTS 50.0

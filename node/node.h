@@ -242,6 +242,13 @@ bool st_trainer_done(const st_trainer_t* t);
 int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
                         double* mean_loss, double* accuracy);
 
+/* The same, calling between(arg) after every batch but the last. between
+ * may read the parameters (a snapshot) but must not change them: the
+ * evaluation is of one set of parameters. */
+int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
+                                double* mean_loss, double* accuracy,
+                                void (*between)(void* arg), void* arg);
+
 /* Writes a checkpoint (safetensors): one tensor per layer weight and bias
  * ("layers.L.weight", "layers.L.bias"), the optimizer state
  * ("optimizer.momentum.layers.L.weight", ...), and metadata naming the

@@ -228,6 +228,12 @@ int st_trainer_set_position(st_trainer_t* t, uint64_t step) {
 
 int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
                         double* mean_loss, double* accuracy) {
+  return st_trainer_evaluate_between(t, ds, mean_loss, accuracy, NULL, NULL);
+}
+
+int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
+                                double* mean_loss, double* accuracy,
+                                void (*between)(void* arg), void* arg) {
   if (ds->n == 0 || ds->dim != t->cfg.model.sizes[0])
     return -EINVAL;
   double loss_sum = 0;
@@ -241,6 +247,8 @@ int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
       rc = st_model_eval(&t->model, rows, &loss_sum, &correct);
     if (rc != 0)
       return rc;
+    if (between != NULL && start + rows < ds->n)
+      between(arg);
   }
   *mean_loss = loss_sum / (double) ds->n;
   *accuracy = st_model_spec_classes(&t->cfg.model)

@@ -224,9 +224,26 @@ static void publish_locked(st__tt_t* tt) {
 /* ---- Evaluation and checkpoints
  * ---------------------------------------------- */
 
+/* Between two batches of an evaluation: a ring round or an exchange that
+ * asked for a snapshot gets it now, not after the whole evaluation (which
+ * takes seconds on a large test set; a round waits for every member's
+ * snapshot). */
+static void serve(st__tt_t* tt, bool snapshots_only);
+
+static void serve_snapshots(void* arg) {
+  serve(arg, true);
+}
+
 static void evaluate(st__tt_t* tt, double now) {
   double loss, acc;
-  int rc = st_trainer_evaluate(tt->t, tt->test, &loss, &acc);
+  pthread_mutex_lock(&tt->mu);
+  tt->stats.evaluating = true;
+  pthread_mutex_unlock(&tt->mu);
+  int rc = st_trainer_evaluate_between(tt->t, tt->test, &loss, &acc,
+                                       serve_snapshots, tt);
+  pthread_mutex_lock(&tt->mu);
+  tt->stats.evaluating = false;
+  pthread_mutex_unlock(&tt->mu);
   tt->eval_version = tt->version;
   tt->next_eval = now + tt->eval_every_s;
   if (rc != 0)
@@ -308,15 +325,21 @@ static void serve_state(st__tt_t* tt, const req_t* r) {
   pthread_mutex_unlock(&tt->mu);
 }
 
-/* Serves every request in the mailbox, in the order posted. */
-static void serve(st__tt_t* tt) {
+/* Serves every request in the mailbox, in the order posted; with
+ * snapshots_only (between the batches of an evaluation, when the
+ * parameters must not change), only the snapshots at its head, stopping
+ * at the first other request so that the order is kept. */
+static void serve(st__tt_t* tt, bool snapshots_only) {
   st_trainer_t* t = tt->t;
   for (;;) {
     pthread_mutex_lock(&tt->mu);
-    if (tt->req_count == 0) {
+    if (tt->req_count == 0 ||
+        (snapshots_only && tt->reqs[tt->req_head].kind != REQ_SNAPSHOT)) {
       pthread_mutex_unlock(&tt->mu);
       return;
     }
+    if (snapshots_only)
+      tt->stats.mid_eval_snapshots++;
     req_t r = tt->reqs[tt->req_head];
     tt->req_head = (tt->req_head + 1) % REQ_CAP;
     tt->req_count--;
@@ -468,7 +491,7 @@ static void timespec_at(double t, struct timespec* ts) {
 static void* thread_main(void* arg) {
   st__tt_t* tt = arg;
   for (;;) {
-    serve(tt);
+    serve(tt, false);
     pthread_mutex_lock(&tt->mu);
     if (tt->stop) {
       pthread_mutex_unlock(&tt->mu);
@@ -524,7 +547,7 @@ static void* thread_main(void* arg) {
   }
 
   /* Stopping: answer what is outstanding, then the final checkpoint. */
-  serve(tt);
+  serve(tt, false);
   pthread_mutex_lock(&tt->mu);
   bool final = tt->stop_checkpoint;
   pthread_mutex_unlock(&tt->mu);

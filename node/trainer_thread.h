@@ -101,6 +101,9 @@ typedef struct {
   bool stepping;          /* told to go and not done/diverged/stopped */
   bool epochs_done;
   bool diverged;
+  bool evaluating;             /* inside an evaluation (snapshots are served
+                                  between its batches) */
+  uint64_t mid_eval_snapshots; /* snapshots served during an evaluation */
 } st__tt_stats_t;
 
 /* Starts the thread, which waits for st__tt_go before its first step.

@@ -656,6 +656,52 @@ START_TEST(evaluates_periodically_while_stepping) {
 }
 END_TEST
 
+/* A snapshot asked for during an evaluation is served between two of its
+ * batches, not after the whole evaluation: a ring round waits for every
+ * member's snapshot, and evaluating a large test set takes seconds. The
+ * evaluation runs after every step here (period 1 ms) over 400 batches, so
+ * a request nearly always lands inside one; five tries make a miss
+ * vanishingly rare. Without the service between batches every snapshot
+ * waits for the evaluation's end and none counts as served inside it. */
+START_TEST(snapshot_served_during_evaluation) {
+  st_dataset_t big_test;
+  make_dataset(&big_test, 400000, 4);
+  st_train_config_t cfg;
+  train_config(&cfg, "mlp:4-64-2", 0.01, FOREVER);
+  st_trainer_t t;
+  trainer_open(&t, &cfg);
+  st__tt_config_t c;
+  tt_config(&c, &t);
+  c.test = &big_test;
+  c.eval_every_s = 0.001;
+  st__tt_t* tt = tt_start(&c);
+  st__tt_go(tt);
+  size_t n = st__tt_n_params(tt);
+  float* dst = malloc(n * sizeof(float));
+  ck_assert_ptr_nonnull(dst);
+  st__tt_stats_t s;
+  memset(&s, 0, sizeof(s));
+  for (int attempt = 0; attempt < 5 && s.mid_eval_snapshots == 0; attempt++) {
+    double end = now_s() + WAIT_S;
+    do {
+      st__tt_stats(tt, &s);
+    } while (!s.evaluating && now_s() < end);
+    ck_assert_msg(s.evaluating, "no evaluation within %.0f s", WAIT_S);
+    ck_assert_int_eq(st__tt_request_snapshot(tt, 100 + (uint64_t) attempt, dst),
+                     0);
+    st__tt_event_t ev;
+    wait_kind(tt, ST__TT_EV_SNAPSHOT, &ev);
+    ck_assert(ev.ok);
+    st__tt_stats(tt, &s);
+  }
+  ck_assert_uint_ge(s.mid_eval_snapshots, 1);
+  stop_ok(tt, false);
+  st_trainer_close(&t);
+  st_dataset_free(&big_test);
+  free(dst);
+}
+END_TEST
+
 START_TEST(evaluates_periodically_when_done) {
   /* After the epochs, corrections still change the model: the periodic
    * evaluation follows them. */
@@ -886,6 +932,7 @@ static Suite* trainer_thread_suite(void) {
   tcase_add_test(tc, requests_while_stepping);
   tcase_add_test(tc, evaluates_periodically_while_stepping);
   tcase_add_test(tc, evaluates_periodically_when_done);
+  tcase_add_test(tc, snapshot_served_during_evaluation);
   tcase_add_test(tc, diverges);
   tcase_set_timeout(tc, 120);
   suite_add_tcase(s, tc);
