@@ -1,7 +1,8 @@
 # lib.sh: helpers for the integration tests (sourced, not run). Each test
 # gets a scratch directory that is removed on exit (kept, and named on
-# stderr, when ST_KEEP_SCRATCH is set: for reading a failed run's logs), and every process a test
-# starts in the background is recorded and killed by PID on exit.
+# stderr, when ST_KEEP_SCRATCH is set: for reading a failed run's logs),
+# and every process a test starts in the background is recorded and killed
+# by PID on exit.
 set -euo pipefail
 
 STARLING=${1:?usage: $0 PATH_TO_STARLING}
