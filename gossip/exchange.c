@@ -49,7 +49,9 @@
  *   floats came is FAIL_SIZE. On XCHG_DONE the checks run in this order:
  *   hash (FETCH only: FAIL_HASH), NaN or Inf (FAIL_NONFINITE), then, for
  * AVERAGE, once our own snapshot is there too, the norm: |peer| > norm_mult *
- * (|own| + 1) is FAIL_NORM (L2 norms in double).
+ * (|own| + 1) is FAIL_NORM (L2 norms in double); and a delta that comes
+ * out NaN or Inf (our own snapshot held one, or peer - own overflowed) is
+ * FAIL_NONFINITE, with nothing applied.
  * - Finishing: AVERAGE emits APPLY (delta = (peer - own) / 2 computed in
  *   float, so the two sides' deltas are exact negatives of each other) and
  *   DONE(OK) once the peer's snapshot is verified AND our own snapshot has
@@ -158,6 +160,7 @@ struct st_xchg_s {
   double rx_sumsq;
   double own_sumsq;
   uint64_t delta_floats;
+  bool delta_bad; /* AVERAGE: a delta came out NaN or Inf */
 
   uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
   uint8_t ctl[CTL_BYTES];
@@ -275,8 +278,15 @@ static double sumsq(const float* v, size_t n) {
 static void delta_catch_up(st_xchg_t* x) {
   if (x->kind != ST_XCHG_AVERAGE || !x->have_own)
     return;
-  for (uint64_t i = x->delta_floats; i < x->rx_floats; i++)
+  /* probe turns NaN if any delta is NaN or Inf: our own snapshot held one
+   * (the guard checks the peer's), or peer - own overflowed float. */
+  float probe = 0.0f;
+  for (uint64_t i = x->delta_floats; i < x->rx_floats; i++) {
     x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
+    probe += x->peer[i] * 0.0f;
+  }
+  if (probe != probe)
+    x->delta_bad = true;
   x->delta_floats = x->rx_floats;
 }
 
@@ -306,6 +316,10 @@ static void progress(st_xchg_t* x) {
   if (!tx_complete || !rx_complete)
     return;
   delta_catch_up(x); /* done chunk by chunk already, as a rule */
+  if (x->delta_bad) {
+    finish(x, ST_XCHG_FAIL_NONFINITE); /* nothing non-finite is applied */
+    return;
+  }
   if (receives(x)) {
     push(x, Q_APPLY);
   }

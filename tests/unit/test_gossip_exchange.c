@@ -475,6 +475,9 @@ static const guard_t guards[] = {
      ST_XCHG_FAIL_NORM},
     {"fetch has no norm guard", ST_XCHG_FETCH, 100, 0, 0, 1.0f, 1000.0f, 10,
      ST_XCHG_OK},
+    /* Both finite, but peer - own beyond FLT_MAX: the delta would be Inf. */
+    {"delta overflows", ST_XCHG_AVERAGE, 100, 0, 0, 3e38f, -3e38f, 0,
+     ST_XCHG_FAIL_NONFINITE},
 };
 #define NGUARDS (sizeof guards / sizeof guards[0])
 
@@ -498,6 +501,13 @@ START_TEST(test_guards) {
   ck_assert_msg(sa->result == g->want_a, "%s: A %s", g->what,
                 st_xchg_result_name(sa->result));
   ck_assert_int_eq(sa->n_apply, g->want_a == ST_XCHG_OK ? 1 : 0);
+  /* B, whose own snapshot held the bad value, must not apply a delta made
+   * from it either (fuzz_xchg found it doing so). */
+  if (g->bad != 0 && g->kind == ST_XCHG_AVERAGE) {
+    ck_assert_msg(p.s[1].result != ST_XCHG_OK && p.s[1].n_apply == 0,
+                  "%s: B %s, %d applies", g->what,
+                  st_xchg_result_name(p.s[1].result), p.s[1].n_apply);
+  }
   pump_free(&p);
   free(a);
   free(b);
