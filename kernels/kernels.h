@@ -69,7 +69,9 @@ const char* st_backend_last_error(const st_backend_t* be);
 int st_backend_sync(st_backend_t* be);
 
 /* Number of CUDA devices usable by this build (0 if built without CUDA or
- * no driver/GPU is present). Never fails. */
+ * no driver/GPU is present). Never fails. Initializes the CUDA driver in
+ * this process, and CUDA does not survive fork(): a child forked after this
+ * call cannot use the GPU (cudaErrorInitializationError). */
 int st_cuda_device_count(void);
 
 /* ---- Memory -------------------------------------------------------------- */

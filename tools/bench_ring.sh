@@ -125,13 +125,19 @@ if [ "$SETUP" = 1 ]; then
     ST_BUILD_DIR="$build" tools/setup.sh >"$build/setup.log" 2>&1 ||
     { tail -20 "$build/setup.log" >&2; exit 1; }
 fi
-g++ -O3 -std=c++17 tests/bench/gloo_allreduce.cc -o "$build/gloo_allreduce" -lgloo -pthread
-mpicc -O3 tests/bench/mpi_allreduce.c -o "$build/mpi_allreduce" -lm
+# The comparison programs: built after setup; with SETUP=0 a program already
+# in the build directory is used as it is (a machine without the compilers).
+if [[ " $SYSTEMS " == *" gloo "* ]] && { [ "$SETUP" = 1 ] || [ ! -x "$build/gloo_allreduce" ]; }; then
+  g++ -O3 -std=c++17 tests/bench/gloo_allreduce.cc -o "$build/gloo_allreduce" -lgloo -pthread
+fi
+if [[ " $SYSTEMS " == *" mpi "* ]] && { [ "$SETUP" = 1 ] || [ ! -x "$build/mpi_allreduce" ]; }; then
+  mpicc -O3 tests/bench/mpi_allreduce.c -o "$build/mpi_allreduce" -lm
+fi
 
 echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu:     $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
-echo "os:      Debian $(cat /etc/debian_version), kernel $(uname -r)"
-echo "gloo:    libgloo-dev $(dpkg-query -W -f='${Version}' libgloo-dev); open mpi $(dpkg-query -W -f='${Version}' openmpi-bin)"
+echo "os:      $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
+echo "gloo:    libgloo-dev $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '(prebuilt)'); open mpi $(dpkg-query -W -f='${Version}' openmpi-bin 2>/dev/null || echo '(not installed)')"
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min; other work on these cores skews every figure)"
 echo "runs:    1 warm-up + $REPEATS measured rounds each; median; TIMEOUT ${TIMEOUT}s per run"
 echo

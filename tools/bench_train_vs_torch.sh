@@ -17,7 +17,8 @@
 #   DEVICE=cuda THREADS=1 PY=/path/to/venv/bin/python \
 #       tools/bench_train_vs_torch.sh              GPU (Debian's torch is CPU-only)
 #
-# Installs what is missing with apt-get and builds through tools/setup.sh.
+# Installs what is missing with apt-get and builds through tools/setup.sh
+# (SETUP=0 skips both and uses the build directory as it is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,18 +33,20 @@ build=${ST_BUILD_DIR:-build}
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "setup: tools/setup.sh (log in $build/setup.log)"
 mkdir -p "$build"
-ST_EXTRA_PACKAGES="python3-torch python3-numpy libopenblas0-pthread ${ST_EXTRA_PACKAGES:-}" \
-  ST_BUILD_DIR="$build" tools/setup.sh >"$build/setup.log" 2>&1 ||
-  { tail -20 "$build/setup.log" >&2; exit 1; }
+if [ "${SETUP:-1}" = 1 ]; then # SETUP=0: use the build directory as it is
+  echo "setup: tools/setup.sh (log in $build/setup.log)"
+  ST_EXTRA_PACKAGES="python3-torch python3-numpy libopenblas0-pthread ${ST_EXTRA_PACKAGES:-}" \
+    ST_BUILD_DIR="$build" tools/setup.sh >"$build/setup.log" 2>&1 ||
+    { tail -20 "$build/setup.log" >&2; exit 1; }
+fi
 
 # ---- The machine ---------------------------------------------------------
 echo "date:     $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "cpu:      $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
-echo "os:       Debian $(cat /etc/debian_version), kernel $(uname -r)"
-echo "openblas: $(dpkg-query -W -f='${Package} ${Version}' libopenblas0-pthread)"
-echo "torch:    $($PY -c 'import torch; print(torch.__version__)') (python3-torch $(dpkg-query -W -f='${Version}' python3-torch))"
+echo "os:       $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
+echo "openblas: $(dpkg-query -W -f='${Package} ${Version}' libopenblas0-pthread 2>/dev/null || echo '(not from Debian)')"
+echo "torch:    $($PY -c 'import torch; print(torch.__version__)') ($PY)"
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
 if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; then
   echo "gpu:      $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"

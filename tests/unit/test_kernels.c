@@ -905,7 +905,7 @@ static Suite* kernels_suite(void) {
   add_op_tests(tc);
   suite_add_tcase(s, tc);
 
-  if (st_cuda_device_count() > 0) {
+  if (tu_cuda_device_count() > 0) {
     tc = tcase_create("cuda");
     tcase_add_checked_fixture(tc, setup_cuda, teardown);
     tcase_set_timeout(tc, 120);

@@ -954,7 +954,7 @@ int main(void) {
   int failed = 0;
   for (int pass = 0; pass < 2; pass++) {
     if (pass == 1) {
-      if (st_cuda_device_count() == 0)
+      if (tu_cuda_device_count() == 0)
         break;
       device = "cuda";
     }

@@ -12,6 +12,12 @@
  * printed once so that a failure can be replayed. */
 uint64_t tu_seed(void);
 
+/* The number of CUDA devices, asked in a child process: CUDA does not
+ * survive fork(), so a suite's main must not initialize it before Check
+ * forks each test (every CUDA test would then fail with
+ * cudaErrorInitializationError). 0 without CUDA. */
+int tu_cuda_device_count(void);
+
 /* Fills x[0..n) with uniform values in [lo, hi). */
 void tu_fill_uniform(st_rng_t* rng, float* x, size_t n, float lo, float hi);
 
