@@ -46,12 +46,15 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->status_every_s = 1;
   cfg->log_every_s = 5;
   cfg->norm_mult = 10;
+  cfg->min_nodes = 1;
 }
 
 const char* st__dstate_name(st__dstate_t s) {
   switch (s) {
     case ST__D_SYNCING:
       return "syncing";
+    case ST__D_WAITING:
+      return "waiting";
     case ST__D_TRAINING:
       return "training";
     case ST__D_DONE:
@@ -101,8 +104,44 @@ static void gossip_cb(uv_timer_t* t) {
   st__xchg_gossip_tick(t->data);
 }
 
+/* How often a waiting node says what it waits for. */
+#define WAIT_LOG_MS 10000u
+
+/* Starts the trainer once --min-nodes are alive (this one included); until
+ * then says every WAIT_LOG_MS how many are. Training, once started, goes on
+ * whatever the count does later. */
+static void wait_tick(st__daemon_t* d) {
+  if (d->state != ST__D_WAITING)
+    return;
+  size_t alive = st_membership_alive_count(d->m);
+  uint64_t now = st__dnow(d);
+  if (alive >= d->cfg->min_nodes) {
+    if (d->cfg->min_nodes > 1)
+      st__dlog(d, "%zu nodes alive (--min-nodes %u): training starts", alive,
+               d->cfg->min_nodes);
+    d->state = ST__D_TRAINING;
+    st__tt_go(d->tt);
+  } else if (d->wait_logged_ms == 0 ||
+             now - d->wait_logged_ms >= WAIT_LOG_MS) {
+    st__dlog(d,
+             "waiting for %u nodes before the first step (--min-nodes): %zu "
+             "alive",
+             d->cfg->min_nodes, alive);
+    d->wait_logged_ms = now;
+  }
+}
+
+void st__daemon_synced(st__daemon_t* d) {
+  d->synced = true;
+  if (d->state != ST__D_SYNCING)
+    return;
+  d->state = ST__D_WAITING;
+  wait_tick(d);
+}
+
 static void sweep_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
+  wait_tick(d);
   st__conn_sweep(d);
   st__xchg_sweep(d);
   st__xchg_sync_tick(d);
@@ -572,14 +611,10 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   if (rc == 0)
     rc = start_trainer(d);
   if (rc == 0) {
-    if (d->resumed || d->n_seeds == 0) {
-      d->state = ST__D_TRAINING;
-      d->synced = true;
-      st__tt_go(d->tt);
-    } else {
-      d->state = ST__D_SYNCING;
-    }
+    d->state = ST__D_SYNCING;
     rc = start_membership(d, err, err_len);
+    if (rc == 0 && (d->resumed || d->n_seeds == 0))
+      st__daemon_synced(d);
   }
   if (rc == 0 && (rc = st__ring_start(d)) != 0)
     st__set_err(err, err_len, "cannot start the ring: %s", strerror(-rc));

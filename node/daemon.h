@@ -53,11 +53,14 @@ typedef struct {
   double status_every_s;     /* status record refresh */
   double log_every_s;        /* progress lines on stderr; 0: none */
   double norm_mult;          /* exchange guard (st_xchg_config_t) */
+  uint32_t min_nodes;        /* the first step waits until this many nodes
+                                are alive, this one included (1: at once) */
   bool quiet;                /* only warnings and errors on stderr */
 } st_daemon_config_t;
 
 /* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,
- * evaluate every 5 s, status every 1 s, log every 5 s, norm guard 10. */
+ * evaluate every 5 s, status every 1 s, log every 5 s, norm guard 10,
+ * min nodes 1. */
 void st_daemon_config_default(st_daemon_config_t* cfg);
 
 /* Runs the daemon until it is told to leave (SIGINT, SIGTERM, or `starling

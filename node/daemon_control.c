@@ -62,6 +62,21 @@ static void put_num(st__json_buf_t* b, double v) {
   }
 }
 
+/* A figure for the tables: "-" while there is none (NaN: no step or no
+ * evaluation yet), as JSON gives null. */
+typedef struct {
+  char s[24];
+} figure_t;
+
+static figure_t figure(double v, int decimals) {
+  figure_t f;
+  if (isnan(v))
+    snprintf(f.s, sizeof(f.s), "-");
+  else
+    snprintf(f.s, sizeof(f.s), "%.*f", decimals, v);
+  return f;
+}
+
 static void put_key(st__json_buf_t* b, bool* first, const char* key) {
   st__json_buf_puts(b, *first ? "{" : ",");
   *first = false;
@@ -217,11 +232,13 @@ static void status_text(st__daemon_t* d, st__json_buf_t* b) {
            "model      %s\n"
            "step       %" PRIu64 " (epoch %" PRIu64
            ")\n"
-           "loss       %.4f\n"
-           "test acc   %.4f\n"
-           "samples/s  %.0f\n",
+           "loss       %s\n"
+           "test acc   %s\n"
+           "samples/s  %s\n",
            id, d->self_addr_text, st__dstate_name(d->state), d->local.model,
-           st.step, st.epoch, st.loss, st.test_accuracy, st.samples_per_sec);
+           st.step, st.epoch, figure(st.loss, 4).s,
+           figure(st.test_accuracy, 4).s,
+           figure(st.samples_per_sec, 0).s);
   st__json_buf_puts(b, line);
   snprintf(line, sizeof(line),
            "peers      %zu alive, %zu suspect, %zu dead or left\n"
@@ -300,9 +317,10 @@ static void peers_doc(st__daemon_t* d, st__json_buf_t* b, bool json) {
       else
         snprintf(heard_s, sizeof(heard_s), "%.1fs", heard);
       snprintf(line, sizeof(line),
-               "%.12s%s %-22s %-8s %7" PRIu64 " %7.4f %7.4f %10.0f  %s\n", id,
-               self ? "*" : " ", addr, member_state_name(m.state), step, loss,
-               acc, sps, heard_s);
+               "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %s\n", id,
+               self ? "*" : " ", addr, member_state_name(m.state), step,
+               figure(loss, 4).s, figure(acc, 4).s,
+               figure(sps, 0).s, heard_s);
       st__json_buf_puts(b, line);
     }
   }

@@ -22,6 +22,7 @@
 
 typedef enum {
   ST__D_SYNCING = 0, /* joined or joining; fetching state before step 1 */
+  ST__D_WAITING,     /* has its state; the first step waits for --min-nodes */
   ST__D_TRAINING,
   ST__D_DONE, /* epochs done: serves exchanges, no more steps */
   ST__D_LEAVING
@@ -171,6 +172,7 @@ struct st__daemon_s {
   bool resumed; /* started from a checkpoint */
   bool synced;  /* has parameters of its own: checkpoint them at exit */
   uint64_t fetch_attempts;
+  uint64_t wait_logged_ms; /* last "waiting for N nodes" line */
   bool fetch_active;
   int avg_active; /* averaging exchanges in progress, either role */
   uint64_t next_conn_id;
@@ -213,6 +215,9 @@ void st__dwarn(const st__daemon_t* d, const char* fmt, ...)
 
 /* daemon.c */
 void st__daemon_leave(st__daemon_t* d, const char* why);
+/* The node has parameters of its own (fresh, resumed or fetched): it
+ * trains now, or waits in ST__D_WAITING until --min-nodes are alive. */
+void st__daemon_synced(st__daemon_t* d);
 void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -116,9 +116,7 @@ static void drain(st__conn_t* c) {
             st__dlog(d, "synchronized from %.12s at step %llu", id,
                      (unsigned long long) a.step);
             d->c.fetches_ok++;
-            d->synced = true;
-            d->state = ST__D_TRAINING;
-            st__tt_go(d->tt);
+            st__daemon_synced(d);
           }
         } else if (st__tt_request_apply(d->tt, c->id, a.values, 1.0f) == 0) {
           c->tt_pending++;
@@ -161,8 +159,10 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     fill_local(d, &l);
     bool busy = false;
     if (c->xkind == ST_XCHG_AVERAGE) {
+      /* Waiting (--min-nodes): at step 0 still, it would pull a peer's
+       * trained model back towards the initialization. */
       busy = d->avg_active > 0 || d->state == ST__D_SYNCING ||
-             d->state == ST__D_LEAVING;
+             d->state == ST__D_WAITING || d->state == ST__D_LEAVING;
       if (!busy) {
         d->avg_active++;
         c->counted_active = true;

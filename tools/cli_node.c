@@ -26,6 +26,7 @@ enum {
   OPT_EVAL_EVERY,
   OPT_LOG_EVERY,
   OPT_NORM_MULT,
+  OPT_MIN_NODES,
   OPT_QUIET
 };
 
@@ -44,6 +45,7 @@ static const struct option own_opts[] = {
     {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
     {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
+    {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, 'h'},
 };
@@ -87,6 +89,11 @@ static void usage(FILE* f) {
       "  --ring-every S       propose an exact ring all-reduce with the "
       "healthy peers\n"
       "                       every S seconds (default 5; 0: never)\n"
+      "  --min-nodes N        take the first step only once N nodes are "
+      "alive, this one\n"
+      "                       included (default 1: at once); training goes "
+      "on\n"
+      "                       whatever the count does afterwards\n"
       "  --checkpoint-every S write a checkpoint every S seconds (default "
       "30)\n"
       "  --eval-every S       evaluate on the test set every S seconds "
@@ -208,6 +215,14 @@ int st__cmd_node(int argc, char** argv) {
       case OPT_NORM_MULT:
         rc = seconds_flag(&cfg, c, v);
         break;
+      case OPT_MIN_NODES: {
+        uint64_t n;
+        if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)
+          rc = 2;
+        else
+          cfg.min_nodes = (uint32_t) n;
+        break;
+      }
       case OPT_QUIET:
         cfg.quiet = true;
         break;

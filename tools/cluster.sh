@@ -5,8 +5,10 @@
 #
 # Makes a cluster key, starts N nodes (node 0 first, the others joining it
 # through its address), each training shard K/N of the data with the given
-# `starling node` flags, shows one line per node (refreshed in place on a
-# terminal) until every node has run its epochs, then prints each node's
+# `starling node` flags and --min-nodes N (no node steps before all N are
+# up: on a GPU node 0 could otherwise finish before the others join),
+# shows one line per node (refreshed in place on a terminal) until every
+# node has run its epochs, then prints each node's
 # test accuracy and the spread between nodes, and makes every node leave
 # (each writes its checkpoint into DIR/nodeK). Ctrl-C makes them leave too.
 # Logs: DIR/nodeK.log.
@@ -58,7 +60,8 @@ start_node() { # start_node K [--join ADDR]
   local k=$1
   shift
   "$starling" node --listen 127.0.0.1:0 --cluster-key "$dir/cluster.key" \
-    --data-dir "$dir/node$k" --shard "$k/$nodes" --log-every 0 "$@" \
+    --data-dir "$dir/node$k" --shard "$k/$nodes" --min-nodes "$nodes" \
+    --log-every 0 "$@" \
     >"$dir/node$k.log" 2>&1 &
   pids+=($!)
 }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# test_node_min_nodes.sh: `starling node --min-nodes N` takes no step before
+# N nodes are alive (this one included), then trains on.
+#   (a) alone, a node with --min-nodes 2 stays at step 0 in state "waiting",
+#       says so in its log, and shows "-" (table) and null (JSON) for the
+#       loss and accuracy it has not measured;
+#   (b) a second node joins with --min-nodes 2: it synchronizes from the
+#       waiting one, and both start training;
+#   (c) bad values are refused naming the flag.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/node_lib.sh"
+
+# (c) first: no node needed.
+expect_fail "--min-nodes 0" 2 "--min-nodes: '0' is not a whole number between 1 and 100000" -- \
+  "$STARLING" node --min-nodes 0 --listen 127.0.0.1:0 --cluster-key "$KEY" \
+  --data-dir "$SCRATCH/refused" "${RECIPE[@]}"
+expect_fail "--min-nodes x" 2 "--min-nodes: 'x' is not a whole number" -- \
+  "$STARLING" node --min-nodes x --listen 127.0.0.1:0 --cluster-key "$KEY" \
+  --data-dir "$SCRATCH/refused" "${RECIPE[@]}"
+pass "(c) bad --min-nodes values exit 2 naming the flag"
+
+# (a) a lone node waits.
+node_start 0 "${RECIPE[@]}" --epochs 1 --shard 0/10 --min-nodes 2
+node_up 0
+seed=$NODE_ADDR
+wait_for 20 "the waiting line in node 0's log" \
+  grep -q "waiting for 2 nodes before the first step (--min-nodes): 1 alive" "$(node_log 0)"
+sleep "$(scaled 2)"
+doc=$(node_status 0) || node_fail "(a) status of node 0"
+"$NUMPY_PY" - "$doc" <<'EOF' || node_fail "(a) status of the waiting node: $doc"
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["state"] == "waiting", s["state"]
+assert s["step"] == 0, s["step"]
+assert s["samples"] == 0, s["samples"]
+assert s["loss"] is None and s["test_accuracy"] is None, (s["loss"], s["test_accuracy"])
+EOF
+table=$("$STARLING" status --data-dir "$(node_dir 0)") || node_fail "(a) status table"
+grep -qx "loss       -" <<<"$table" || node_fail "(a) the table shows no '-' for the loss: $table"
+grep -qx "state      waiting" <<<"$table" || node_fail "(a) the table's state: $table"
+pass "(a) alone with --min-nodes 2: state waiting, step 0, loss '-' / null ($(elapsed) s)"
+
+# (b) the second node: both train.
+node_start 1 "${RECIPE[@]}" --epochs 1 --shard 1/10 --min-nodes 2 --join "$seed"
+node_up 1
+for k in 0 1; do
+  wait_for 30 "node $k stepping" step_over "$k" 0
+done
+grep -q "2 nodes alive (--min-nodes 2): training starts" "$(node_log 0)" ||
+  node_fail "(b) node 0 does not log the start"
+grep -q "synchronized from" "$(node_log 1)" ||
+  node_fail "(b) node 1 did not synchronize from the waiting node"
+pass "(b) a second node joins: both train ($(elapsed) s)"
+
+node_leave 1
+node_leave 0
+pass "both left cleanly"
