@@ -21,7 +21,7 @@
 #include "tools/bench.h"
 #include "tools/cli.h"
 
-#define CMD "bench crypto"
+#define CMD "starling-bench crypto"
 #define PACKET_PLAINTEXT ST_PACKET_MAX_PLAINTEXT /* 1325: a full packet */
 #define CHUNK_BYTES (1024u * 1024u)
 

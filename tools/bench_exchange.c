@@ -27,7 +27,7 @@
 #include "tools/bench.h"
 #include "tools/cli.h"
 
-#define CMD "exchange"
+#define CMD "starling-bench exchange"
 #define FRAME_BYTES ST__BENCH_FRAME_BYTES
 
 typedef struct {

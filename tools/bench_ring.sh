@@ -216,6 +216,8 @@ row() {
   fi
   if [ "$sys" = starling ]; then
     note="$note${note:+; }crypto limit $(awk -v t="$(jget crypto_limit_seconds "$f")" 'BEGIN { printf "%.1f ms", t * 1e3 }'), measured/limit $(jget measured_over_limit "$f")"
+    [ "$(jget crypto_limit_all_cores_seconds "$f")" = "$(jget crypto_limit_seconds "$f")" ] ||
+      note="$note, over all cores' limit $(jget measured_over_all_cores_limit "$f")"
   fi
   printf '%-8s %-9s %3s %5s %10s %8.3f %8s  %s\n' "$link" "$sys" "$n" "$s" "$ms" "$bw" "${vs:--}" "$note"
 }

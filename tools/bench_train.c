@@ -22,7 +22,7 @@
 #include "tools/bench.h"
 #include "tools/cli.h"
 
-#define CMD "bench train" /* prefix of st__parse_* messages */
+#define CMD "starling-bench train" /* prefix of st__parse_* messages */
 #define MAX_BATCHES 16
 #define MAX_DEVICES 2
 #define MAX_REPEATS 101

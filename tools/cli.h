@@ -21,7 +21,9 @@ int st__cmd_peers(int argc, char** argv);
 int st__cmd_leave(int argc, char** argv);
 
 /* Parsers for flag values. On bad input they print
- * "starling CMD: --FLAG: 'TEXT' is not ..." to stderr and return -EINVAL. */
+ * "CMD: --FLAG: 'TEXT' is not ..." to stderr and return -EINVAL; CMD is
+ * the whole command as the user typed it ("starling node",
+ * "starling-bench ring"). */
 int st__parse_u64(const char* cmd, const char* flag, const char* text,
                   uint64_t min, uint64_t max, uint64_t* out);
 int st__parse_double(const char* cmd, const char* flag, const char* text,
@@ -110,7 +112,7 @@ void st__train_flags_init(st__train_flags_t* f);
 
 /* Handles one getopt_long result: returns 0 when opt was a training flag
  * and its value was good, 2 when the value was bad (message already printed
- * as "starling CMD: --flag: ..."), 1 when opt is not a training flag. value
+ * as "CMD: --flag: ..."), 1 when opt is not a training flag. value
  * (optarg) is borrowed and must outlive f. */
 int st__train_flag(const char* cmd, int opt, const char* value,
                    st__train_flags_t* f);

@@ -21,7 +21,7 @@ int st__parse_u64(const char* cmd, const char* flag, const char* text,
   }
   if (!ok) {
     fprintf(stderr,
-            "starling %s: %s: '%s' is not a whole number between %llu and "
+            "%s: %s: '%s' is not a whole number between %llu and "
             "%llu\n",
             cmd, flag, text, (unsigned long long) min,
             (unsigned long long) max);
@@ -38,8 +38,8 @@ int st__parse_double(const char* cmd, const char* flag, const char* text,
   double v = strtod(text, &end);
   if (end == text || *end != '\0' || errno != 0 || !isfinite(v) || v < min ||
       v > max) {
-    fprintf(stderr, "starling %s: %s: '%s' is not a number between %g and %g\n",
-            cmd, flag, text, min, max);
+    fprintf(stderr, "%s: %s: '%s' is not a number between %g and %g\n", cmd,
+            flag, text, min, max);
     return -EINVAL;
   }
   *out = v;

@@ -23,7 +23,7 @@
 #include "node/node.h"
 #include "tools/cli.h"
 
-#define CMD "keygen"
+#define CMD "starling keygen"
 
 /* The first words of the two kinds of key file (crypto.h). */
 #define IDENTITY_HEADER "starling-identity-v1"
@@ -97,40 +97,38 @@ static int parse_args(int argc, char** argv, keygen_args_t* a) {
         a->json = 1;
         break;
       case ':':
-        fprintf(stderr, "starling " CMD ": %s needs a value\n",
-                argv[optind - 1]);
+        fprintf(stderr, CMD ": %s needs a value\n", argv[optind - 1]);
         return 2;
       default:
         fprintf(stderr,
-                "starling " CMD
+                CMD
                 ": unknown option '%s'; see "
-                "'starling " CMD " --help'\n",
+                "'" CMD " --help'\n",
                 argv[optind - 1]);
         return 2;
     }
   }
   if (optind < argc) {
     fprintf(stderr,
-            "starling " CMD
+            CMD
             ": unexpected argument '%s'; see "
-            "'starling " CMD " --help'\n",
+            "'" CMD " --help'\n",
             argv[optind]);
     return 2;
   }
   if (a->show != NULL && (a->out != NULL || a->cluster)) {
-    fprintf(stderr, "starling " CMD
-                    ": --show reads an existing key file (either kind); it "
-                    "takes neither --out nor --cluster\n");
+    fprintf(stderr, CMD
+            ": --show reads an existing key file (either kind); it "
+            "takes neither --out nor --cluster\n");
     return 2;
   }
   if (a->show == NULL && (a->out == NULL || a->out[0] == '\0')) {
-    fprintf(stderr,
-            "starling " CMD
+    fprintf(stderr, CMD
             ": --out FILE is required: secret keys are never written to "
             "stdout; they go to a new file created with mode 0600, e.g.\n"
-            "  starling " CMD
+            "  " CMD
             " --out node.key\n"
-            "  starling " CMD " --cluster --out cluster.key\n");
+            "  " CMD " --cluster --out cluster.key\n");
     return 2;
   }
   return 0;
@@ -211,7 +209,7 @@ static int generate(const keygen_args_t* a) {
     st_identity_wipe(&id);
   }
   if (rc != 0) {
-    fprintf(stderr, "starling " CMD ": %s\n", err);
+    fprintf(stderr, CMD ": %s\n", err);
     return 1;
   }
   return 0;
@@ -261,7 +259,7 @@ static int show(const keygen_args_t* a) {
     st_identity_wipe(&id);
   }
   if (rc != 0) {
-    fprintf(stderr, "starling " CMD ": %s%s\n", err,
+    fprintf(stderr, CMD ": %s%s\n", err,
             kind == 0 && rc == -EBADMSG
                 ? "; --show reads the files `starling keygen` writes "
                   "(first word '" IDENTITY_HEADER "' or '" CLUSTER_HEADER "')"
@@ -277,7 +275,7 @@ int st__cmd_keygen(int argc, char** argv) {
   if (rc != 0)
     return rc < 0 ? 0 : rc;
   if (st_crypto_init() != 0) {
-    fprintf(stderr, "starling " CMD ": cannot start libsodium\n");
+    fprintf(stderr, CMD ": cannot start libsodium\n");
     return 1;
   }
   return a.show != NULL ? show(&a) : generate(&a);

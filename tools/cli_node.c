@@ -9,7 +9,7 @@
 #include "node/daemon.h"
 #include "tools/cli.h"
 
-#define CMD "node"
+#define CMD "starling node"
 
 enum {
   OPT_LISTEN = ST__TRAIN_OPT_END,

@@ -25,7 +25,7 @@
 #include "node/node.h"
 #include "tools/cli.h"
 
-#define CMD "train"
+#define CMD "starling train"
 
 static volatile sig_atomic_t stop_signal;
 

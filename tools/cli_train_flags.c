@@ -4,7 +4,7 @@
  * learning-rate schedule, the device. One table, one parser and one help
  * text, so that the commands cannot drift apart in names, defaults, ranges
  * or messages. Values are parsed strictly by cli_common.c; every refusal
- * reads "starling CMD: --flag: ...". */
+ * reads "CMD: --flag: ..." (CMD the whole command, e.g. "starling train"). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,7 +83,7 @@ int st__train_flag(const char* cmd, int opt, const char* value,
     case ST__TRAIN_OPT_SHARD:
       if (st_shard_parse(v, &f->cfg.shard_k, &f->cfg.shard_n) != 0) {
         fprintf(stderr,
-                "starling %s: --shard: '%s' is not K/N with "
+                "%s: --shard: '%s' is not K/N with "
                 "0 <= K < N (e.g. 0/4)\n",
                 cmd, v);
         rc = -EINVAL;
@@ -105,7 +105,7 @@ int st__train_flag(const char* cmd, int opt, const char* value,
     case ST__TRAIN_OPT_OPTIMIZER:
       if (st_opt_kind_parse(v, &f->cfg.opt.kind) != 0) {
         fprintf(stderr,
-                "starling %s: --optimizer: '%s' is not one of "
+                "%s: --optimizer: '%s' is not one of "
                 "sgd, momentum, nesterov, adamw\n",
                 cmd, v);
         rc = -EINVAL;
@@ -146,7 +146,7 @@ int st__train_flag(const char* cmd, int opt, const char* value,
     case ST__TRAIN_OPT_SCHEDULE:
       if (st_sched_kind_parse(v, &f->cfg.sched.kind) != 0) {
         fprintf(stderr,
-                "starling %s: --schedule: '%s' is not one of "
+                "%s: --schedule: '%s' is not one of "
                 "constant, step, cosine\n",
                 cmd, v);
         rc = -EINVAL;
@@ -184,21 +184,21 @@ int st__train_flag(const char* cmd, int opt, const char* value,
 int st__train_flags_finish(const char* cmd, st__train_flags_t* f) {
   if (f->model == NULL || f->data == NULL) {
     fprintf(stderr,
-            "starling %s: --model and --data are required, e.g.\n"
-            "  starling %s --model mlp:784-256-128-10 --data fashion-mnist\n",
+            "%s: --model and --data are required, e.g.\n"
+            "  %s --model mlp:784-256-128-10 --data fashion-mnist\n",
             cmd, cmd);
     return 2;
   }
   char err[512];
   if (st_model_spec_parse(f->model, &f->cfg.model, err, sizeof(err)) != 0) {
-    fprintf(stderr, "starling %s: --model: %s\n", cmd, err);
+    fprintf(stderr, "%s: --model: %s\n", cmd, err);
     return 2;
   }
   /* `--momentum M` alone means SGD with momentum, as in torch.optim.SGD. */
   if (!f->optimizer_given && f->momentum_given && f->cfg.opt.momentum > 0)
     f->cfg.opt.kind = ST_OPT_MOMENTUM;
   if (f->cfg.sched.kind == ST_SCHED_STEP && f->cfg.sched.step_every == 0) {
-    fprintf(stderr, "starling %s: --schedule step needs --step-every N\n", cmd);
+    fprintf(stderr, "%s: --schedule step needs --step-every N\n", cmd);
     return 2;
   }
   /* A linear model is a regression: its CSV targets are real numbers. */

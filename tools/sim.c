@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#define CMD "sim"
+#define CMD "starling-sim"
 
 static void usage(FILE* f) {
   fprintf(
