@@ -17,22 +17,6 @@
 
 /* ---- Errors ------------------------------------------------------------- */
 
-void st__backend_set_error(st_backend_t* be, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(be->last_error, sizeof(be->last_error), fmt, ap);
-  va_end(ap);
-}
-
-void st__write_err(char* err, size_t err_len, const char* fmt, ...) {
-  if (err == NULL || err_len == 0)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
-
 /* Records why an argument check failed and returns -EINVAL. */
 static int bad_arg(st_backend_t* be, const char* op, const char* why) {
   st__backend_set_error(be, "%s: %s", op, why);
@@ -72,8 +56,14 @@ static int parse_index(const char* s, int* out) {
 static int open_cuda(int device, int cpu_threads, const char* spec,
                      st_backend_t** out, char* err, size_t err_len) {
 #ifdef ST_HAVE_CUDA
-  (void) spec;
-  return st__cuda_backend_open(device, cpu_threads, out, err, err_len);
+  const char* why = "";
+  const st__cuda_module_t* cu = st__cuda_module(&why);
+  if (cu == NULL) {
+    st__write_err(err, err_len, "cannot open %s: %s; use --device cpu", spec,
+                  why);
+    return -ENODEV;
+  }
+  return cu->open(device, cpu_threads, out, err, err_len);
 #else
   (void) device;
   (void) cpu_threads;
@@ -158,7 +148,8 @@ int st_backend_sync(st_backend_t* be) {
 
 int st_cuda_device_count(void) {
 #ifdef ST_HAVE_CUDA
-  return st__cuda_device_count();
+  const st__cuda_module_t* cu = st__cuda_module(NULL);
+  return cu != NULL ? cu->device_count() : 0;
 #else
   return 0;
 #endif

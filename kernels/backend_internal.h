@@ -102,15 +102,36 @@ int st__cpu_backend_open(int cpu_threads, st_backend_t** out, char* err,
                          size_t err_len);
 
 #ifdef ST_HAVE_CUDA
-/* Number of usable CUDA devices, 0 when the driver or GPU is missing
- * (cuda_backend.cu). */
-int st__cuda_device_count(void);
+/* The CUDA backend lives in a module of its own, libstarling_cuda.so
+ * (cuda_backend.cu, cuda_kernels.cu and backend_error.c, linked against
+ * the CUDA runtime and cuBLAS), loaded by cuda_module.c the first time a
+ * CUDA device is asked for, so that a process that never uses the GPU never
+ * maps those libraries. These are the module's two entry points, found by
+ * name (ST__CUDA_DEVICE_COUNT_SYM, ST__CUDA_OPEN_SYM). */
 
-/* Opens CUDA device `device` with its own stream and cuBLAS handle
- * (cuda_backend.cu). Returns -ENODEV with a sentence in err when there is no
- * such device, -EIO when the driver fails. */
+/* Number of usable CUDA devices, 0 when the driver or GPU is missing. */
+int st__cuda_device_count(void);
+#define ST__CUDA_DEVICE_COUNT_SYM "st__cuda_device_count"
+
+/* Opens CUDA device `device` with its own stream and cuBLAS handle. Returns
+ * -ENODEV with a sentence in err when there is no such device, -EIO when
+ * the driver fails. */
 int st__cuda_backend_open(int device, int cpu_threads, st_backend_t** out,
                           char* err, size_t err_len);
+#define ST__CUDA_OPEN_SYM "st__cuda_backend_open"
+
+/* The loaded module (cuda_module.c). */
+typedef struct {
+  int (*device_count)(void);
+  int (*open)(int device, int cpu_threads, st_backend_t** out, char* err,
+              size_t err_len);
+} st__cuda_module_t;
+
+/* Loads the module once (thread-safe) and returns its entry points, or
+ * NULL with the reason in why: no NVIDIA driver on this machine
+ * (libcuda.so.1 cannot be loaded; then the module is not even tried), or
+ * the module missing or broken. */
+const st__cuda_module_t* st__cuda_module(const char** why);
 #endif
 
 #ifdef __cplusplus

@@ -194,7 +194,9 @@ static const st_backend_ops_t cuda_ops = {
     st__cuda_adamw_update,
 };
 
-extern "C" int st__cuda_device_count(void) {
+/* The module's two entry points (backend_internal.h): all else is hidden. */
+extern "C" __attribute__((visibility("default"))) int st__cuda_device_count(
+    void) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError(); /* no driver or no GPU: clear it and report 0 */
@@ -203,9 +205,9 @@ extern "C" int st__cuda_device_count(void) {
   return count;
 }
 
-extern "C" int st__cuda_backend_open(int device, int cpu_threads,
-                                     st_backend_t** out, char* err,
-                                     size_t err_len) {
+extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
+    int device, int cpu_threads, st_backend_t** out, char* err,
+    size_t err_len) {
   (void) cpu_threads; /* OpenBLAS threads do not concern a GPU backend */
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);

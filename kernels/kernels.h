@@ -69,9 +69,11 @@ const char* st_backend_last_error(const st_backend_t* be);
 int st_backend_sync(st_backend_t* be);
 
 /* Number of CUDA devices usable by this build (0 if built without CUDA or
- * no driver/GPU is present). Never fails. Initializes the CUDA driver in
+ * no driver/GPU is present). Never fails. Where the NVIDIA driver is
+ * present it loads the CUDA backend module and initializes the driver in
  * this process, and CUDA does not survive fork(): a child forked after this
- * call cannot use the GPU (cudaErrorInitializationError). */
+ * call cannot use the GPU (cudaErrorInitializationError). Without a driver
+ * it maps nothing. */
 int st_cuda_device_count(void);
 
 /* ---- Memory -------------------------------------------------------------- */

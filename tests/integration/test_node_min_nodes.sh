@@ -7,6 +7,7 @@
 #   (b) a second node joins with --min-nodes 2: it synchronizes from the
 #       waiting one, and both start training;
 #   (c) bad values are refused naming the flag.
+# And, with node 0 at hand: a node on the CPU maps no CUDA library.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -39,6 +40,11 @@ table=$("$STARLING" status --data-dir "$(node_dir 0)") || node_fail "(a) status 
 grep -qx "loss       -" <<<"$table" || node_fail "(a) the table shows no '-' for the loss: $table"
 grep -qx "state      waiting" <<<"$table" || node_fail "(a) the table's state: $table"
 pass "(a) alone with --min-nodes 2: state waiting, step 0, loss '-' / null ($(elapsed) s)"
+# A node on the CPU maps no CUDA library (the backend is a module loaded
+# only for a GPU: ~95 MB of memory saved per CPU node).
+! grep -q "libcublas\|libcudart\|libstarling_cuda" "/proc/${NODE_PID[0]}/maps" ||
+  node_fail "a --device cpu node maps CUDA libraries"
+pass "a CPU node maps no CUDA library"
 
 # (b) the second node: both train.
 node_start 1 "${RECIPE[@]}" --epochs 1 --shard 1/10 --min-nodes 2 --join "$seed"

@@ -32,6 +32,29 @@ STARLING_FASHION_MNIST_DIR="$SCRATCH/empty" expect_fail "dataset missing" 1 \
   "apt-get install dataset-fashion-mnist" -- \
   "$STARLING" train --model softmax:784-10 --data fashion-mnist
 
+# --- The CUDA backend module (a build with CUDA: libstarling_cuda.so) --------
+# Programs do not link the CUDA runtime or cuBLAS; the module is loaded only
+# when a device is asked for, and only where the NVIDIA driver is.
+module=$(dirname "$STARLING")/libstarling_cuda.so
+if [ -f "$module" ]; then
+  ! ldd "$STARLING" | grep -q "libcublas\|libcudart" || fail "starling links the CUDA libraries"
+  if ! ldconfig -p | grep -q "libcuda.so.1 "; then
+    expect_fail "cuda without a driver" 1 "cannot open cuda: no NVIDIA driver on this machine .*; use --device cpu" -- \
+      "$STARLING" train --model softmax:784-10 --data fashion-mnist --device cuda
+  fi
+  # The toolkit's stub driver stands in for one: the module is found next
+  # to the program and loaded, and says the driver is a stub.
+  stub=$(ls /usr/local/cuda/lib64/stubs/libcuda.so /usr/local/cuda/targets/*/lib/stubs/libcuda.so 2>/dev/null | head -1 || true)
+  if [ -n "$stub" ]; then
+    mkdir -p "$SCRATCH/drv" && ln -s "$stub" "$SCRATCH/drv/libcuda.so.1"
+    LD_LIBRARY_PATH=$SCRATCH/drv expect_fail "cuda with a stub driver" 1 "cudaErrorStubLibrary" -- \
+      "$STARLING" train --model softmax:784-10 --data fashion-mnist --device cuda
+    LD_LIBRARY_PATH=$SCRATCH/drv STARLING_CUDA_MODULE=$SCRATCH/none.so expect_fail "module missing" 1 \
+      "the CUDA backend module libstarling_cuda.so could not be loaded \(set STARLING_CUDA_MODULE to its path; .*none.so" -- \
+      "$STARLING" train --model softmax:784-10 --data fashion-mnist --device cuda
+  fi
+fi
+
 # --- A short run with --json and a checkpoint --------------------------------
 "$STARLING" train "${common[@]}" --epochs 2 --json --log-every 0 \
   --checkpoint "$SCRATCH/a.safetensors" >"$SCRATCH/a.json" 2>"$SCRATCH/a.log" ||
