@@ -121,8 +121,7 @@ static void wait_tick(st__daemon_t* d) {
                d->cfg->min_nodes);
     d->state = ST__D_TRAINING;
     st__tt_go(d->tt);
-  } else if (d->wait_logged_ms == 0 ||
-             now - d->wait_logged_ms >= WAIT_LOG_MS) {
+  } else if (d->wait_logged_ms == 0 || now - d->wait_logged_ms >= WAIT_LOG_MS) {
     st__dlog(d,
              "waiting for %u nodes before the first step (--min-nodes): %zu "
              "alive",
@@ -382,7 +381,12 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
     st__set_err(err, err_len, "--device %s: %s", cfg->device, e);
     return rc;
   }
-  rc = st_data_open(&d->data, cfg->data_spec, &cfg->data_opt, e, sizeof(e));
+  /* Only this node's shard of the training set is held (the test set is
+   * whole): 188 MB of Fashion-MNIST is 47 MB on each of 4 nodes. */
+  st_data_options_t dopt = cfg->data_opt;
+  dopt.shard_k = cfg->train.shard_k;
+  dopt.shard_n = cfg->train.shard_n;
+  rc = st_data_open(&d->data, cfg->data_spec, &dopt, e, sizeof(e));
   if (rc != 0) {
     st__set_err(err, err_len, "--data: %s", e);
     return rc;

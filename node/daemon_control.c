@@ -237,8 +237,7 @@ static void status_text(st__daemon_t* d, st__json_buf_t* b) {
            "samples/s  %s\n",
            id, d->self_addr_text, st__dstate_name(d->state), d->local.model,
            st.step, st.epoch, figure(st.loss, 4).s,
-           figure(st.test_accuracy, 4).s,
-           figure(st.samples_per_sec, 0).s);
+           figure(st.test_accuracy, 4).s, figure(st.samples_per_sec, 0).s);
   st__json_buf_puts(b, line);
   snprintf(line, sizeof(line),
            "peers      %zu alive, %zu suspect, %zu dead or left\n"
@@ -319,8 +318,7 @@ static void peers_doc(st__daemon_t* d, st__json_buf_t* b, bool json) {
       snprintf(line, sizeof(line),
                "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %s\n", id,
                self ? "*" : " ", addr, member_state_name(m.state), step,
-               figure(loss, 4).s, figure(acc, 4).s,
-               figure(sps, 0).s, heard_s);
+               figure(loss, 4).s, figure(acc, 4).s, figure(sps, 0).s, heard_s);
       st__json_buf_puts(b, line);
     }
   }

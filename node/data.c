@@ -52,21 +52,27 @@ void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
  */
 
 /* Standardizes with one mean and standard deviation over every pixel of the
- * training set (images: every pixel has the same meaning). Statistics are
- * accumulated in double: 47 million float additions would lose digits. */
-static void normalize_scalar(st_dataset_t* train, st_dataset_t* test) {
-  size_t total = train->n * train->dim;
+ * whole training file (images: every pixel has the same meaning), shard or
+ * not: hist counts each byte value over all of its images (data_idx.c), so
+ * the statistics are exact sums in double of the values as loaded,
+ * (float) v / 255, with no 47-million-term rounding drift. */
+static void normalize_scalar(st_dataset_t* train, st_dataset_t* test,
+                             const uint64_t hist[256]) {
+  uint64_t count = 0;
   double sum = 0.0, sq = 0.0;
-  for (size_t i = 0; i < total; i++)
-    sum += train->x[i];
-  double mean = sum / (double) total;
-  for (size_t i = 0; i < total; i++) {
-    double d = train->x[i] - mean;
-    sq += d * d;
+  for (int v = 0; v < 256; v++) {
+    count += hist[v];
+    sum += (double) hist[v] * (double) (v / 255.0f);
   }
-  double sd = sqrt(sq / (double) total);
+  double mean = count > 0 ? sum / (double) count : 0.0;
+  for (int v = 0; v < 256; v++) {
+    double d = (double) (v / 255.0f) - mean;
+    sq += (double) hist[v] * d * d;
+  }
+  double sd = count > 0 ? sqrt(sq / (double) count) : 1.0;
   if (!(sd > 0.0))
     sd = 1.0; /* a constant input: only centre it */
+  size_t total = train->n * train->dim;
   for (size_t i = 0; i < total; i++)
     train->x[i] = (float) ((train->x[i] - mean) / sd);
   size_t test_total = test->n * test->dim;
@@ -111,6 +117,28 @@ static int normalize_features(st_dataset_t* train, st_dataset_t* test) {
   return 0;
 }
 
+/* Keeps the examples i with i % n == k of a whole dataset, in order. */
+static void keep_shard(st_dataset_t* ds, uint32_t k, uint32_t n) {
+  size_t kept = ds->n > k ? (ds->n - k - 1) / n + 1 : 0;
+  for (size_t j = 0; j < kept; j++) {
+    size_t i = k + j * n;
+    memmove(ds->x + j * ds->dim, ds->x + i * ds->dim, ds->dim * sizeof(float));
+    ds->y[j] = ds->y[i];
+  }
+  if (kept > 0) { /* shrink; a failed realloc leaves the larger block */
+    float* x = realloc(ds->x, kept * ds->dim * sizeof(float));
+    if (x != NULL)
+      ds->x = x;
+    float* y = realloc(ds->y, kept * sizeof(float));
+    if (y != NULL)
+      ds->y = y;
+  }
+  ds->total = ds->n;
+  ds->n = kept;
+  ds->shard_k = k;
+  ds->shard_n = n;
+}
+
 /* ==== Specs =================================================================
  */
 
@@ -133,7 +161,8 @@ static int split_paths(char* buf, char** parts, int max) {
   }
 }
 
-static int open_fashion_mnist(st_data_t* d, char* err, size_t err_len) {
+static int open_fashion_mnist(st_data_t* d, uint32_t k, uint32_t n,
+                              uint64_t hist[256], char* err, size_t err_len) {
   static const char* const files[4] = {
       "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
       "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
@@ -158,7 +187,8 @@ static int open_fashion_mnist(st_data_t* d, char* err, size_t err_len) {
       return -ENOENT;
     }
   }
-  int rc = st_dataset_load_idx(&d->train, path[0], path[1], err, err_len);
+  int rc = st__dataset_load_idx_shard(&d->train, path[0], path[1], k, n, hist,
+                                      err, err_len);
   if (rc == 0)
     rc = st_dataset_load_idx(&d->test, path[2], path[3], err, err_len);
   return rc;
@@ -174,6 +204,7 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
   char* buf = NULL;
   char* parts[4];
   int per_feature = 0;
+  uint64_t hist[256];
   int rc;
 
   memset(d, 0, sizeof(*d));
@@ -186,10 +217,17 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
     return -EINVAL;
   }
   snprintf(d->spec, sizeof(d->spec), "%s", spec);
+  uint32_t shard_k = opt->shard_k,
+           shard_n = opt->shard_n > 0 ? opt->shard_n : 1;
+  if (shard_k >= shard_n) {
+    st__set_err(err, err_len, "bad shard %u/%u: want K/N with K < N", shard_k,
+                shard_n);
+    return -EINVAL;
+  }
 
   if (strcmp(spec, "fashion-mnist") == 0 ||
       strcmp(spec, "fashion-mnist:train") == 0) {
-    rc = open_fashion_mnist(d, err, err_len);
+    rc = open_fashion_mnist(d, shard_k, shard_n, hist, err, err_len);
   } else if (strncmp(spec, "idx:", 4) == 0 || strncmp(spec, "csv:", 4) == 0) {
     int is_idx = spec[0] == 'i';
     buf = strdup(spec + 4);
@@ -216,7 +254,8 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
       goto out;
     }
     if (is_idx) {
-      rc = st_dataset_load_idx(&d->train, parts[0], parts[1], err, err_len);
+      rc = st__dataset_load_idx_shard(&d->train, parts[0], parts[1], shard_k,
+                                      shard_n, hist, err, err_len);
       if (rc == 0 && n == 4)
         rc = st_dataset_load_idx(&d->test, parts[2], parts[3], err, err_len);
     } else {
@@ -260,9 +299,13 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
         goto out;
       }
     } else {
-      normalize_scalar(&d->train, &d->test);
+      normalize_scalar(&d->train, &d->test, hist);
     }
   }
+  /* CSV loads whole (its per-feature statistics come from every row), then
+   * keeps its shard; IDX loaded only its shard. */
+  if (per_feature && shard_n > 1)
+    keep_shard(&d->train, shard_k, shard_n);
 
 out:
   free(buf);

@@ -282,6 +282,12 @@ int st_dataset_load_csv(st_dataset_t* ds, const char* path,
   }
 
   ds->n = c.n;
+
+  ds->total = ds->n;
+
+  ds->shard_k = 0;
+
+  ds->shard_n = 1;
   ds->dim = c.ncols - 1;
   ds->n_classes =
       c.regression ? 0 : (c.max_label + 1 < 2 ? 2 : c.max_label + 1);

@@ -301,6 +301,14 @@ out:
 
 int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
                         const char* labels_path, char* err, size_t err_len) {
+  return st__dataset_load_idx_shard(ds, images_path, labels_path, 0, 1, NULL,
+                                    err, err_len);
+}
+
+int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
+                               const char* labels_path, uint32_t shard_k,
+                               uint32_t shard_n, uint64_t hist[256], char* err,
+                               size_t err_len) {
   idx_file_t im, lb;
   unsigned char* pixels = NULL;
   unsigned char* labels = NULL;
@@ -339,25 +347,45 @@ int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
   if (rc != 0)
     goto out;
 
-  x = malloc(im.body_bytes * sizeof(float));
-  y = malloc(im.count * sizeof(float));
+  if (shard_n == 0 || shard_k >= shard_n) {
+    st__set_err(err, err_len, "%s: bad shard %u/%u", images_path, shard_k,
+                shard_n);
+    rc = -EINVAL;
+    goto out;
+  }
+  /* Shard k of n: images k, k + n, k + 2n, ... (st_shard_indices). */
+  size_t kept = im.count > shard_k ? (im.count - shard_k - 1) / shard_n + 1 : 0;
+  x = malloc((kept > 0 ? kept : 1) * im.per_item * sizeof(float));
+  y = malloc((kept > 0 ? kept : 1) * sizeof(float));
   if (x == NULL || y == NULL) {
     st__set_err(err, err_len, "%s: out of memory for %zu images of %s",
-                images_path, im.count, im.shape);
+                images_path, kept, im.shape);
     rc = -ENOMEM;
     goto out;
   }
-  for (size_t i = 0; i < im.body_bytes; i++)
-    x[i] = pixels[i] / 255.0f;
-  /* Labels are single bytes, so they are always < 256. */
+  for (size_t j = 0; j < kept; j++) {
+    const unsigned char* src = pixels + (shard_k + j * shard_n) * im.per_item;
+    float* dst = x + j * im.per_item;
+    for (size_t i = 0; i < im.per_item; i++)
+      dst[i] = src[i] / 255.0f;
+    y[j] = (float) labels[shard_k + j * shard_n];
+  }
+  if (hist != NULL) {
+    memset(hist, 0, 256 * sizeof(uint64_t));
+    for (size_t i = 0; i < im.body_bytes; i++)
+      hist[pixels[i]]++;
+  }
+  /* Labels are single bytes, so they are always < 256. The classes are
+   * those of the whole file, so that every shard agrees on them. */
   unsigned max_label = 0;
-  for (size_t i = 0; i < lb.count; i++) {
-    y[i] = (float) labels[i];
+  for (size_t i = 0; i < lb.count; i++)
     if (labels[i] > max_label)
       max_label = labels[i];
-  }
 
-  ds->n = im.count;
+  ds->n = kept;
+  ds->total = im.count;
+  ds->shard_k = shard_k;
+  ds->shard_n = shard_n;
   ds->dim = im.per_item;
   ds->n_classes = max_label + 1 < 2 ? 2 : max_label + 1;
   ds->x = x;

@@ -32,9 +32,13 @@ extern "C" {
 
 /* ==== Data =============================================================== */
 
-/* An in-memory dataset of n examples with dim float features each. */
+/* An in-memory dataset of n examples with dim float features each: the
+ * whole of its source, or one shard of it (st_data_options_t). */
 typedef struct {
-  size_t n;         /* examples */
+  size_t n;         /* examples held */
+  size_t total;     /* examples in the source (n unless sharded) */
+  uint32_t shard_k; /* held: the examples i of the source with */
+  uint32_t shard_n; /* i % shard_n == shard_k (0/1: all), in order */
   size_t dim;       /* features per example */
   size_t n_classes; /* > 0: y holds class indices in [0, n_classes) as
                        floats; 0: y holds real-valued regression targets */
@@ -81,6 +85,11 @@ typedef struct {
   int normalize; /* 1: standardize features with the training set's mean
                     and standard deviation (one scalar for IDX images,
                     per feature for CSV); 0: leave them as loaded */
+  uint32_t shard_k, shard_n; /* keep only shard k of n of the training set
+                                (st_shard_indices; 0/0 or 0/1: all of it);
+                                the statistics of normalize still come from
+                                the whole set, so every shard is scaled
+                                alike; the test set is always whole */
 } st_data_options_t;
 
 /* Opens the data named by a spec:

@@ -4,11 +4,23 @@
 #define STARLING_NODE_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "node/node.h"
 
 /* Formats one error sentence into err (when err is non-NULL and err_len is
  * non-zero), truncating as needed. */
 __attribute__((format(printf, 3, 4))) void st__set_err(char* err,
                                                        size_t err_len,
                                                        const char* fmt, ...);
+
+/* st_dataset_load_idx keeping only the images i with i % shard_n ==
+ * shard_k (shard_n >= 1), and counting in hist[256] (when non-NULL) the
+ * pixel values of every image of the file, kept or not: the statistics of
+ * the whole set without holding it as floats (data_idx.c). */
+int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
+                               const char* labels_path, uint32_t shard_k,
+                               uint32_t shard_n, uint64_t hist[256], char* err,
+                               size_t err_len);
 
 #endif

@@ -91,8 +91,24 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
   t->be = be;
   t->train = train;
   t->cfg = *cfg;
-  rc = st_shard_indices(train->n, cfg->shard_k, cfg->shard_n, &t->shard,
-                        &t->shard_count);
+  if (train->shard_n > 1) {
+    /* The data holds our shard already (st_data_options_t), in the order
+     * of the file: its rows are the shard's indices, one for one, so the
+     * epochs see the batches they would over the whole set. */
+    if (train->shard_k != cfg->shard_k || train->shard_n != cfg->shard_n) {
+      st__set_err(err, err_len,
+                  "%s was loaded as shard %u/%u, but training wants shard "
+                  "%u/%u",
+                  train->source, train->shard_k, train->shard_n, cfg->shard_k,
+                  cfg->shard_n);
+      rc = -EINVAL;
+      goto fail;
+    }
+    rc = st_shard_indices(train->n, 0, 1, &t->shard, &t->shard_count);
+  } else {
+    rc = st_shard_indices(train->n, cfg->shard_k, cfg->shard_n, &t->shard,
+                          &t->shard_count);
+  }
   if (rc != 0)
     goto fail;
   if (t->shard_count == 0) {

@@ -281,7 +281,10 @@ int st__cmd_train(int argc, char** argv) {
   char err[1024];
 
   st_data_t data;
-  if (st_data_open(&data, a.f.data, &a.f.data_opt, err, sizeof(err)) != 0) {
+  st_data_options_t dopt = a.f.data_opt; /* only our shard is held */
+  dopt.shard_k = a.f.cfg.shard_k;
+  dopt.shard_n = a.f.cfg.shard_n;
+  if (st_data_open(&data, a.f.data, &dopt, err, sizeof(err)) != 0) {
     fprintf(stderr, "starling train: --data: %s\n", err);
     return 1;
   }
@@ -317,7 +320,7 @@ int st__cmd_train(int argc, char** argv) {
           "model %s (%zu parameters), %s, %zu training examples (shard "
           "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
           model, t.model.n_params, st_opt_kind_name(a.f.cfg.opt.kind),
-          t.shard_count, a.f.cfg.shard_k, a.f.cfg.shard_n, data.train.n,
+          t.shard_count, a.f.cfg.shard_k, a.f.cfg.shard_n, data.train.total,
           data.test.n, t.steps_per_epoch);
 
   progress_t p = {0};

@@ -371,10 +371,15 @@ END_TEST
 /* ==== Specs ================================================================
  */
 
+static int open_shard(st_data_t* d, const char* spec, int normalize, uint32_t k,
+                      uint32_t n, char* err, size_t len) {
+  st_data_options_t opt = {{-1, 0}, normalize, k, n};
+  return st_data_open(d, spec, &opt, err, len);
+}
+
 static int open_spec(st_data_t* d, const char* spec, int normalize, char* err,
                      size_t len) {
-  st_data_options_t opt = {{-1, 0}, normalize};
-  return st_data_open(d, spec, &opt, err, len);
+  return open_shard(d, spec, normalize, 0, 0, err, len);
 }
 
 START_TEST(spec_bad) {
@@ -422,6 +427,113 @@ START_TEST(spec_idx_normalized) {
     ck_assert_float_eq(d.test.x[i], d.train.x[i]);
   st_data_close(&d);
   st_data_close(&d);
+}
+END_TEST
+
+/* Shard k of n holds rows k, k + n, ... of the whole set, bit for bit as
+ * the whole set normalizes them (statistics of the whole file), with the
+ * whole file's classes and a whole test set. */
+static void check_shards(const char* spec, size_t rows) {
+  char err[512] = "";
+  st_data_t whole;
+  ck_assert_int_eq(open_spec(&whole, spec, 1, err, sizeof(err)), 0);
+  ck_assert_uint_eq(whole.train.n, rows);
+  ck_assert_uint_eq(whole.train.total, rows);
+  for (uint32_t n = 2; n <= 3; n++)
+    for (uint32_t k = 0; k < n; k++) {
+      st_data_t s;
+      ck_assert_int_eq(open_shard(&s, spec, 1, k, n, err, sizeof(err)), 0);
+      ck_assert_uint_eq(s.train.total, rows);
+      ck_assert_uint_eq(s.train.shard_k, k);
+      ck_assert_uint_eq(s.train.shard_n, n);
+      ck_assert_uint_eq(s.train.n, (rows - k + n - 1) / n);
+      ck_assert_uint_eq(s.train.n_classes, whole.train.n_classes);
+      ck_assert_uint_eq(s.test.n, whole.test.n);
+      size_t dim = whole.train.dim;
+      for (size_t j = 0; j < s.train.n; j++) {
+        size_t i = k + j * n;
+        ck_assert_float_eq(s.train.y[j], whole.train.y[i]);
+        ck_assert_int_eq(memcmp(s.train.x + j * dim, whole.train.x + i * dim,
+                                dim * sizeof(float)),
+                         0);
+      }
+      ck_assert_int_eq(
+          memcmp(s.test.x, whole.test.x, whole.test.n * dim * sizeof(float)),
+          0);
+      st_data_close(&s);
+    }
+  st_data_t bad;
+  ck_assert_int_eq(open_shard(&bad, spec, 1, 3, 3, err, sizeof(err)), -EINVAL);
+  ck_assert_msg(strstr(err, "bad shard 3/3") != NULL, "%s", err);
+  st_data_close(&whole);
+}
+
+START_TEST(spec_shards) {
+  char im[512], lb[512], tr[512], spec[2200];
+  path_in_tmp(im, sizeof(im), "im.gz");
+  path_in_tmp(lb, sizeof(lb), "lb");
+  write_idx(im, &good_images, 1);
+  write_idx(lb, &good_labels, 0);
+  snprintf(spec, sizeof(spec), "idx:%s,%s,%s,%s", im, lb, im, lb);
+  check_shards(spec, 5);
+  path_in_tmp(tr, sizeof(tr), "train.csv");
+  const char* train = "1,5,0\n2,5,1\n3,7,0\n6,5,1\n4,4,2\n9,1,0\n8,2,1\n";
+  ck_assert_int_eq(tu_write_file(tr, train, strlen(train)), 0);
+  snprintf(spec, sizeof(spec), "csv:%s,%s", tr, tr);
+  check_shards(spec, 7);
+}
+END_TEST
+
+/* A trainer over a shard that was loaded alone takes exactly the steps of
+ * one over the whole set told to train that shard. */
+START_TEST(trainer_on_loaded_shard) {
+  char im[512], lb[512], spec[2200], err[512] = "";
+  path_in_tmp(im, sizeof(im), "im.gz");
+  path_in_tmp(lb, sizeof(lb), "lb");
+  write_idx(im, &good_images, 1);
+  write_idx(lb, &good_labels, 0);
+  snprintf(spec, sizeof(spec), "idx:%s,%s", im, lb);
+  st_backend_t* be = NULL;
+  ck_assert_int_eq(st_backend_open(&be, "cpu", 1, err, sizeof(err)), 0);
+  st_train_config_t cfg;
+  st_train_config_default(&cfg);
+  ck_assert_int_eq(
+      st_model_spec_parse("mlp:12-8-4", &cfg.model, err, sizeof(err)), 0);
+  cfg.batch = 1;
+  cfg.shard_k = 1;
+  cfg.shard_n = 2;
+  st_data_t whole, part;
+  ck_assert_int_eq(open_spec(&whole, spec, 1, err, sizeof(err)), 0);
+  ck_assert_int_eq(open_shard(&part, spec, 1, 1, 2, err, sizeof(err)), 0);
+  st_trainer_t a, b;
+  ck_assert_int_eq(
+      st_trainer_init(&a, be, &whole.train, &cfg, err, sizeof(err)), 0);
+  ck_assert_msg(
+      st_trainer_init(&b, be, &part.train, &cfg, err, sizeof(err)) == 0, "%s",
+      err);
+  ck_assert_uint_eq(a.steps_per_epoch, b.steps_per_epoch);
+  for (int s = 0; s < 7; s++) { /* over three epochs of 2 */
+    double la, lb2;
+    ck_assert_int_eq(st_trainer_step(&a, &la), 0);
+    ck_assert_int_eq(st_trainer_step(&b, &lb2), 0);
+    ck_assert_double_eq(la, lb2);
+  }
+  ck_assert_int_eq(
+      memcmp(a.model.params, b.model.params, a.model.n_params * sizeof(float)),
+      0);
+  st_trainer_close(&b);
+  /* The shard loaded is the one the trainer must use. */
+  cfg.shard_k = 0;
+  ck_assert_int_eq(st_trainer_init(&b, be, &part.train, &cfg, err, sizeof(err)),
+                   -EINVAL);
+  ck_assert_msg(strstr(err,
+                       "was loaded as shard 1/2, but training wants "
+                       "shard 0/2") != NULL,
+                "%s", err);
+  st_trainer_close(&a);
+  st_data_close(&whole);
+  st_data_close(&part);
+  st_backend_close(be);
 }
 END_TEST
 
@@ -665,6 +777,8 @@ static Suite* data_suite(void) {
   tcase_add_test(tc, spec_bad);
   tcase_add_test(tc, spec_idx_normalized);
   tcase_add_test(tc, spec_csv);
+  tcase_add_test(tc, spec_shards);
+  tcase_add_test(tc, trainer_on_loaded_shard);
   tcase_add_test(tc, spec_fashion_missing);
   tcase_add_loop_test(tc, spec_fashion_real, 0, 2);
   tcase_set_timeout(tc, 300); /* Fashion-MNIST under sanitizers */
