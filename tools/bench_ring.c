@@ -542,9 +542,8 @@ int st__bench_ring(int argc, char** argv) {
         "\"other\":%.4f,\"process\":%.4f},\"tail_seconds\":%.6f,"
         "\"verified\":true,\"max_abs_err\":%.3g,\"tolerance\":%.3g}\n",
         seal_bps / 1e6, open_bps / 1e6, limit, med / limit, limit_all,
-        med / limit_all, cpu.seal, cpu.open,
-        cpu.write, cpu.read, cpu.machine, cpu.copy, other, cpu.process,
-        cpu.tail, cpu.max_err, tol);
+        med / limit_all, cpu.seal, cpu.open, cpu.write, cpu.read, cpu.machine,
+        cpu.copy, other, cpu.process, cpu.tail, cpu.max_err, tol);
     return 0;
   }
   printf(
