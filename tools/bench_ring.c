@@ -18,21 +18,21 @@
  * opens the 2 (N - 1) it receives, B = 2 (N - 1) / N * S bytes each way.
  * With seal and open rates s and o (bytes/s on one core, measured here
  * before the members start), the N members need N * B * (1/s + 1/o)
- * core-seconds of AEAD; at best that work spreads over P = min(2N, cores)
- * cores (each member seals on one thread and opens on another), so
+ * core-seconds of AEAD; at best that work spreads over P = min(2NL, cores)
+ * cores (with L lanes each member seals on L threads and opens on L more),
+ * so
  *
- *   limit_time = N * B * (1/s + 1/o) / min(2N, cores)
+ *   limit_time = N * B * (1/s + 1/o) / min(2NL, cores)
  *
- * No all-reduce that seals and opens each stream on one thread can beat
- * it while it encrypts; the ratio time / limit_time says how far the rest
- * (the kernel's TCP copies, the additions, the encoding, the waits) keeps
- * it from that bound. Where cores > 2N that design leaves cores idle, so
- * the figures also give the bound of all the machine's cores,
+ * No all-reduce with that many threads of AEAD can beat it while it
+ * encrypts; the ratio time / limit_time says how far the rest (the
+ * kernel's TCP copies, the additions, the encoding, the waits) keeps it
+ * from that bound. Where cores > 2NL the lanes leave cores idle, so the
+ * figures also give the bound of all the machine's cores,
  *
  *   all_cores_limit = N * B * (1/s + 1/o) / cores
  *
- * which only an all-reduce that spreads one stream's AEAD over several
- * cores could approach (the same as limit_time where cores <= 2N).
+ * (the same as limit_time where cores <= 2NL).
  *
  * Every round's mean is checked on every member against the float64 mean
  * of all members' data (computed here, in the parent, from the shared
@@ -62,6 +62,8 @@
 
 typedef struct {
   uint64_t n, mib, repeats, mtu, seed, timeout_s, segment_kib, in_flight;
+  uint64_t lanes; /* --lanes, default 1 (what the daemon does) */
+  bool in_flight_given;
   bool netns, json, corrupt;
   const char* rate;
   double rate_bps; /* --rate in bits/s, 0 when not --netns */
@@ -215,6 +217,7 @@ static int run_members(const opts_t* o, const st_keyring_t* keys,
           .seed = o->seed,
           .segment_floats = (uint32_t) (o->segment_kib * 256),
           .in_flight = (uint32_t) o->in_flight,
+          .lanes = (uint32_t) o->lanes,
           .keys = keys,
           .identities = ids,
           .ref = ref,
@@ -315,7 +318,7 @@ static void usage(void) {
   printf(
       "usage: starling-bench ring --members N --mib S [--repeats R]\n"
       "           [--netns [--rate 1gbit] [--mtu 9000]] [--seed X]\n"
-      "           [--segment-kib K] [--in-flight F]\n"
+      "           [--segment-kib K] [--in-flight F] [--lanes L]\n"
       "           [--timeout SECONDS] [--json] [--corrupt]\n\n"
       "One all-reduce of S MiB of float32 among N member processes (2..%u)\n"
       "running gossip/ring.c over encrypted TCP (handshake and\n"
@@ -330,9 +333,14 @@ static void usage(void) {
       "tests the check: member 0 alters one float, the run must fail.\n"
       "--segment-kib (4..1024, default %u) and --in-flight (1..%u,\n"
       "default %u) set the ring's segment size and the segments each\n"
-      "member may have sent and not yet written (gossip/ring.c).\n",
+      "member may have sent and not yet written (gossip/ring.c; default\n"
+      "raised to 2 L with L lanes). --lanes L (1..%u, default 1)\n"
+      "connects each member to the next L times, each its own handshake\n"
+      "and secretstream, segment i on lane i %% L, so that L threads seal\n"
+      "and L open at once: an experiment, the daemon runs one lane.\n",
       MAX_MEMBERS, ST_RING_DEFAULT_SEGMENT_FLOATS / 256,
-      ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT);
+      ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT,
+      ST__BENCH_RING_MAX_LANES);
 }
 
 static int parse(int argc, char** argv, opts_t* o) {
@@ -347,6 +355,7 @@ static int parse(int argc, char** argv, opts_t* o) {
       {"timeout", required_argument, NULL, 't'},
       {"segment-kib", required_argument, NULL, 'S'},
       {"in-flight", required_argument, NULL, 'F'},
+      {"lanes", required_argument, NULL, 'L'},
       {"netns-tag", required_argument, NULL, 'T'},
       {"json", no_argument, NULL, 'j'},
       {"corrupt", no_argument, NULL, 'C'},
@@ -362,6 +371,7 @@ static int parse(int argc, char** argv, opts_t* o) {
   o->timeout_s = 600;
   o->segment_kib = ST_RING_DEFAULT_SEGMENT_FLOATS / 256;
   o->in_flight = ST_RING_IN_FLIGHT;
+  o->lanes = 1;
   o->rate = "1gbit";
   snprintf(o->tag, sizeof(o->tag), "%d", (int) getpid());
   int c;
@@ -395,6 +405,11 @@ static int parse(int argc, char** argv, opts_t* o) {
       case 'F':
         bad = st__parse_u64(CMD, "--in-flight", optarg, 1,
                             ST__BENCH_RING_MAX_IN_FLIGHT, &o->in_flight);
+        o->in_flight_given = true;
+        break;
+      case 'L':
+        bad = st__parse_u64(CMD, "--lanes", optarg, 1, ST__BENCH_RING_MAX_LANES,
+                            &o->lanes);
         break;
       case 'N':
         o->netns = true;
@@ -438,7 +453,9 @@ static int parse(int argc, char** argv, opts_t* o) {
     fprintf(stderr, "starling-bench ring: --netns needs root (ip netns)\n");
     return 2;
   }
-  return -1; /* go on */
+  if (!o->in_flight_given && o->in_flight < 2 * o->lanes)
+    o->in_flight = 2 * o->lanes; /* two segments a lane */
+  return -1;                     /* go on */
 }
 
 int st__bench_ring(int argc, char** argv) {
@@ -509,7 +526,9 @@ int st__bench_ring(int argc, char** argv) {
   double algbw = bytes * 8 / med / 1e9;
   double busbw = algbw * 2.0 * (n - 1) / n;
   double per_member = 2.0 * (n - 1) / n * bytes; /* B, each way */
-  double par = (double) (2 * n < (uint32_t) cores ? 2 * n : (uint32_t) cores);
+  uint32_t threads = 2 * n * (uint32_t) o.lanes; /* of AEAD, at most */
+  double par =
+      (double) (threads < (uint32_t) cores ? threads : (uint32_t) cores);
   double limit = n * per_member * (1 / seal_bps + 1 / open_bps) / par;
   double limit_all = n * per_member * (1 / seal_bps + 1 / open_bps) / cores;
   double other = cpu.process - cpu.seal - cpu.open - cpu.write - cpu.read -
@@ -522,10 +541,11 @@ int st__bench_ring(int argc, char** argv) {
         "\"encrypted\":true,\"cores\":%ld,\"load_1min\":%.2f,"
         "\"seconds_median\":%.6f,\"seconds_min\":%.6f,\"seconds_max\":%.6f,"
         "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"segment_kib\":%llu,"
-        "\"in_flight\":%llu",
+        "\"in_flight\":%llu,\"lanes\":%llu",
         n, (unsigned long long) o.mib, (unsigned long long) o.repeats, where,
         cores, load, med, tmin, tmax, algbw, busbw,
-        (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight);
+        (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight,
+        (unsigned long long) o.lanes);
     if (o.netns)
       printf(
           ",\"rate\":\"%s\",\"rate_gbps\":%.4f,\"mtu\":%llu,"
@@ -552,8 +572,9 @@ int st__bench_ring(int argc, char** argv) {
       n, (unsigned long long) o.mib, where);
   if (o.netns)
     printf(" (tbf %s each way, MTU %llu)", o.rate, (unsigned long long) o.mtu);
-  printf("; segments of %llu KiB, %llu in flight",
-         (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight);
+  printf("; segments of %llu KiB, %llu in flight, %llu lane%s",
+         (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight,
+         (unsigned long long) o.lanes, o.lanes == 1 ? "" : "s");
   printf(
       "\n  %ld cores, load average %.2f before the run; 1 warm-up + %llu "
       "measured rounds; every mean checked against the float64 mean (max "
@@ -567,7 +588,7 @@ int st__bench_ring(int argc, char** argv) {
   printf(
       "\n  crypto bound: seal %.0f MB/s, open %.0f MB/s on one core; each "
       "member seals and opens B = 2(N-1)/N*S = %.2f MiB\n"
-      "    limit = N*B*(1/seal + 1/open) / min(2N, cores) = %.2f ms; "
+      "    limit = N*B*(1/seal + 1/open) / min(2N*lanes, cores) = %.2f ms; "
       "measured/limit = %.2f\n"
       "    all cores: N*B*(1/seal + 1/open) / cores = %.2f ms; "
       "measured/that = %.2f\n",

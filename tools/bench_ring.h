@@ -15,8 +15,11 @@
 
 #include "crypto/crypto.h"
 
-/* The most segments in flight --in-flight allows: the member's out-slots. */
-#define ST__BENCH_RING_MAX_IN_FLIGHT 8u
+/* The most segments in flight --in-flight allows: a lane's out-slots. */
+#define ST__BENCH_RING_MAX_IN_FLIGHT 16u
+/* The most --lanes: encrypted TCP connections from a member to the next,
+ * each with its own handshake, secretstream, sender and receiver thread. */
+#define ST__BENCH_RING_MAX_LANES 8u
 
 /* What the parent gives a member (a forked child; everything is its own
  * copy after the fork). */
@@ -28,6 +31,8 @@ typedef struct {
   uint64_t seed;   /* every member's data derives from it (st__ring_fill) */
   uint32_t segment_floats;         /* st_ring_config_t's, from --segment-kib */
   uint32_t in_flight;              /* st_ring_config_t's, from --in-flight */
+  uint32_t lanes;                  /* --lanes: segment i goes on lane
+                                      i % lanes */
   const st_keyring_t* keys;        /* the one cluster key */
   const st_identity_t* identities; /* n of them; the member uses its own
                                       and checks both neighbours' */

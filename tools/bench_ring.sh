@@ -32,7 +32,7 @@
 #   tools/bench_ring.sh                              N 2 4 8 x S 1 16 64 MiB
 #   MEMBERS="2 4" MIBS="1 16" NETNS_MIBS=16 tools/bench_ring.sh
 #   NETNS=0 SYSTEMS="starling gloo" tools/bench_ring.sh
-#   SEGMENT_KIB=256 IN_FLIGHT=4 tools/bench_ring.sh     starling's tuning
+#   SEGMENT_KIB=256 IN_FLIGHT=8 LANES=4 tools/bench_ring.sh   starling's tuning
 #   LOOPBACK=0 RATE=100mbit MTU=1500 NETNS_MEMBERS=4 NETNS_MIBS=16 \
 #       tools/bench_ring.sh                          shaped links only
 #
@@ -53,8 +53,9 @@ NETNS_MEMBERS=${NETNS_MEMBERS:-$MEMBERS}
 NETNS_MIBS=${NETNS_MIBS:-$MIBS}
 SYSTEMS=${SYSTEMS:-"starling gloo mpi"}
 TIMEOUT=${TIMEOUT:-300}
-SEGMENT_KIB=${SEGMENT_KIB:-256}    # starling's segment size and segments in
-IN_FLIGHT=${IN_FLIGHT:-4}          # flight (starling-bench ring --help)
+SEGMENT_KIB=${SEGMENT_KIB:-}      # starling's segment size, segments in flight
+IN_FLIGHT=${IN_FLIGHT:-}          # and lanes; empty: starling-bench ring's
+LANES=${LANES:-}                  # defaults (see its --help)
 SETUP=${SETUP:-1}
 LOOPBACK=${LOOPBACK:-1}
 build=${ST_BUILD_DIR:-build}
@@ -194,7 +195,8 @@ run_mpi() { # LINK N S TAG
 run_starling() { # LINK N S
   local link=$1 n=$2 s=$3
   local cmd=("$build/starling-bench" ring --members "$n" --mib "$s" --repeats "$REPEATS" --json
-             --timeout "$TIMEOUT" --segment-kib "$SEGMENT_KIB" --in-flight "$IN_FLIGHT")
+             --timeout "$TIMEOUT" ${SEGMENT_KIB:+--segment-kib "$SEGMENT_KIB"}
+             ${IN_FLIGHT:+--in-flight "$IN_FLIGHT"} ${LANES:+--lanes "$LANES"})
   if [ "$link" = netns ]; then
     cmd+=(--netns --rate "$RATE" --mtu "$MTU" --netns-tag "$ctag")
   fi

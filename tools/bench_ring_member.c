@@ -4,6 +4,14 @@
  *
  * Connections: the member listens on its address (port from the OS) and
  * dials the next member; its receiver thread accepts the previous one.
+ * With --lanes L (an experiment: the daemon runs one lane) there are L
+ * such connections from a member to the next (dialled one after the other,
+ * so the k-th accepted is lane k), each with its own handshake and
+ * secretstream: segment i of the member's send stream goes on lane i % L,
+ * and the next member takes them back in that order. So L threads seal and
+ * L open at once, where one secretstream (sequential by construction: each
+ * frame's nonce follows from the last) keeps one core per direction.
+ *
  * Each connection runs the three-message handshake framed as the daemon
  * frames it (node/daemon_conn.c: a 4-byte big-endian length, then the
  * st_wire_encode'd HS1, HS2 or HS3), checks that the peer is the member it
@@ -18,14 +26,16 @@
  *             (st_ring_sent), and copies each SEND into a slot for the
  *             sender (the machine's buffer is only valid until its next
  *             call)
- *   sender    seals a slot into a frame and writes it to the next member
- *   receiver  reads a frame from the previous member and opens it into a
- *             free slot
+ *   sender    (one a lane) seals a slot into a frame and writes it to the
+ *             next member
+ *   receiver  (one a lane) reads a frame from the previous member and opens
+ *             it into a free slot
  *
  * joined by one mutex and three condition variables. The machine lets at
  * most in_flight (--in-flight, default 4) SENDs be unwritten, so that many
- * out-slots suffice (there are ST__BENCH_RING_MAX_IN_FLIGHT); four in-slots
- * let the receiver run ahead of the driver by a few segments.
+ * out-slots a lane suffice (there are ST__BENCH_RING_MAX_IN_FLIGHT); four
+ * in-slots a lane let its receiver run ahead of the driver by a few
+ * segments.
  *
  * Rounds: the parent is the barrier. Before each round the member makes
  * the machine and writes its data into the snapshot buffer (not timed),
@@ -53,6 +63,7 @@
 #include "tools/cli.h"
 
 #define SLOT_BYTES ST_WIRE_MAX_MESSAGE_BYTES
+#define MAX_LANES ST__BENCH_RING_MAX_LANES
 #define OUT_SLOTS ST__BENCH_RING_MAX_IN_FLIGHT
 #define IN_SLOTS 4u
 #define HS_FRAME_MAX 512u /* as node/daemon_conn.c: a handshake message */
@@ -65,24 +76,37 @@ typedef struct {
   size_t len;
 } slot_t;
 
+typedef struct member_s member_t;
+
+/* One connection to the next member and one from the previous. */
 typedef struct {
-  const st__ring_member_cfg_t* cfg;
-  int listen_fd, next_fd, prev_fd;
-  uint16_t next_port;
-  st_stream_t tx, rx; /* to the next member, from the previous one */
-  pthread_mutex_t mu;
-  pthread_cond_t cv_driver, cv_sender, cv_receiver;
+  member_t* m;
+  unsigned idx;
+  int next_fd, prev_fd;
+  st_stream_t tx, rx;    /* to the next member, from the previous one */
   slot_t out[OUT_SLOTS]; /* SENDs for the sender, in order */
   unsigned out_head, out_count;
   uint64_t written;    /* frames the sender has written */
-  bool quit;           /* no more rounds: seal the final frame */
   slot_t in[IN_SLOTS]; /* opened frames for the driver, in order */
   unsigned in_head, in_count;
   bool rx_final; /* the previous member's final frame came */
-  int err;       /* the first I/O error */
-  int ready;     /* I/O threads done with their handshake */
+} lane_t;
+
+struct member_s {
+  const st__ring_member_cfg_t* cfg;
+  int listen_fd;
+  uint16_t next_port;
+  pthread_mutex_t mu;
+  pthread_cond_t cv_driver, cv_sender, cv_receiver;
+  lane_t lanes[MAX_LANES];
+  unsigned n_lanes;
+  unsigned dialled, accepted;  /* lanes connected, in lane order */
+  uint64_t send_seq, recv_seq; /* the driver's: segments given, taken */
+  bool quit;                   /* no more rounds: seal the final frames */
+  int err;                     /* the first I/O error */
+  unsigned ready;              /* I/O threads done with their handshake */
   double cpu_seal, cpu_write, cpu_read, cpu_open;
-} member_t;
+};
 
 static double cpu_now(clockid_t c) {
   struct timespec ts;
@@ -170,7 +194,8 @@ static int recv_hs(int fd, st_msg_type_t want, st_msg_t* msg) {
 
 /* The handshake on a connected socket, then both stream headers. The
  * stream of the unused direction is wiped at once. */
-static int handshake(member_t* m, int fd, bool initiator, uint32_t peer) {
+static int handshake(lane_t* l, int fd, bool initiator, uint32_t peer) {
+  member_t* m = l->m;
   const st__ring_member_cfg_t* c = m->cfg;
   st_handshake_t hs;
   st_session_t s;
@@ -213,11 +238,11 @@ static int handshake(member_t* m, int fd, bool initiator, uint32_t peer) {
     goto done;
   }
   uint8_t mine[ST_STREAM_HEADER_BYTES], theirs[ST_STREAM_HEADER_BYTES];
-  if ((rc = st_stream_tx_init(initiator ? &m->tx : &unused, s.tx_key, mine)) !=
+  if ((rc = st_stream_tx_init(initiator ? &l->tx : &unused, s.tx_key, mine)) !=
           0 ||
       (rc = st__bench_write_all(fd, mine, sizeof(mine))) != 0 ||
       (rc = st__bench_read_all(fd, theirs, sizeof(theirs))) != 0 ||
-      (rc = st_stream_rx_init(initiator ? &unused : &m->rx, s.rx_key,
+      (rc = st_stream_rx_init(initiator ? &unused : &l->rx, s.rx_key,
                               theirs)) != 0)
     goto done;
 done:
@@ -231,7 +256,8 @@ done:
  */
 
 static void* sender_main(void* arg) {
-  member_t* m = arg;
+  lane_t* l = arg;
+  member_t* m = l->m;
   const st__ring_member_cfg_t* c = m->cfg;
   uint32_t next = (c->rank + 1) % c->n;
   size_t cap = SLOT_BYTES + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
@@ -243,44 +269,52 @@ static void* sender_main(void* arg) {
   char addr[32];
   st__ring_addr(c->netns != NULL, next, addr);
   inet_pton(AF_INET, addr, &a.sin_addr);
-  if (frame == NULL || m->next_fd < 0 ||
-      connect(m->next_fd, (struct sockaddr*) &a, sizeof(a)) != 0) {
-    fail(m, -EIO);
-    free(frame);
-    return NULL;
+  /* Lane k dials once lane k - 1 is through its handshake, so that the
+   * next member accepts the lanes in order. */
+  pthread_mutex_lock(&m->mu);
+  while (m->dialled < l->idx && m->err == 0)
+    pthread_cond_wait(&m->cv_sender, &m->mu);
+  int rc = m->err;
+  pthread_mutex_unlock(&m->mu);
+  if (rc == 0 && (frame == NULL || l->next_fd < 0 ||
+                  connect(l->next_fd, (struct sockaddr*) &a, sizeof(a)) != 0))
+    rc = -EIO;
+  if (rc == 0) {
+    tune(l->next_fd);
+    rc = handshake(l, l->next_fd, true, next);
   }
-  tune(m->next_fd);
-  int rc = handshake(m, m->next_fd, true, next);
   pthread_mutex_lock(&m->mu);
   m->ready++;
+  m->dialled++;
   pthread_cond_broadcast(&m->cv_driver);
+  pthread_cond_broadcast(&m->cv_sender);
   pthread_mutex_unlock(&m->mu);
   while (rc == 0) {
     pthread_mutex_lock(&m->mu);
-    while (m->out_count == 0 && !m->quit && m->err == 0)
+    while (l->out_count == 0 && !m->quit && m->err == 0)
       pthread_cond_wait(&m->cv_sender, &m->mu);
-    bool last = m->out_count == 0 && m->quit && m->err == 0;
-    slot_t* s = m->err == 0 && !last ? &m->out[m->out_head] : NULL;
+    bool last = l->out_count == 0 && m->quit && m->err == 0;
+    slot_t* s = m->err == 0 && !last ? &l->out[l->out_head] : NULL;
     pthread_mutex_unlock(&m->mu);
     if (s == NULL && !last)
       break;
     size_t len = 0;
     double t0 = thread_cpu();
     /* The last frame is the stream's final one, empty. */
-    rc = st_stream_seal_frame(&m->tx, last ? NULL : s->buf, last ? 0 : s->len,
+    rc = st_stream_seal_frame(&l->tx, last ? NULL : s->buf, last ? 0 : s->len,
                               last, frame, cap, &len);
     double t1 = thread_cpu();
     if (rc == 0)
-      rc = st__bench_write_all(m->next_fd, frame, len);
+      rc = st__bench_write_all(l->next_fd, frame, len);
     double t2 = thread_cpu();
     pthread_mutex_lock(&m->mu);
     m->cpu_seal += t1 - t0;
     m->cpu_write += t2 - t1;
     if (!last) {
-      m->out_head = (m->out_head + 1) % OUT_SLOTS;
-      m->out_count--;
-      m->written++;
-      pthread_cond_signal(&m->cv_driver);
+      l->out_head = (l->out_head + 1) % OUT_SLOTS;
+      l->out_count--;
+      l->written++;
+      pthread_cond_broadcast(&m->cv_driver);
     }
     pthread_mutex_unlock(&m->mu);
     if (last)
@@ -288,28 +322,37 @@ static void* sender_main(void* arg) {
   }
   if (rc != 0)
     fail(m, rc);
-  st_stream_wipe(&m->tx);
+  st_stream_wipe(&l->tx);
   free(frame);
   return NULL;
 }
 
 static void* receiver_main(void* arg) {
-  member_t* m = arg;
+  lane_t* l = arg;
+  member_t* m = l->m;
   const st__ring_member_cfg_t* c = m->cfg;
   uint8_t* ct = malloc(ST_FRAME_MAX_DEFAULT);
   struct pollfd p = {m->listen_fd, POLLIN, 0};
   int rc = -EIO, fd = -1;
-  if (ct != NULL && poll(&p, 1, IO_TIMEOUT_S * 1000) == 1 &&
+  /* The k-th connection accepted is lane k (sender_main dials in order). */
+  pthread_mutex_lock(&m->mu);
+  while (m->accepted < l->idx && m->err == 0)
+    pthread_cond_wait(&m->cv_receiver, &m->mu);
+  bool go = m->err == 0;
+  pthread_mutex_unlock(&m->mu);
+  if (go && ct != NULL && poll(&p, 1, IO_TIMEOUT_S * 1000) == 1 &&
       (fd = accept(m->listen_fd, NULL, NULL)) >= 0) {
     pthread_mutex_lock(&m->mu); /* the driver may shut it down */
-    m->prev_fd = fd;
+    l->prev_fd = fd;
     pthread_mutex_unlock(&m->mu);
     tune(fd);
-    rc = handshake(m, fd, false, (c->rank + c->n - 1) % c->n);
+    rc = handshake(l, fd, false, (c->rank + c->n - 1) % c->n);
   }
   pthread_mutex_lock(&m->mu);
   m->ready++;
+  m->accepted++;
   pthread_cond_broadcast(&m->cv_driver);
+  pthread_cond_broadcast(&m->cv_receiver);
   pthread_mutex_unlock(&m->mu);
   while (rc == 0) {
     uint8_t lb[ST_FRAME_LENGTH_BYTES];
@@ -322,35 +365,35 @@ static void* receiver_main(void* arg) {
       break;
     double t1 = thread_cpu();
     pthread_mutex_lock(&m->mu);
-    while (m->in_count == IN_SLOTS && m->err == 0)
+    while (l->in_count == IN_SLOTS && m->err == 0)
       pthread_cond_wait(&m->cv_receiver, &m->mu);
     /* The slot after the queued ones: the driver does not touch it. */
-    slot_t* s = &m->in[(m->in_head + m->in_count) % IN_SLOTS];
+    slot_t* s = &l->in[(l->in_head + l->in_count) % IN_SLOTS];
     rc = m->err;
     pthread_mutex_unlock(&m->mu);
     if (rc != 0)
       break;
     double t2 = thread_cpu();
-    rc = st_stream_open_frame(&m->rx, NULL, ct, ct_len, s->buf, SLOT_BYTES,
+    rc = st_stream_open_frame(&l->rx, NULL, ct, ct_len, s->buf, SLOT_BYTES,
                               &len, &final);
     double t3 = thread_cpu();
     pthread_mutex_lock(&m->mu);
     m->cpu_read += t1 - t0;
     m->cpu_open += t3 - t2;
     if (rc == 0 && final) {
-      m->rx_final = true;
+      l->rx_final = true;
     } else if (rc == 0) {
       s->len = len;
-      m->in_count++;
+      l->in_count++;
     }
-    pthread_cond_signal(&m->cv_driver);
+    pthread_cond_broadcast(&m->cv_driver);
     pthread_mutex_unlock(&m->mu);
     if (final)
       break;
   }
   if (rc != 0)
     fail(m, rc);
-  st_stream_wipe(&m->rx);
+  st_stream_wipe(&l->rx);
   free(ct);
   return NULL;
 }
@@ -376,10 +419,12 @@ static void drain(member_t* m, st_ring_t* x, drive_t* d) {
     if (!got)
       return;
     if (a.kind == ST_RACT_SEND) {
+      /* Segment i of the send stream goes on lane i % lanes. */
+      lane_t* l = &m->lanes[m->send_seq % m->n_lanes];
       pthread_mutex_lock(&m->mu);
       /* The machine keeps at most in_flight SENDs unwritten. */
-      slot_t* s = &m->out[(m->out_head + m->out_count) % OUT_SLOTS];
-      bool room = m->out_count < OUT_SLOTS && a.len <= SLOT_BYTES;
+      slot_t* s = &l->out[(l->out_head + l->out_count) % OUT_SLOTS];
+      bool room = l->out_count < OUT_SLOTS && a.len <= SLOT_BYTES;
       pthread_mutex_unlock(&m->mu);
       if (!room) {
         st_ring_abort(x, now_ms(), ST_RING_FAIL_ABORTED);
@@ -390,8 +435,9 @@ static void drain(member_t* m, st_ring_t* x, drive_t* d) {
       s->len = a.len;
       d->cpu_copy += thread_cpu() - t1;
       pthread_mutex_lock(&m->mu);
-      m->out_count++;
-      pthread_cond_signal(&m->cv_sender);
+      l->out_count++;
+      m->send_seq++;
+      pthread_cond_broadcast(&m->cv_sender);
       pthread_mutex_unlock(&m->mu);
     } else if (a.kind == ST_RACT_APPLY) {
       d->applied = a.n == m->cfg->floats;
@@ -404,22 +450,39 @@ static void drain(member_t* m, st_ring_t* x, drive_t* d) {
 
 /* Feeds the machine until DONE: written frames, then one opened frame at a
  * time, draining after each so that a segment is forwarded at once. */
+static uint64_t written_total(const member_t* m) { /* under mu */
+  uint64_t w = 0;
+  for (unsigned i = 0; i < m->n_lanes; i++)
+    w += m->lanes[i].written;
+  return w;
+}
+
+static bool any_final(const member_t* m) { /* under mu */
+  for (unsigned i = 0; i < m->n_lanes; i++)
+    if (m->lanes[i].rx_final)
+      return true;
+  return false;
+}
+
 static void drive(member_t* m, st_ring_t* x, drive_t* d) {
   while (!d->done) {
+    /* The next segment of the receive stream comes on lane recv_seq % L. */
+    lane_t* l = &m->lanes[m->recv_seq % m->n_lanes];
     pthread_mutex_lock(&m->mu);
-    while (m->in_count == 0 && m->written == d->acked && m->err == 0 &&
-           !m->rx_final) {
+    while (l->in_count == 0 && written_total(m) == d->acked && m->err == 0 &&
+           !any_final(m)) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_sec += 1;
       if (pthread_cond_timedwait(&m->cv_driver, &m->mu, &ts) == ETIMEDOUT)
         break;
     }
-    uint64_t newly = m->written - d->acked;
-    d->acked = m->written;
-    slot_t* s = m->in_count > 0 ? &m->in[m->in_head] : NULL;
+    uint64_t written = written_total(m);
+    uint64_t newly = written - d->acked;
+    d->acked = written;
+    slot_t* s = l->in_count > 0 ? &l->in[l->in_head] : NULL;
     int err = m->err;
-    bool ended = m->rx_final;
+    bool ended = any_final(m);
     pthread_mutex_unlock(&m->mu);
     double t0 = thread_cpu(), w0 = st__now();
     uint64_t now = now_ms();
@@ -428,9 +491,10 @@ static void drive(member_t* m, st_ring_t* x, drive_t* d) {
     if (s != NULL) {
       st_ring_message(x, now, s->buf, s->len);
       pthread_mutex_lock(&m->mu);
-      m->in_head = (m->in_head + 1) % IN_SLOTS;
-      m->in_count--;
-      pthread_cond_signal(&m->cv_receiver);
+      l->in_head = (l->in_head + 1) % IN_SLOTS;
+      l->in_count--;
+      m->recv_seq++;
+      pthread_cond_broadcast(&m->cv_receiver);
       pthread_mutex_unlock(&m->mu);
     } else if (err != 0 || ended) {
       /* An I/O error, or the previous member ended its stream while this
@@ -534,17 +598,23 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
   member_t m;
   memset(&m, 0, sizeof(m));
   m.cfg = c;
-  m.next_fd = m.prev_fd = -1;
+  m.n_lanes = c->lanes >= 1 && c->lanes <= MAX_LANES ? c->lanes : 1;
   pthread_mutex_init(&m.mu, NULL);
   pthread_cond_init(&m.cv_driver, NULL);
   pthread_cond_init(&m.cv_sender, NULL);
   pthread_cond_init(&m.cv_receiver, NULL);
   int status = 1;
   bool ok = true;
-  for (unsigned i = 0; i < OUT_SLOTS; i++)
-    ok = ok && (m.out[i].buf = malloc(SLOT_BYTES)) != NULL;
-  for (unsigned i = 0; i < IN_SLOTS; i++)
-    ok = ok && (m.in[i].buf = malloc(SLOT_BYTES)) != NULL;
+  for (unsigned k = 0; k < m.n_lanes; k++) {
+    lane_t* l = &m.lanes[k];
+    l->m = &m;
+    l->idx = k;
+    l->next_fd = l->prev_fd = -1;
+    for (unsigned i = 0; i < OUT_SLOTS; i++)
+      ok = ok && (l->out[i].buf = malloc(SLOT_BYTES)) != NULL;
+    for (unsigned i = 0; i < IN_SLOTS; i++)
+      ok = ok && (l->in[i].buf = malloc(SLOT_BYTES)) != NULL;
+  }
   /* Listen, tell the parent the port, learn the next member's. */
   char addr[32];
   st__ring_addr(c->netns != NULL, c->rank, addr);
@@ -555,9 +625,11 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
   socklen_t al = sizeof(a);
   m.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
   uint16_t port = 0;
+  pthread_t ts[MAX_LANES], tr[MAX_LANES];
+  unsigned started = 0; /* lanes whose two threads run */
   if (!ok || m.listen_fd < 0 ||
       bind(m.listen_fd, (struct sockaddr*) &a, sizeof(a)) != 0 ||
-      listen(m.listen_fd, 4) != 0 ||
+      listen(m.listen_fd, (int) MAX_LANES) != 0 ||
       getsockname(m.listen_fd, (struct sockaddr*) &a, &al) != 0)
     goto out;
   port = ntohs(a.sin_port);
@@ -565,18 +637,22 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
       st__bench_read_all(c->down_fd, (uint8_t*) &m.next_port, sizeof(port)) !=
           0)
     goto out;
-  pthread_t ts, tr;
-  m.next_fd = socket(AF_INET, SOCK_STREAM, 0); /* connected by the sender */
-  if (pthread_create(&tr, NULL, receiver_main, &m) != 0)
-    goto out;
-  if (pthread_create(&ts, NULL, sender_main, &m) != 0) {
-    fail(&m, -EAGAIN);
-    shutdown(m.listen_fd, SHUT_RDWR);
-    pthread_join(tr, NULL);
-    goto out;
+  for (; started < m.n_lanes; started++) {
+    lane_t* l = &m.lanes[started];
+    l->next_fd = socket(AF_INET, SOCK_STREAM, 0); /* connected by the sender */
+    if (pthread_create(&tr[started], NULL, receiver_main, l) != 0)
+      break;
+    if (pthread_create(&ts[started], NULL, sender_main, l) != 0) {
+      fail(&m, -EAGAIN);
+      shutdown(m.listen_fd, SHUT_RDWR);
+      pthread_join(tr[started], NULL);
+      break;
+    }
   }
+  if (started < m.n_lanes)
+    fail(&m, -EAGAIN);
   pthread_mutex_lock(&m.mu);
-  while (m.ready < 2 && m.err == 0)
+  while (m.ready < 2 * started && m.err == 0)
     pthread_cond_wait(&m.cv_driver, &m.mu);
   int err = m.err;
   pthread_mutex_unlock(&m.mu);
@@ -594,29 +670,38 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
   pthread_cond_broadcast(&m.cv_sender);
   pthread_mutex_unlock(&m.mu);
   if (status != 0) {
-    /* Unblock both threads; the neighbours see the connections end. */
+    /* Unblock every thread; the neighbours see the connections end. */
     fail(&m, -ECANCELED);
-    pthread_mutex_lock(&m.mu);
-    int prev = m.prev_fd;
-    pthread_mutex_unlock(&m.mu);
-    shutdown(m.next_fd, SHUT_RDWR);
-    shutdown(prev, SHUT_RDWR);
+    for (unsigned k = 0; k < m.n_lanes; k++) {
+      pthread_mutex_lock(&m.mu);
+      int prev = m.lanes[k].prev_fd;
+      pthread_mutex_unlock(&m.mu);
+      if (m.lanes[k].next_fd >= 0)
+        shutdown(m.lanes[k].next_fd, SHUT_RDWR);
+      if (prev >= 0)
+        shutdown(prev, SHUT_RDWR);
+    }
     shutdown(m.listen_fd, SHUT_RDWR); /* a receiver still in poll */
   }
-  pthread_join(ts, NULL);
-  pthread_join(tr, NULL);
+  for (unsigned k = 0; k < started; k++) {
+    pthread_join(ts[k], NULL);
+    pthread_join(tr[k], NULL);
+  }
   if (m.err != 0)
     status = 1;
 out:
-  for (unsigned i = 0; i < OUT_SLOTS; i++)
-    free(m.out[i].buf);
-  for (unsigned i = 0; i < IN_SLOTS; i++)
-    free(m.in[i].buf);
+  for (unsigned k = 0; k < m.n_lanes; k++) {
+    lane_t* l = &m.lanes[k];
+    for (unsigned i = 0; i < OUT_SLOTS; i++)
+      free(l->out[i].buf);
+    for (unsigned i = 0; i < IN_SLOTS; i++)
+      free(l->in[i].buf);
+    if (l->next_fd >= 0)
+      close(l->next_fd);
+    if (l->prev_fd >= 0)
+      close(l->prev_fd);
+  }
   if (m.listen_fd >= 0)
     close(m.listen_fd);
-  if (m.next_fd >= 0)
-    close(m.next_fd);
-  if (m.prev_fd >= 0)
-    close(m.prev_fd);
   return status;
 }
