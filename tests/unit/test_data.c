@@ -408,12 +408,18 @@ static double mean_of(const float* x, size_t n, size_t stride, double* sd) {
   return m;
 }
 
-START_TEST(spec_idx_normalized) {
-  char im[512], lb[512], spec[2200], err[512] = "";
-  path_in_tmp(im, sizeof(im), "im.gz");
-  path_in_tmp(lb, sizeof(lb), "lb");
+/* The good image file (gzip) and label file (raw) in the scratch
+ * directory; their paths into im and lb (512 bytes each). */
+static void write_good_pair(char* im, char* lb) {
+  path_in_tmp(im, 512, "im.gz");
+  path_in_tmp(lb, 512, "lb");
   write_idx(im, &good_images, 1);
   write_idx(lb, &good_labels, 0);
+}
+
+START_TEST(spec_idx_normalized) {
+  char im[512], lb[512], spec[2200], err[512] = "";
+  write_good_pair(im, lb);
   snprintf(spec, sizeof(spec), "idx:%s,%s,%s,%s", im, lb, im, lb);
   st_data_t d;
   ck_assert_int_eq(open_spec(&d, spec, 1, err, sizeof(err)), 0);
@@ -470,10 +476,7 @@ static void check_shards(const char* spec, size_t rows) {
 
 START_TEST(spec_shards) {
   char im[512], lb[512], tr[512], spec[2200];
-  path_in_tmp(im, sizeof(im), "im.gz");
-  path_in_tmp(lb, sizeof(lb), "lb");
-  write_idx(im, &good_images, 1);
-  write_idx(lb, &good_labels, 0);
+  write_good_pair(im, lb);
   snprintf(spec, sizeof(spec), "idx:%s,%s,%s,%s", im, lb, im, lb);
   check_shards(spec, 5);
   path_in_tmp(tr, sizeof(tr), "train.csv");
@@ -488,10 +491,7 @@ END_TEST
  * one over the whole set told to train that shard. */
 START_TEST(trainer_on_loaded_shard) {
   char im[512], lb[512], spec[2200], err[512] = "";
-  path_in_tmp(im, sizeof(im), "im.gz");
-  path_in_tmp(lb, sizeof(lb), "lb");
-  write_idx(im, &good_images, 1);
-  write_idx(lb, &good_labels, 0);
+  write_good_pair(im, lb);
   snprintf(spec, sizeof(spec), "idx:%s,%s", im, lb);
   st_backend_t* be = NULL;
   ck_assert_int_eq(st_backend_open(&be, "cpu", 1, err, sizeof(err)), 0);
