@@ -83,7 +83,8 @@ typedef enum {
   ST_MSG_RING_PROPOSE = 41,
   ST_MSG_RING_ACCEPT = 42,
   ST_MSG_RING_CONFIRM = 43,
-  ST_MSG_RING_CANCEL = 44
+  ST_MSG_RING_CANCEL = 44,
+  ST_MSG_RING_LANE = 45 /* gossip.h, "Ring all-reduce": lanes */
 } st_msg_type_t;
 
 typedef struct {
@@ -214,6 +215,14 @@ typedef struct {
   uint32_t data_len;   /* bytes */
 } st_msg_ring_seg_t;
 
+/* The first message on each lane of a ring link (gossip.h, "Ring
+ * all-reduce"): which round, which lane, how many lanes. */
+typedef struct {
+  uint64_t round_id;
+  uint32_t lane;  /* 0 .. lanes - 1 */
+  uint32_t lanes; /* 1 .. ST_RING_MAX_LANES */
+} st_msg_ring_lane_t;
+
 /* Forming a ring round (gossip.h, "Ring formation"). A members list holds
  * at most ST_RING_FORM_MAX_MEMBERS ids, in ring order. */
 typedef struct {
@@ -264,6 +273,7 @@ typedef struct {
     st_msg_ring_accept_t ring_accept;
     st_msg_ring_confirm_t ring_confirm;
     st_msg_ring_cancel_t ring_cancel;
+    st_msg_ring_lane_t ring_lane;
   } u;
 } st_msg_t;
 
@@ -783,14 +793,25 @@ const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
  * st_ring_progress shows segments still to receive, and the end of the
  * stream to the next member only while SENDs are unacknowledged.
  *
+ * Lanes. The machine knows one send stream and one receive stream; the
+ * transport may carry a stream over L lanes (1 <= L <= ST_RING_MAX_LANES),
+ * each its own encrypted connection, so that L threads seal and L open at
+ * once (one secretstream is sequential by construction). Lane k opens with
+ * RING_LANE [round, k, L] and then carries segments k, k + L, k + 2L, ...
+ * of the stream; the receiver feeds them to the machine in stream order.
+ *
  * Wire (after [type, version]):
  *   RING_SEG [round_id u64, phase u8, step u32, chunk u32, offset u64,
  *             data bin]
+ *   RING_LANE [round_id u64, lane u32, lanes u32]   lane < lanes <= max
  * phase is 0 (reduce-scatter) or 1 (all-gather); data is little-endian
  * float32, a multiple of 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and
  * offset + floats <= 2^40. The codec checks those; the machine checks
  * that the segment is exactly the next one it expects.
  */
+
+/* The most lanes a ring link may use (RING_LANE). */
+#define ST_RING_MAX_LANES 8u
 
 /* The largest segment: 1 MiB of float32, a whole tensor chunk of the wire
  * (ST_WIRE_CHUNK_MAX_BYTES), so that every segment is sealed on its own. */

@@ -109,6 +109,8 @@ static size_t field_count(uint64_t type) {
       return 2;
     case ST_MSG_RING_CANCEL:
       return 1;
+    case ST_MSG_RING_LANE:
+      return 3;
     default:
       return 0;
   }
@@ -130,6 +132,11 @@ static int chunk_check(const st_msg_tensor_chunk_t* c, st_wire_drop_t* why) {
     return -1;
   }
   return 0;
+}
+
+/* A lane's numbers (gossip.h, "Ring all-reduce": lanes). */
+static bool ring_lane_ok(const st_msg_ring_lane_t* l) {
+  return l->lanes >= 1 && l->lanes <= ST_RING_MAX_LANES && l->lane < l->lanes;
 }
 
 /* The ring segment rules shared by the encoder and the decoder (gossip.h,
@@ -312,6 +319,10 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
                              msg->u.ring_confirm.members) != 0)
         return -EINVAL;
       break;
+    case ST_MSG_RING_LANE:
+      if (!ring_lane_ok(&msg->u.ring_lane))
+        return -EINVAL;
+      break;
     default:
       break;
   }
@@ -438,6 +449,11 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
     }
     case ST_MSG_RING_CANCEL:
       r |= msgpack_pack_uint64(&pk, msg->u.ring_cancel.round_id);
+      break;
+    case ST_MSG_RING_LANE:
+      r |= msgpack_pack_uint64(&pk, msg->u.ring_lane.round_id) |
+           msgpack_pack_uint32(&pk, msg->u.ring_lane.lane) |
+           msgpack_pack_uint32(&pk, msg->u.ring_lane.lanes);
       break;
   }
   if (r != 0 || out.overflow)
@@ -755,6 +771,13 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     }
     case ST_MSG_RING_CANCEL:
       return get_u64(&f[0], &msg->u.ring_cancel.round_id);
+    case ST_MSG_RING_LANE: {
+      st_msg_ring_lane_t* m = &msg->u.ring_lane;
+      if (get_u64(&f[0], &m->round_id) | get_u32(&f[1], &m->lane) |
+          get_u32(&f[2], &m->lanes))
+        return -1;
+      return ring_lane_ok(m) ? 0 : -1;
+    }
   }
   return -1;
 }

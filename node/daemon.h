@@ -55,6 +55,9 @@ typedef struct {
   double norm_mult;          /* exchange guard (st_xchg_config_t) */
   uint32_t min_nodes;        /* the first step waits until this many nodes
                                 are alive, this one included (1: at once) */
+  uint32_t ring_lanes;       /* encrypted connections a ring link uses, 1 ..
+                                ST_RING_MAX_LANES; 0: a quarter of the
+                                cores, within 1 .. 4 */
   bool quiet;                /* only warnings and errors on stderr */
 } st_daemon_config_t;
 

@@ -15,8 +15,9 @@
  *
  * The dialling side knows what the connection is for; the accepting side
  * learns it from the first message: a PUSH_PULL goes to the membership
- * machine, whose reply goes back on the same connection, and an XCHG_REQ
- * starts an exchange (daemon_xchg.c). Anything else closes the connection.
+ * machine, whose reply goes back on the same connection, an XCHG_REQ
+ * starts an exchange (daemon_xchg.c), and a RING_LANE opens a lane of a
+ * ring round (daemon_ring.c). Anything else closes the connection.
  *
  * Bulk frames (a tensor chunk, up to 1 MiB) are sealed and opened on
  * libuv's thread pool so that the loop thread never spends milliseconds in
@@ -522,7 +523,7 @@ static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
       c->purpose = ST__CONN_PUSH_PULL;
     else if (type == ST_MSG_XCHG_REQ)
       c->purpose = ST__CONN_XCHG;
-    else if (type == ST_MSG_RING_SEG)
+    else if (type == ST_MSG_RING_LANE)
       c->purpose = ST__CONN_RING;
     else
       return -EPROTO;

@@ -82,15 +82,20 @@ struct st__conn_s {
   bool paused;     /* reading stopped by the ring driver */
   bool in_process; /* inside process(): frames being dispatched */
   bool eof;        /* the peer closed; frames before it still pending */
-  /* RING: the round this stream belongs to; an accepted stream's first
-   * message, kept until this node starts that round. */
+  /* RING: the round this stream belongs to once it runs. An accepted lane
+   * names its round, index and count in its first message (RING_LANE,
+   * ring_lanes 0 until then); a segment that comes before its turn (or
+   * before this node starts the round) is kept in ring_held and reading
+   * pauses until it is fed. */
   uint64_t ring_round;
+  uint64_t ring_lane_round;
+  uint32_t ring_lane, ring_lanes;
   uint8_t* ring_held;
   size_t ring_held_len;
-  uint64_t ring_held_round;
 };
 
-#define ST__RING_PENDING 8
+/* SENDs kept for lanes not yet up: at most the round's in_flight. */
+#define ST__RING_PENDING (2u * ST_RING_MAX_LANES)
 
 #define ST__OFFLOAD_BYTES (64u * 1024u)
 
@@ -191,12 +196,20 @@ struct st__daemon_s {
   uint64_t ring_started_ms;
   int ring_tt_pending;
   double ring_segment_ms; /* measured, smoothed: for the stall timeout */
-  st__conn_t* ring_next;
-  bool ring_next_ready;
-  st__conn_t* ring_prev;
+  /* The round's lanes (gossip.h, "Ring all-reduce": lanes): send-stream
+   * segment i goes on ring_next[i % ring_lanes]; receive-stream segment i
+   * comes on ring_prev[i % ring_prev_lanes] (learnt from RING_LANE). */
+  uint32_t ring_lanes;
+  st__conn_t* ring_next[ST_RING_MAX_LANES];
+  bool ring_next_ready[ST_RING_MAX_LANES];
+  uint64_t ring_sent_seq;
+  st__conn_t* ring_prev[ST_RING_MAX_LANES];
+  uint32_t ring_prev_lanes;
+  uint64_t ring_recv_seq;
   struct {
     uint8_t* data;
     size_t len;
+    uint32_t lane;
   } ring_pending[ST__RING_PENDING];
   uint32_t ring_pending_n;
 

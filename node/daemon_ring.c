@@ -8,16 +8,21 @@
  * arrive on the membership's UDP socket; daemon_net.c routes them here.
  *
  * Data plane: on START the node takes a snapshot into the ring machine's
- * buffer, dials the next member (checking on the handshake that it is that
- * node) and sends its segments there; the previous member dials it, and
- * the first RING_SEG names the round. A stream from the previous member
- * may come before this node's own START (the proposer's CONFIRM is a UDP
- * packet, the stream is TCP): its first message is kept and reading pauses
- * until START, or until the connection's deadline closes it.
+ * buffer, dials the next member L times (--ring-lanes; checking on each
+ * handshake that it is that node) and sends its segments there, segment i
+ * of its send stream on lane i % L, each lane opening with RING_LANE
+ * [round, lane, L]. So L threads of libuv's pool seal and L open at once,
+ * where one secretstream keeps one core per direction. The previous
+ * member dials it likewise; its segments are fed to the machine in stream
+ * order: one that comes on a lane before its turn is kept and that lane's
+ * reading pauses until it is fed. A lane from the previous member may come
+ * before this node's own START (the proposer's CONFIRM is a UDP packet,
+ * the streams are TCP): its first segment is kept likewise until START,
+ * or until the connection's deadline closes it.
  *
- * End: a member that finishes closes the stream to the next member (after
- * its last frames); the stream from the previous member is that member's
- * to close. A failure closes both.
+ * End: a member that finishes closes its lanes to the next member (after
+ * their last frames); the lanes from the previous member are that
+ * member's to close. A failure closes all of them.
  *
  * Failure: the ring machine's stall timeout (no progress for a while) is
  * derived from the segment times measured in earlier rounds; a closed
@@ -31,8 +36,10 @@
 #include "node/daemon_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Tags of the trainer's mailbox: rings use the high bit, exchanges the
  * connection ids below it. */
@@ -91,20 +98,26 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   memcpy(d->ring_last_members, d->ring_members,
          d->ring_n * sizeof(st_node_id_t));
   st_ring_form_round_over(d->rf, now, d->ring_round, r == ST_RING_OK);
-  if (d->ring_next != NULL) {
-    d->ring_next->ring_round = 0;
-    st__conn_close(d->ring_next);
-    d->ring_next = NULL;
+  for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++) {
+    st__conn_t* c = d->ring_next[k];
+    d->ring_next[k] = NULL;
+    if (c != NULL) {
+      c->ring_round = 0;
+      st__conn_close(c);
+    }
   }
-  /* The stream from the previous member is its to close: it may still be
+  /* The lanes from the previous member are its to close: it may still be
    * finishing (its last sends written, not yet acknowledged), and an end
-   * of stream from here would abort it. A failure closes it, so that the
-   * abort goes round the ring. */
-  if (d->ring_prev != NULL) {
-    d->ring_prev->ring_round = 0;
-    if (r != ST_RING_OK)
-      st__conn_close(d->ring_prev);
-    d->ring_prev = NULL;
+   * of stream from here would abort it. A failure closes them, so that
+   * the abort goes round the ring. */
+  for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++) {
+    st__conn_t* c = d->ring_prev[k];
+    d->ring_prev[k] = NULL;
+    if (c != NULL) {
+      c->ring_round = 0;
+      if (r != ST_RING_OK)
+        st__conn_close(c);
+    }
   }
   d->ring_done = true;
   st__ring_drain_form(d);
@@ -120,20 +133,24 @@ static void ring_maybe_free(st__daemon_t* d) {
   }
 }
 
-static void flush_pending(st__daemon_t* d);
+static void flush_pending(st__daemon_t* d, uint32_t lane);
 
 static void drain_ring(st__daemon_t* d) {
   st_ract_t a;
   while (d->ring != NULL && !d->ring_done && st_ring_next_action(d->ring, &a)) {
     switch (a.kind) {
-      case ST_RACT_SEND:
-        if (d->ring_next != NULL && d->ring_next_ready &&
-            d->ring_pending_n == 0) {
-          if (st__conn_send(d->ring_next, a.data, a.len, true) != 0)
+      case ST_RACT_SEND: {
+        uint32_t lane = (uint32_t) (d->ring_sent_seq++ % d->ring_lanes);
+        st__conn_t* c = d->ring_next[lane];
+        bool queued = false; /* an earlier SEND of this lane waits */
+        for (uint32_t i = 0; i < d->ring_pending_n; i++)
+          queued = queued || d->ring_pending[i].lane == lane;
+        if (c != NULL && d->ring_next_ready[lane] && !queued) {
+          if (st__conn_send(c, a.data, a.len, true) != 0)
             st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
         } else if (d->ring_pending_n < ST__RING_PENDING) {
-          /* The stream to the next member is not up yet: keep the
-           * segment (the machine holds at most in_flight back). */
+          /* The lane to the next member is not up yet: keep the segment
+           * (the machine holds at most in_flight back). */
           uint8_t* p = malloc(a.len);
           if (p == NULL) {
             st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
@@ -142,11 +159,13 @@ static void drain_ring(st__daemon_t* d) {
           memcpy(p, a.data, a.len);
           d->ring_pending[d->ring_pending_n].data = p;
           d->ring_pending[d->ring_pending_n].len = a.len;
+          d->ring_pending[d->ring_pending_n].lane = lane;
           d->ring_pending_n++;
         } else {
           st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
         }
         break;
+      }
       case ST_RACT_WANT_SNAPSHOT: {
         float* buf = st_ring_snapshot_buffer(d->ring);
         if (buf == NULL || st__tt_request_snapshot(
@@ -176,15 +195,21 @@ static void drain_ring(st__daemon_t* d) {
   ring_maybe_free(d);
 }
 
-static void flush_pending(st__daemon_t* d) {
+/* Sends, in order, the SENDs kept for a lane that is now up. */
+static void flush_pending(st__daemon_t* d, uint32_t lane) {
+  uint32_t kept = 0;
   for (uint32_t i = 0; i < d->ring_pending_n; i++) {
+    if (d->ring_pending[i].lane != lane) {
+      d->ring_pending[kept++] = d->ring_pending[i];
+      continue;
+    }
     if (d->ring != NULL && !d->ring_done &&
-        st__conn_send(d->ring_next, d->ring_pending[i].data,
+        st__conn_send(d->ring_next[lane], d->ring_pending[i].data,
                       d->ring_pending[i].len, true) != 0)
       st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
     free(d->ring_pending[i].data);
   }
-  d->ring_pending_n = 0;
+  d->ring_pending_n = kept;
 }
 
 void st__ring_timer_cb(uv_timer_t* t) {
@@ -201,18 +226,51 @@ static void form_timer_cb(uv_timer_t* t) {
   st__ring_drain_form(d);
 }
 
-/* Feeds the kept first message of the previous member's stream. */
-static void attach_prev(st__daemon_t* d, st__conn_t* c) {
-  d->ring_prev = c;
-  c->ring_round = d->ring_round;
-  if (c->ring_held != NULL) {
+/* Feeds the machine every kept segment whose turn has come, in stream
+ * order, and lets those lanes read on. */
+static void feed_held(st__daemon_t* d) {
+  bool fed[ST_RING_MAX_LANES] = {false};
+  while (d->ring != NULL && !d->ring_done && d->ring_prev_lanes > 0) {
+    uint32_t lane = (uint32_t) (d->ring_recv_seq % d->ring_prev_lanes);
+    st__conn_t* c = d->ring_prev[lane];
+    if (c == NULL || c->ring_held == NULL)
+      break;
     uint8_t* m = c->ring_held;
     size_t len = c->ring_held_len;
     c->ring_held = NULL;
+    d->ring_recv_seq++;
     st_ring_message(d->ring, st__dnow(d), m, len);
     free(m);
-    st__conn_resume(c);
+    fed[lane] = true;
   }
+  drain_ring(d);
+  for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++)
+    if (fed[k] && d->ring_prev[k] != NULL && d->ring_prev[k]->ring_held == NULL)
+      st__conn_resume(d->ring_prev[k]);
+}
+
+/* Takes a lane from the previous member into the running round. */
+static void attach_prev(st__daemon_t* d, st__conn_t* c) {
+  if (d->ring_prev_lanes == 0)
+    d->ring_prev_lanes = c->ring_lanes;
+  if (c->ring_lanes != d->ring_prev_lanes ||
+      d->ring_prev[c->ring_lane] != NULL) {
+    /* Lanes that disagree on their count, or a lane twice. */
+    st__conn_close(c);
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_PROTOCOL);
+    drain_ring(d);
+    return;
+  }
+  d->ring_prev[c->ring_lane] = c;
+  c->ring_round = d->ring_round;
+}
+
+static uint32_t lanes_of(const st__daemon_t* d) {
+  if (d->cfg->ring_lanes > 0)
+    return d->cfg->ring_lanes;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN); /* a quarter of them */
+  long l = cores / 4;
+  return l < 1 ? 1 : l > 4 ? 4 : (uint32_t) l;
 }
 
 static void start_round(st__daemon_t* d, const st_rfact_t* a) {
@@ -223,8 +281,11 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
     st_ring_form_round_over(d->rf, now, a->round_id, false);
     return;
   }
+  uint32_t lanes = lanes_of(d);
   st_ring_config_t rc;
   st_ring_config_default(&rc);
+  if (rc.in_flight < 2 * lanes)
+    rc.in_flight = 2 * lanes; /* two segments a lane */
   double stall = d->ring_segment_ms > 0 ? STALL_SEGMENTS * d->ring_segment_ms
                                         : STALL_MAX_MS;
   rc.timeout_ms = (uint32_t) fmin(fmax(stall, STALL_MIN_MS), STALL_MAX_MS);
@@ -240,31 +301,39 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
   d->ring_rank = a->my_rank;
   d->ring_started_ms = now;
   d->ring_done = false;
-  d->ring_next = NULL;
-  d->ring_next_ready = false;
-  d->ring_prev = NULL;
+  d->ring_lanes = lanes;
+  d->ring_sent_seq = 0;
+  d->ring_prev_lanes = 0;
+  d->ring_recv_seq = 0;
+  for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++) {
+    d->ring_next[k] = NULL;
+    d->ring_next_ready[k] = false;
+    d->ring_prev[k] = NULL;
+  }
   if (a->n_members >= 2) {
     const st_node_id_t* next = &a->members[(a->my_rank + 1) % a->n_members];
     const st_member_t* mb = st_membership_find(d->m, next);
-    if (mb == NULL) {
-      st_ring_abort(d->ring, now, ST_RING_FAIL_ABORTED);
-    } else {
-      d->ring_next = st__conn_dial(d, &mb->addr, next, ST__CONN_RING);
-      if (d->ring_next == NULL)
-        st_ring_abort(d->ring, now, ST_RING_FAIL_CLOSED);
-      else
-        d->ring_next->ring_round = a->round_id;
-    }
-    /* The previous member's stream may already be here. */
-    for (st__conn_t* c = d->conns; c != NULL; c = c->next)
-      if (!c->initiator && c->purpose == ST__CONN_RING &&
-          c->ring_held_round == a->round_id && c->ring_held != NULL &&
-          !c->closing) {
-        attach_prev(d, c);
+    for (uint32_t k = 0; k < lanes && d->ring != NULL; k++) {
+      st__conn_t* c =
+          mb == NULL ? NULL : st__conn_dial(d, &mb->addr, next, ST__CONN_RING);
+      if (c == NULL) {
+        st_ring_abort(d->ring, now,
+                      mb == NULL ? ST_RING_FAIL_ABORTED : ST_RING_FAIL_CLOSED);
         break;
       }
+      c->ring_round = a->round_id;
+      c->ring_lane = k;
+      c->ring_lanes = lanes;
+      d->ring_next[k] = c;
+    }
+    /* Lanes of the previous member may already be here. */
+    for (st__conn_t* c = d->conns; c != NULL && !d->ring_done; c = c->next)
+      if (!c->initiator && c->purpose == ST__CONN_RING && !c->closing &&
+          c->ring_lanes > 0 && c->ring_lane_round == a->round_id)
+        attach_prev(d, c);
   }
   drain_ring(d);
+  feed_held(d);
 }
 
 void st__ring_drain_form(st__daemon_t* d) {
@@ -328,33 +397,78 @@ void st__ring_tick(st__daemon_t* d) {
 
 /* ---- Connections --------------------------------------------------------- */
 
+static int next_lane(const st__daemon_t* d, const st__conn_t* c) {
+  for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++)
+    if (d->ring_next[k] == c)
+      return (int) k;
+  return -1;
+}
+
+static bool is_prev_lane(const st__daemon_t* d, const st__conn_t* c) {
+  return c->ring_lanes > 0 && c->ring_lane < ST_RING_MAX_LANES &&
+         d->ring_prev[c->ring_lane] == c;
+}
+
 void st__ring_on_ready(st__conn_t* c) {
   st__daemon_t* d = c->d;
-  if (c != d->ring_next)
+  int lane = next_lane(d, c);
+  if (lane < 0)
     return;
-  d->ring_next_ready = true;
-  flush_pending(d);
+  /* The lane's first message says which round, lane and count it is. */
+  st_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = ST_MSG_RING_LANE;
+  m.u.ring_lane.round_id = d->ring_round;
+  m.u.ring_lane.lane = (uint32_t) lane;
+  m.u.ring_lane.lanes = d->ring_lanes;
+  uint8_t buf[64];
+  size_t len = 0;
+  if (st_wire_encode(&m, buf, sizeof(buf), &len) != 0 ||
+      st__conn_send(c, buf, len, false) != 0) {
+    if (d->ring != NULL && !d->ring_done)
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+    drain_ring(d);
+    return;
+  }
+  d->ring_next_ready[lane] = true;
+  flush_pending(d, (uint32_t) lane);
   drain_ring(d);
 }
 
 void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
   st__daemon_t* d = c->d;
-  if (c == d->ring_prev && d->ring != NULL && !d->ring_done) {
+  if (c->initiator) {
+    st__conn_close(c); /* nothing comes back on the lanes we send on */
+    return;
+  }
+  if (c->ring_lanes == 0) {
+    /* A lane's first message: RING_LANE, its round, index and count. */
+    st_msg_t m;
+    if (st_wire_decode(msg, len, &m, &d->wc) != 0 ||
+        m.type != ST_MSG_RING_LANE) {
+      st__conn_close(c);
+      return;
+    }
+    c->ring_lane_round = m.u.ring_lane.round_id;
+    c->ring_lane = m.u.ring_lane.lane;
+    c->ring_lanes = m.u.ring_lane.lanes;
+    if (d->ring != NULL && !d->ring_done && d->ring_round == c->ring_lane_round)
+      attach_prev(d, c);
+    return;
+  }
+  if (c->ring_held != NULL) {
+    st__conn_close(c); /* reading pauses while a segment is kept */
+    return;
+  }
+  bool running = d->ring != NULL && !d->ring_done && is_prev_lane(d, c);
+  if (running && d->ring_recv_seq % d->ring_prev_lanes == c->ring_lane) {
+    /* Its turn: straight to the machine. */
+    d->ring_recv_seq++;
     st_ring_message(d->ring, st__dnow(d), msg, len);
-    drain_ring(d);
+    feed_held(d);
     return;
   }
-  if (c->initiator || c->ring_held != NULL) {
-    st__conn_close(c); /* nothing comes back on the stream we send on */
-    return;
-  }
-  /* The first message of a previous member's stream: its round. */
-  st_msg_t m;
-  if (st_wire_decode(msg, len, &m, &d->wc) != 0 || m.type != ST_MSG_RING_SEG) {
-    st__conn_close(c);
-    return;
-  }
-  uint64_t round = m.u.ring_seg.round_id;
+  /* Before its turn, or before this node starts the round: keep it. */
   c->ring_held = malloc(len);
   if (c->ring_held == NULL) {
     st__conn_close(c);
@@ -362,18 +476,12 @@ void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
   }
   memcpy(c->ring_held, msg, len);
   c->ring_held_len = len;
-  c->ring_held_round = round;
   st__conn_pause(c);
-  if (d->ring != NULL && !d->ring_done && d->ring_round == round &&
-      d->ring_prev == NULL) {
-    attach_prev(d, c);
-    drain_ring(d);
-  }
 }
 
 void st__ring_on_sent(st__conn_t* c) {
   st__daemon_t* d = c->d;
-  if (c == d->ring_next && d->ring != NULL && !d->ring_done) {
+  if (next_lane(d, c) >= 0 && d->ring != NULL && !d->ring_done) {
     st_ring_sent(d->ring, st__dnow(d));
     drain_ring(d);
   }
@@ -381,23 +489,34 @@ void st__ring_on_sent(st__conn_t* c) {
 
 void st__ring_on_closed(st__conn_t* c) {
   st__daemon_t* d = c->d;
-  if ((c == d->ring_next || c == d->ring_prev) && d->ring != NULL &&
-      !d->ring_done) {
-    /* An end is a failure only while the stream still owes something: the
-     * previous member closes its stream after its last frame, possibly
+  int out = next_lane(d, c);
+  bool in = is_prev_lane(d, c);
+  if ((out >= 0 || in) && d->ring != NULL && !d->ring_done) {
+    /* An end is a failure only while the lane still owes something: the
+     * previous member closes its lanes after their last frames, possibly
      * before this member has had its own last SENDs acknowledged. */
     st_ring_progress_t p;
     st_ring_progress(d->ring, &p);
-    bool owed = c == d->ring_next ? p.segments_acked < p.segments_to_send
-                                  : p.segments_received < p.segments_to_receive;
-    if (c == d->ring_next)
-      d->ring_next = NULL;
-    else
-      d->ring_prev = NULL;
+    bool owed;
+    if (out >= 0) {
+      owed = p.segments_acked < p.segments_to_send;
+      d->ring_next[out] = NULL;
+    } else {
+      /* The next segment this lane would carry, and whether there is one
+       * (a kept one, not yet fed, counts). */
+      uint64_t l = d->ring_prev_lanes, k = c->ring_lane;
+      uint64_t first = d->ring_recv_seq + (k + l - d->ring_recv_seq % l) % l;
+      owed = first < p.segments_to_receive;
+      d->ring_prev[c->ring_lane] = NULL;
+    }
     if (owed) {
       st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
       drain_ring(d);
     }
+  } else if (out >= 0) {
+    d->ring_next[out] = NULL;
+  } else if (in) {
+    d->ring_prev[c->ring_lane] = NULL;
   }
   free(c->ring_held);
   c->ring_held = NULL;
@@ -432,6 +551,15 @@ bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
 int st__ring_start(st__daemon_t* d) {
   if (d->cfg->ring_every_s <= 0)
     return 0;
+  /* Each lane seals and opens on libuv's pool, one job a direction at a
+   * time: 2 L jobs for a round, beside the exchanges'. The pool reads
+   * this once, at its first job, which no connection has queued yet. */
+  if (getenv("UV_THREADPOOL_SIZE") == NULL) {
+    char v[16];
+    snprintf(v, sizeof(v), "%u",
+             2 * lanes_of(d) + 2 > 4 ? 2 * lanes_of(d) + 2 : 4);
+    setenv("UV_THREADPOOL_SIZE", v, 0);
+  }
   st_ring_form_config_t fc;
   st_ring_form_config_default(&fc);
   int rc = st_ring_form_new(&fc, &d->ident.id, &d->rng, &d->rf);

@@ -124,6 +124,10 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
     }
     case ST_MSG_RING_CANCEL:
       return a->u.ring_cancel.round_id == b->u.ring_cancel.round_id;
+    case ST_MSG_RING_LANE:
+      return a->u.ring_lane.round_id == b->u.ring_lane.round_id &&
+             a->u.ring_lane.lane == b->u.ring_lane.lane &&
+             a->u.ring_lane.lanes == b->u.ring_lane.lanes;
   }
   return 0;
 }

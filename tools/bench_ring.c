@@ -337,7 +337,8 @@ static void usage(void) {
       "raised to 2 L with L lanes). --lanes L (1..%u, default 1)\n"
       "connects each member to the next L times, each its own handshake\n"
       "and secretstream, segment i on lane i %% L, so that L threads seal\n"
-      "and L open at once: an experiment, the daemon runs one lane.\n",
+      "and L open at once, as the daemon's --ring-lanes does (there\n"
+      "the lanes open with RING_LANE; here they are dialled in order).\n",
       MAX_MEMBERS, ST_RING_DEFAULT_SEGMENT_FLOATS / 256,
       ST__BENCH_RING_MAX_IN_FLIGHT, ST_RING_IN_FLIGHT,
       ST__BENCH_RING_MAX_LANES);

@@ -4,7 +4,8 @@
  *
  * Connections: the member listens on its address (port from the OS) and
  * dials the next member; its receiver thread accepts the previous one.
- * With --lanes L (an experiment: the daemon runs one lane) there are L
+ * With --lanes L (as the daemon's --ring-lanes, where each lane opens
+ * with RING_LANE instead of being dialled in order) there are L
  * such connections from a member to the next (dialled one after the other,
  * so the k-th accepted is lane k), each with its own handshake and
  * secretstream: segment i of the member's send stream goes on lane i % L,

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gossip/gossip.h"
 #include "node/daemon.h"
 #include "tools/cli.h"
 
@@ -27,6 +28,7 @@ enum {
   OPT_LOG_EVERY,
   OPT_NORM_MULT,
   OPT_MIN_NODES,
+  OPT_RING_LANES,
   OPT_QUIET
 };
 
@@ -46,6 +48,7 @@ static const struct option own_opts[] = {
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
     {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
     {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
+    {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"help", no_argument, NULL, 'h'},
 };
@@ -89,6 +92,11 @@ static void usage(FILE* f) {
       "  --ring-every S       propose an exact ring all-reduce with the "
       "healthy peers\n"
       "                       every S seconds (default 5; 0: never)\n"
+      "  --ring-lanes L       encrypted connections a ring link uses, each "
+      "sealed and\n"
+      "                       opened on its own thread (1..8; default: a "
+      "quarter of\n"
+      "                       the cores, 1 to 4)\n"
       "  --min-nodes N        take the first step only once N nodes are "
       "alive, this one\n"
       "                       included (default 1: at once); training goes "
@@ -215,6 +223,15 @@ int st__cmd_node(int argc, char** argv) {
       case OPT_NORM_MULT:
         rc = seconds_flag(&cfg, c, v);
         break;
+      case OPT_RING_LANES: {
+        uint64_t n;
+        if (st__parse_u64(CMD, "--ring-lanes", v, 1, ST_RING_MAX_LANES, &n) !=
+            0)
+          rc = 2;
+        else
+          cfg.ring_lanes = (uint32_t) n;
+        break;
+      }
       case OPT_MIN_NODES: {
         uint64_t n;
         if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_node_cluster.sh: four `starling node` processes on loopback, each
 # training a disjoint quarter of Fashion-MNIST and averaging by gossip and
-# ring all-reduce (on by default). All
-# of them must finish their epochs with a good test accuracy, having
+# ring all-reduce (on by default), the nodes sending over 1, 2, 3 and 1
+# ring lanes (--ring-lanes: each receiver learns its neighbour's count from
+# the lanes' first message). All of them must finish their epochs with a good test accuracy, having
 # averaged with each other, see each other alive, leave in order on
 # `starling leave`, and write checkpoints whose parameters (read with NumPy)
 # agree to within 1% of their norm. Also the control commands' and the
@@ -17,6 +18,8 @@ expect_fail "peers with no node" 1 "no node is running" -- \
   "$STARLING" peers --json --data-dir "$SCRATCH/none"
 expect_fail "leave with no node" 1 "no node is running" -- \
   "$STARLING" leave --data-dir "$SCRATCH/none"
+expect_fail "ring lanes out of range" 2 "--ring-lanes: '9' is not a whole number between 1 and 8" -- \
+  "$STARLING" node --ring-lanes 9
 "$STARLING" node --help >"$SCRATCH/help" || fail "node --help exits non-zero"
 for flag in --listen --join --cluster-key --data-dir --gossip-every --checkpoint-every --model; do
   grep -q -- "$flag" "$SCRATCH/help" || fail "node --help does not mention $flag"
@@ -44,11 +47,12 @@ expect_fail "missing cluster key file" 1 "$SCRATCH/nokey" -- \
 
 # --- A cluster of four ------------------------------------------------------------
 N=4
-node_start 0 "${RECIPE[@]}" --epochs 10 --shard 0/$N
+node_start 0 "${RECIPE[@]}" --epochs 10 --shard 0/$N --ring-lanes 1
 node_up 0
 seed=$NODE_ADDR
 for k in 1 2 3; do
-  node_start "$k" "${RECIPE[@]}" --epochs 10 --shard "$k/$N" --join "$seed"
+  node_start "$k" "${RECIPE[@]}" --epochs 10 --shard "$k/$N" --join "$seed" \
+    --ring-lanes $((k % 3 + 1))
 done
 for k in 1 2 3; do node_up "$k"; done
 pass "4 nodes up (seed $seed) at $(elapsed) s"

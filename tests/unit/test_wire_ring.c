@@ -1,12 +1,13 @@
 /* test_wire_ring.c: the Check suite for the ring all-reduce's message of
- * the wire codec (RING_SEG; gossip/wire.c, layout in gossip.h, "Ring
- * all-reduce"): round trips with random contents at every integer width
- * and data sizes up to a full segment, a known-answer encoding, the
- * encoder's refusals, and the decoder's rejections, each checked by its
- * return code and by the counter it bumps: truncation at every length,
- * trailing bytes, field counts, every field with wrong msgpack types and
- * out-of-range values, data that is not whole floats, too long, or reaches
- * past 2^40 floats, and hostile declared lengths; then random mutations.
+ * the wire codec (RING_SEG, and RING_LANE, the first message of a lane;
+ * gossip/wire.c, layout in gossip.h, "Ring all-reduce"): round trips with
+ * random contents at every integer width and data sizes up to a full segment, a
+ * known-answer encoding, the encoder's refusals, and the decoder's rejections,
+ * each checked by its return code and by the counter it bumps: truncation at
+ * every length, trailing bytes, field counts, every field with wrong msgpack
+ * types and out-of-range values, data that is not whole floats, too long, or
+ * reaches past 2^40 floats, and hostile declared lengths; then random
+ * mutations.
  *
  * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR
@@ -400,6 +401,68 @@ START_TEST(test_fuzz_corpus) {
 }
 END_TEST
 
+/* RING_LANE: round trips of every valid (lane, lanes), a known answer, the
+ * encoder's refusals and the decoder's: lane >= lanes, lanes 0 or past
+ * ST_RING_MAX_LANES, a field of the wrong type or count, truncations. */
+START_TEST(test_lane) {
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_RING_LANE;
+  for (uint32_t lanes = 1; lanes <= ST_RING_MAX_LANES; lanes++)
+    for (uint32_t lane = 0; lane < lanes; lane++) {
+      m.u.ring_lane.round_id = tw_rand_bits(&rng, 64);
+      m.u.ring_lane.lane = lane;
+      m.u.ring_lane.lanes = lanes;
+      st_msg_t d;
+      tw_round_trip(&m, enc_buf(), BUF_CAP, &d);
+      st_wire_msg_free(&d);
+    }
+  /* [45, 1, 7, 2, 3]: fixints all. */
+  m.u.ring_lane.round_id = 7;
+  m.u.ring_lane.lane = 2;
+  m.u.ring_lane.lanes = 3;
+  uint8_t* buf = enc_buf();
+  size_t len = 0;
+  ck_assert_int_eq(st_wire_encode(&m, buf, BUF_CAP, &len), 0);
+  static const uint8_t want[] = {0x95, 45, 1, 7, 2, 3};
+  ck_assert_uint_eq(len, sizeof want);
+  ck_assert_int_eq(memcmp(buf, want, sizeof want), 0);
+  tw_expect_truncations(buf, len);
+  static const uint32_t bad[][2] = {
+      {3, 3}, {0, 0}, {0, ST_RING_MAX_LANES + 1}, {UINT32_MAX, 2}};
+  w_t* w = w_new(64);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    m.u.ring_lane.lane = bad[i][0];
+    m.u.ring_lane.lanes = bad[i][1];
+    ck_assert_int_eq(st_wire_encode(&m, buf, BUF_CAP, &len), -EINVAL);
+    w->n = 0;
+    w_array(w, 5);
+    w_uint(w, 45);
+    w_uint(w, 1);
+    w_uint(w, 7);
+    w_uint(w, bad[i][0]);
+    w_uint(w, bad[i][1]);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "lane numbers");
+  }
+  w->n = 0; /* a field short */
+  w_array(w, 4);
+  w_uint(w, 45);
+  w_uint(w, 1);
+  w_uint(w, 7);
+  w_uint(w, 0);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
+  w->n = 0; /* a str for the lane */
+  w_array(w, 5);
+  w_uint(w, 45);
+  w_uint(w, 1);
+  w_uint(w, 7);
+  w_str(w, "0", 1);
+  w_uint(w, 2);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "lane type");
+  w_free(w);
+}
+END_TEST
+
 static Suite* wire_ring_suite(void) {
   Suite* s = suite_create("wire_ring");
   TCase* tr = tcase_create("round_trip");
@@ -408,6 +471,7 @@ static Suite* wire_ring_suite(void) {
   tcase_add_test(tr, test_known_answer);
   tcase_add_test(tr, test_encode_refuses);
   tcase_add_test(tr, test_fuzz_corpus);
+  tcase_add_test(tr, test_lane);
   suite_add_tcase(s, tr);
   TCase* td = tcase_create("decode_rejects");
   tcase_add_checked_fixture(td, setup, NULL);
