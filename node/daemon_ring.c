@@ -251,6 +251,14 @@ static void feed_held(st__daemon_t* d) {
 
 /* Takes a lane from the previous member into the running round. */
 static void attach_prev(st__daemon_t* d, st__conn_t* c) {
+  /* Only the previous member of the round may feed it: another member
+   * (any cluster-key holder passes the handshake) is dropped. */
+  const st_node_id_t* prev =
+      &d->ring_members[(d->ring_rank + d->ring_n - 1) % d->ring_n];
+  if (memcmp(&c->peer, prev, sizeof(*prev)) != 0) {
+    st__conn_close(c);
+    return;
+  }
   if (d->ring_prev_lanes == 0)
     d->ring_prev_lanes = c->ring_lanes;
   if (c->ring_lanes != d->ring_prev_lanes ||
