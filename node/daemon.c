@@ -574,6 +574,7 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
    * action kills the process. Ignored, the write fails with EPIPE and the
    * connection's error path closes it. */
   signal(SIGPIPE, SIG_IGN);
+  st__ring_size_pool(d);
   /* An exchange allocates and frees a few model-sized buffers. Above
    * glibc's mmap threshold each would come fresh from the kernel, and the
    * page faults and zeroing cost a tenth of an exchange (10M parameters):

@@ -295,6 +295,8 @@ void st__conn_pause(st__conn_t* c);
 void st__conn_resume(st__conn_t* c);
 
 /* daemon_ring.c */
+/* Sizes libuv's thread pool for --ring-lanes (before any thread starts). */
+void st__ring_size_pool(st__daemon_t* d);
 int st__ring_start(st__daemon_t* d);
 void st__ring_close(st__daemon_t* d);
 void st__ring_free(st__daemon_t* d);

@@ -273,6 +273,21 @@ static void attach_prev(st__daemon_t* d, st__conn_t* c) {
   c->ring_round = d->ring_round;
 }
 
+static uint32_t lanes_of(const st__daemon_t* d);
+
+void st__ring_size_pool(st__daemon_t* d) {
+  /* Each lane seals and opens on libuv's pool, one job a direction at a
+   * time: 2 L jobs for a round, beside the exchanges'. The pool reads the
+   * variable once, at its first job; this runs before any thread starts
+   * (setenv is not thread-safe). An operator's own setting wins. */
+  if (d->cfg->ring_every_s <= 0 || getenv("UV_THREADPOOL_SIZE") != NULL)
+    return;
+  uint32_t want = 2 * lanes_of(d) + 2;
+  char v[16];
+  snprintf(v, sizeof(v), "%u", want > 4 ? want : 4);
+  setenv("UV_THREADPOOL_SIZE", v, 0);
+}
+
 static uint32_t lanes_of(const st__daemon_t* d) {
   if (d->cfg->ring_lanes > 0)
     return d->cfg->ring_lanes;
@@ -559,15 +574,6 @@ bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
 int st__ring_start(st__daemon_t* d) {
   if (d->cfg->ring_every_s <= 0)
     return 0;
-  /* Each lane seals and opens on libuv's pool, one job a direction at a
-   * time: 2 L jobs for a round, beside the exchanges'. The pool reads
-   * this once, at its first job, which no connection has queued yet. */
-  if (getenv("UV_THREADPOOL_SIZE") == NULL) {
-    char v[16];
-    snprintf(v, sizeof(v), "%u",
-             2 * lanes_of(d) + 2 > 4 ? 2 * lanes_of(d) + 2 : 4);
-    setenv("UV_THREADPOOL_SIZE", v, 0);
-  }
   st_ring_form_config_t fc;
   st_ring_form_config_default(&fc);
   int rc = st_ring_form_new(&fc, &d->ident.id, &d->rng, &d->rf);
