@@ -458,20 +458,16 @@ static uint64_t written_total(const member_t* m) { /* under mu */
   return w;
 }
 
-static bool any_final(const member_t* m) { /* under mu */
-  for (unsigned i = 0; i < m->n_lanes; i++)
-    if (m->lanes[i].rx_final)
-      return true;
-  return false;
-}
-
 static void drive(member_t* m, st_ring_t* x, drive_t* d) {
   while (!d->done) {
     /* The next segment of the receive stream comes on lane recv_seq % L. */
     lane_t* l = &m->lanes[m->recv_seq % m->n_lanes];
     pthread_mutex_lock(&m->mu);
+    /* Only the final frame of the lane the next segment comes on matters:
+     * the previous member, once done, ends each lane after its own last
+     * frame, and another lane may end while this one still has data. */
     while (l->in_count == 0 && written_total(m) == d->acked && m->err == 0 &&
-           !any_final(m)) {
+           !l->rx_final) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_sec += 1;
@@ -483,7 +479,7 @@ static void drive(member_t* m, st_ring_t* x, drive_t* d) {
     d->acked = written;
     slot_t* s = l->in_count > 0 ? &l->in[l->in_head] : NULL;
     int err = m->err;
-    bool ended = any_final(m);
+    bool ended = l->rx_final;
     pthread_mutex_unlock(&m->mu);
     double t0 = thread_cpu(), w0 = st__now();
     uint64_t now = now_ms();
