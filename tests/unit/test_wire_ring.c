@@ -11,8 +11,9 @@
  *
  * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR
- * writes the fuzz seed (ring_seg) into DIR; otherwise the committed seed
- * under $ST_SOURCE_DIR is checked to decode to the message that wrote it. */
+ * writes the fuzz seeds (ring_seg, ring_lane) into DIR; otherwise the committed
+ * seed under $ST_SOURCE_DIR is checked to decode to the message that wrote it.
+ */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -427,6 +428,7 @@ START_TEST(test_lane) {
   static const uint8_t want[] = {0x95, 45, 1, 7, 2, 3};
   ck_assert_uint_eq(len, sizeof want);
   ck_assert_int_eq(memcmp(buf, want, sizeof want), 0);
+  tw_fuzz_seed(&m, "ring_lane"); /* the fuzz seed is this message */
   tw_expect_truncations(buf, len);
   static const uint32_t bad[][2] = {
       {3, 3}, {0, 0}, {0, ST_RING_MAX_LANES + 1}, {UINT32_MAX, 2}};
