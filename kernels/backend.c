@@ -8,9 +8,7 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "kernels/backend_internal.h"

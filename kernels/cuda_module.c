@@ -14,7 +14,7 @@
  * the running program (/proc/self/exe: build/ holds both), and in the build
  * directory this library was built for. Nothing is ever unloaded.
  */
-#define _GNU_SOURCE /* dladdr-free readlink, RTLD_* */
+#define _GNU_SOURCE /* readlink, RTLD_* */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>

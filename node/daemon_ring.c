@@ -273,7 +273,13 @@ static void attach_prev(st__daemon_t* d, st__conn_t* c) {
   c->ring_round = d->ring_round;
 }
 
-static uint32_t lanes_of(const st__daemon_t* d);
+static uint32_t lanes_of(const st__daemon_t* d) {
+  if (d->cfg->ring_lanes > 0)
+    return d->cfg->ring_lanes;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN); /* a quarter of them */
+  long l = cores / 4;
+  return l < 1 ? 1 : l > 4 ? 4 : (uint32_t) l;
+}
 
 void st__ring_size_pool(st__daemon_t* d) {
   /* Each lane seals and opens on libuv's pool, one job a direction at a
@@ -286,14 +292,6 @@ void st__ring_size_pool(st__daemon_t* d) {
   char v[16];
   snprintf(v, sizeof(v), "%u", want > 4 ? want : 4);
   setenv("UV_THREADPOOL_SIZE", v, 0);
-}
-
-static uint32_t lanes_of(const st__daemon_t* d) {
-  if (d->cfg->ring_lanes > 0)
-    return d->cfg->ring_lanes;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN); /* a quarter of them */
-  long l = cores / 4;
-  return l < 1 ? 1 : l > 4 ? 4 : (uint32_t) l;
 }
 
 static void start_round(st__daemon_t* d, const st_rfact_t* a) {
