@@ -39,7 +39,7 @@ node_id=$(sed -n 's/^node id *\([0-9a-f]\{32\}\)$/\1/p' "$SCRATCH/node.out")
 public_key=$(sed -n 's/^public key *\([A-Za-z0-9_-]\{43\}\)$/\1/p' "$SCRATCH/node.out")
 [ -n "$node_id" ] || fail "no node id in: $(cat "$SCRATCH/node.out")"
 [ -n "$public_key" ] || fail "no public key in: $(cat "$SCRATCH/node.out")"
-grep -qx "$public_key  # node $node_id" "$SCRATCH/node.out" ||
+grep -qxF -- "$public_key  # node $node_id" "$SCRATCH/node.out" ||
   fail "no allow-list line in: $(cat "$SCRATCH/node.out")"
 # The secret seed is in the file and nowhere in the output.
 seed=$(cut -d' ' -f2 "$SCRATCH/node.key")
@@ -96,7 +96,7 @@ expect_fail "missing directory" 1 "$SCRATCH/nodir/k.key: cannot create" -- \
 "$STARLING" keygen --show "$SCRATCH/node.key" >"$SCRATCH/show.out" ||
   fail "--show identity"
 grep -q "$node_id" "$SCRATCH/show.out" || fail "--show: no node id"
-grep -q "$public_key" "$SCRATCH/show.out" || fail "--show: no public key"
+grep -qF -- "$public_key" "$SCRATCH/show.out" || fail "--show: no public key"
 "$STARLING" keygen --show "$SCRATCH/node.key" --json >"$SCRATCH/show.json" ||
   fail "--show --json identity"
 [ "$(json_field "$SCRATCH/show.json" node_id)" = "$node_id" ] || fail "--show --json node id"
