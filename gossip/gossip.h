@@ -756,6 +756,25 @@ bool st_ring_form_next_action(st_ring_form_t* f, st_rfact_t* out);
 st_ring_form_state_t st_ring_form_state(const st_ring_form_t* f);
 /* The round proposed, accepted or running; 0 when idle. */
 uint64_t st_ring_form_round(const st_ring_form_t* f);
+
+/* What the driver does with a data-plane lane (RING_LANE [round_id, ..])
+ * that the authenticated node `from` opened to it. */
+typedef enum {
+  ST_RING_LANE_REFUSE = 0, /* close it now: this machine neither accepted
+                              nor runs round_id, or (running) from is not
+                              the member before this one in the final
+                              list. Its sender sees the close and aborts at
+                              once, instead of at a deadline */
+  ST_RING_LANE_WAIT,       /* keep it unread: round_id is accepted and from
+                              is in its list, but the CONFIRM (UDP) has not
+                              come; decide again after the next event */
+  ST_RING_LANE_TAKE        /* round_id runs and from is the member before
+                              this one: feed the lane to the round */
+} st_ring_lane_verdict_t;
+
+st_ring_lane_verdict_t st_ring_form_lane(const st_ring_form_t* f,
+                                         uint64_t round_id,
+                                         const st_node_id_t* from);
 const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
 
 /* ==== Ring all-reduce (gossip/ring.c): the mean of n snapshots =============

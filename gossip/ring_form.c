@@ -65,8 +65,10 @@
  *   simulator but cost 4% of the rounds: a lost CONFIRM then holds the
  *   ring 250 ms longer. The re-sends are 13-byte packets.)
  *   A member that gets its CONFIRM late starts late; the driver holds a
- *   data-plane stream for a round it does not know yet for up to
- *   confirm_wait_ms rather than refuse it.
+ *   data-plane lane of a round it has accepted but not yet seen confirmed
+ *   (st_ring_form_lane: WAIT) rather than refuse it, for confirm_wait_ms
+ *   at most: every other lane is refused at once (REFUSE), so that its
+ *   sender aborts at once instead of at a connection deadline.
  * - Finalizing: >= 2 members (itself included): RING_CONFIRM to each
  *   accepted candidate, RING_CANCEL to those that never answered (their
  *   accept may be in flight; the CANCEL frees them at once), START for
@@ -746,6 +748,22 @@ uint64_t st_ring_form_round(const st_ring_form_t* f) {
     default:
       return 0;
   }
+}
+
+st_ring_lane_verdict_t st_ring_form_lane(const st_ring_form_t* f,
+                                         uint64_t round_id,
+                                         const st_node_id_t* from) {
+  if (f == NULL || from == NULL || round_id == 0 || id_eq(from, &f->self))
+    return ST_RING_LANE_REFUSE;
+  if (f->state == ST_RING_FORM_ACCEPTED && round_id == f->acc_round)
+    return find(f->acc_list, f->acc_n, from) >= 0 ? ST_RING_LANE_WAIT
+                                                  : ST_RING_LANE_REFUSE;
+  if (f->state == ST_RING_FORM_RUNNING && round_id == f->run_round) {
+    const st_node_id_t* prev =
+        &f->run_list[(f->run_rank + f->run_n - 1) % f->run_n];
+    return id_eq(from, prev) ? ST_RING_LANE_TAKE : ST_RING_LANE_REFUSE;
+  }
+  return ST_RING_LANE_REFUSE;
 }
 
 const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f) {

@@ -155,6 +155,7 @@ static void status_json(st__daemon_t* d, st__json_buf_t* b) {
          d->c.ok > 0 ? d->c.exchange_ms_last : NAN);
   kv_u64(b, &first, "ring_rounds_ok", d->c.ring_ok);
   kv_u64(b, &first, "ring_rounds_aborted", d->c.ring_aborted);
+  kv_u64(b, &first, "ring_lanes_refused", d->c.ring_lanes_refused);
   kv_str(b, &first, "ring_state",
          d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
                        : "off");

@@ -111,6 +111,9 @@ typedef struct {
   uint32_t ring_last_n;
   uint64_t ring_last_round;
   bool ring_last_ok;
+  uint64_t ring_lanes_refused;  /* ring lanes closed at once: not a round
+                                   this node accepted or runs, or not from
+                                   its previous member (st_ring_form_lane) */
   uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
   uint64_t packets_in, packets_out;
   uint64_t udp_unbound;   /* packets not bound to this node (dropped) */

@@ -97,7 +97,6 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   d->c.ring_last_n = d->ring_n;
   memcpy(d->ring_last_members, d->ring_members,
          d->ring_n * sizeof(st_node_id_t));
-  st_ring_form_round_over(d->rf, now, d->ring_round, r == ST_RING_OK);
   for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++) {
     st__conn_t* c = d->ring_next[k];
     d->ring_next[k] = NULL;
@@ -120,16 +119,22 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
     }
   }
   d->ring_done = true;
-  st__ring_drain_form(d);
 }
 
-/* Frees the round's machine once the trainer no longer borrows from it. */
+/* Frees the round's machine once the trainer no longer borrows from it,
+ * and only then tells formation the round is over: until its delta is
+ * applied a member is not free, and formation refuses proposals for it
+ * (a member that accepted and then could not start would cost the others
+ * the round, at a connection deadline). */
 static void ring_maybe_free(st__daemon_t* d) {
   if (d->ring != NULL && d->ring_done && d->ring_tt_pending == 0) {
+    uint64_t round = d->ring_round;
     st_ring_free(d->ring);
     d->ring = NULL;
     d->ring_round = 0;
     d->ring_n = 0;
+    st_ring_form_round_over(d->rf, st__dnow(d), round, d->c.ring_last_ok);
+    st__ring_drain_form(d);
   }
 }
 
@@ -249,16 +254,9 @@ static void feed_held(st__daemon_t* d) {
       st__conn_resume(d->ring_prev[k]);
 }
 
-/* Takes a lane from the previous member into the running round. */
+/* Takes a lane from the previous member (st_ring_form_lane said TAKE) into
+ * the running round. */
 static void attach_prev(st__daemon_t* d, st__conn_t* c) {
-  /* Only the previous member of the round may feed it: another member
-   * (any cluster-key holder passes the handshake) is dropped. */
-  const st_node_id_t* prev =
-      &d->ring_members[(d->ring_rank + d->ring_n - 1) % d->ring_n];
-  if (memcmp(&c->peer, prev, sizeof(*prev)) != 0) {
-    st__conn_close(c);
-    return;
-  }
   if (d->ring_prev_lanes == 0)
     d->ring_prev_lanes = c->ring_lanes;
   if (c->ring_lanes != d->ring_prev_lanes ||
@@ -271,6 +269,33 @@ static void attach_prev(st__daemon_t* d, st__conn_t* c) {
   }
   d->ring_prev[c->ring_lane] = c;
   c->ring_round = d->ring_round;
+}
+
+/* Applies formation's verdict (st_ring_form_lane) to every lane from
+ * another node that is not yet part of a round: a refused one is closed,
+ * so that its sender aborts now rather than at the connection deadline;
+ * the running round's are taken; the rest (a round accepted, not yet
+ * confirmed) wait for the next event. Runs after every formation event and
+ * on every lane's first message. */
+static void sort_lanes(st__daemon_t* d) {
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next) {
+    if (c->initiator || c->purpose != ST__CONN_RING || c->closing ||
+        c->ring_lanes == 0 || c->ring_round != 0)
+      continue;
+    st_ring_lane_verdict_t v =
+        st_ring_form_lane(d->rf, c->ring_lane_round, &c->peer);
+    if (v == ST_RING_LANE_WAIT)
+      continue;
+    /* TAKE while the machine is over (its delta not yet applied) or was
+     * never made (it could not start): refused too. */
+    if (v == ST_RING_LANE_TAKE && d->ring != NULL && !d->ring_done &&
+        d->ring_round == c->ring_lane_round) {
+      attach_prev(d, c);
+      continue;
+    }
+    d->c.ring_lanes_refused++;
+    st__conn_close(c);
+  }
 }
 
 static uint32_t lanes_of(const st__daemon_t* d) {
@@ -347,11 +372,7 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
       c->ring_lanes = lanes;
       d->ring_next[k] = c;
     }
-    /* Lanes of the previous member may already be here. */
-    for (st__conn_t* c = d->conns; c != NULL && !d->ring_done; c = c->next)
-      if (!c->initiator && c->purpose == ST__CONN_RING && !c->closing &&
-          c->ring_lanes > 0 && c->ring_lane_round == a->round_id)
-        attach_prev(d, c);
+    sort_lanes(d); /* lanes of the previous member may already be here */
   }
   drain_ring(d);
   feed_held(d);
@@ -378,6 +399,7 @@ void st__ring_drain_form(st__daemon_t* d) {
       }
     }
   }
+  sort_lanes(d);
 }
 
 void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
@@ -473,8 +495,7 @@ void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     c->ring_lane_round = m.u.ring_lane.round_id;
     c->ring_lane = m.u.ring_lane.lane;
     c->ring_lanes = m.u.ring_lane.lanes;
-    if (d->ring != NULL && !d->ring_done && d->ring_round == c->ring_lane_round)
-      attach_prev(d, c);
+    sort_lanes(d);
     return;
   }
   if (c->ring_held != NULL) {

@@ -1,6 +1,5 @@
-/* bench_common.c: pieces the benchmarks of `starling-bench` share: blocking
- * socket I/O and the stream cipher's rates on one core (the figure the
- * exchange and ring benchmarks compare against). Internal to tools/. */
+/* bench_common.c: the stream cipher's rates on one core, the figure the
+ * exchange and ring benchmarks compare against. Internal to tools/. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -13,32 +12,6 @@
 #include "tools/cli.h"
 
 #define FRAME_BYTES ST__BENCH_FRAME_BYTES
-
-int st__bench_write_all(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -EIO;
-    p += w;
-    n -= (size_t) w;
-  }
-  return 0;
-}
-
-int st__bench_read_all(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -EIO;
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
 
 /* Seal and open rates, bytes/s of 1 MiB frames on one core (the frames
  * the ring sends), best of 3 runs of 32 frames, before any member runs. */

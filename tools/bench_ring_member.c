@@ -67,7 +67,6 @@
 #define MAX_LANES ST__BENCH_RING_MAX_LANES
 #define OUT_SLOTS ST__BENCH_RING_MAX_IN_FLIGHT
 #define IN_SLOTS 4u
-#define HS_FRAME_MAX 512u /* as node/daemon_conn.c: a handshake message */
 /* Every blocking socket call gives up after this long, so a member whose
  * neighbour died fails instead of hanging (the parent bounds the run too). */
 #define IO_TIMEOUT_S 60
@@ -161,95 +160,20 @@ static void tune(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-/* A handshake message as the daemon frames it (send_plain). */
-static int send_hs(int fd, const st_msg_t* msg) {
-  uint8_t buf[4 + HS_FRAME_MAX];
-  size_t len = 0;
-  int rc = st_wire_encode(msg, buf + 4, HS_FRAME_MAX, &len);
-  if (rc != 0)
-    return rc;
-  buf[0] = (uint8_t) (len >> 24);
-  buf[1] = (uint8_t) (len >> 16);
-  buf[2] = (uint8_t) (len >> 8);
-  buf[3] = (uint8_t) len;
-  return st__bench_write_all(fd, buf, len + 4);
-}
-
-static int recv_hs(int fd, st_msg_type_t want, st_msg_t* msg) {
-  uint8_t buf[HS_FRAME_MAX];
-  uint8_t lb[4];
-  if (st__bench_read_all(fd, lb, 4) != 0)
-    return -EIO;
-  size_t len =
-      (size_t) lb[0] << 24 | (size_t) lb[1] << 16 | (size_t) lb[2] << 8 | lb[3];
-  if (len == 0 || len > HS_FRAME_MAX || st__bench_read_all(fd, buf, len) != 0)
-    return -EBADMSG;
-  if (st_wire_decode(buf, len, msg, NULL) != 0)
-    return -EBADMSG;
-  if (msg->type != want) {
-    st_wire_msg_free(msg);
-    return -EPROTO;
-  }
-  return 0;
-}
-
-/* The handshake on a connected socket, then both stream headers. The
- * stream of the unused direction is wiped at once. */
+/* The handshake on a connected socket, then both stream headers, checking
+ * that the peer is the member expected. Data flows one way: the stream of
+ * the direction that carries nothing is wiped at once. */
 static int handshake(lane_t* l, int fd, bool initiator, uint32_t peer) {
-  member_t* m = l->m;
-  const st__ring_member_cfg_t* c = m->cfg;
-  st_handshake_t hs;
-  st_session_t s;
-  st_stream_t unused; /* the direction that carries nothing */
-  st_msg_t in, out;
-  memset(&s, 0, sizeof(s));
-  memset(&unused, 0, sizeof(unused));
-  memset(&out, 0, sizeof(out));
-  int rc = st_handshake_init(&hs, initiator ? ST_HS_INITIATOR : ST_HS_RESPONDER,
-                             &c->identities[c->rank], c->keys, NULL, NULL);
-  if (rc != 0)
-    goto done;
-  if (initiator) {
-    out.type = ST_MSG_HS1;
-    if ((rc = st_handshake_write_msg1(&hs, &out.u.hs1)) != 0 ||
-        (rc = send_hs(fd, &out)) != 0 ||
-        (rc = recv_hs(fd, ST_MSG_HS2, &in)) != 0 ||
-        (rc = st_handshake_read_msg2(&hs, &in.u.hs2)) != 0)
-      goto done;
-    out.type = ST_MSG_HS3;
-    if ((rc = st_handshake_write_msg3(&hs, &out.u.hs3)) != 0 ||
-        (rc = send_hs(fd, &out)) != 0)
-      goto done;
-  } else {
-    if ((rc = recv_hs(fd, ST_MSG_HS1, &in)) != 0 ||
-        (rc = st_handshake_read_msg1(&hs, &in.u.hs1)) != 0)
-      goto done;
-    out.type = ST_MSG_HS2;
-    if ((rc = st_handshake_write_msg2(&hs, &out.u.hs2)) != 0 ||
-        (rc = send_hs(fd, &out)) != 0 ||
-        (rc = recv_hs(fd, ST_MSG_HS3, &in)) != 0 ||
-        (rc = st_handshake_read_msg3(&hs, &in.u.hs3)) != 0)
-      goto done;
-  }
-  if ((rc = st_handshake_finish(&hs, &s)) != 0)
-    goto done;
-  /* As the daemon does with the member it dialled: the right peer? */
-  if (memcmp(&s.peer_id, &c->identities[peer].id, sizeof(s.peer_id)) != 0) {
+  const st__ring_member_cfg_t* c = l->m->cfg;
+  st_node_id_t got;
+  int rc =
+      st__bench_handshake(fd, initiator, &c->identities[c->rank], c->keys, &got,
+                          initiator ? &l->tx : NULL, initiator ? NULL : &l->rx);
+  if (rc == 0 && memcmp(&got, &c->identities[peer].id, sizeof(got)) != 0) {
+    /* As the daemon does with the member it dialled. */
+    st_stream_wipe(initiator ? &l->tx : &l->rx);
     rc = -EACCES;
-    goto done;
   }
-  uint8_t mine[ST_STREAM_HEADER_BYTES], theirs[ST_STREAM_HEADER_BYTES];
-  if ((rc = st_stream_tx_init(initiator ? &l->tx : &unused, s.tx_key, mine)) !=
-          0 ||
-      (rc = st__bench_write_all(fd, mine, sizeof(mine))) != 0 ||
-      (rc = st__bench_read_all(fd, theirs, sizeof(theirs))) != 0 ||
-      (rc = st_stream_rx_init(initiator ? &unused : &l->rx, s.rx_key,
-                              theirs)) != 0)
-    goto done;
-done:
-  st_stream_wipe(&unused);
-  st_handshake_wipe(&hs);
-  st_session_wipe(&s);
   return rc;
 }
 

@@ -224,6 +224,9 @@ typedef struct {
   const char* want;     /* the actions */
   char state;           /* i p a r */
   const char* counters; /* "name=value ...", checked when given */
+  const char* lanes;    /* "<from>:<tag>=<R|W|T> ...": st_ring_form_lane's
+                           verdict on a lane of round tag from that node,
+                           checked after the step when given */
 } step_t;
 
 typedef struct {
@@ -236,6 +239,46 @@ typedef struct {
   .op = 'm', .msg = msg_, .from = from_, .round = round_, .list = list_
 
 static const rule_t rules[] = {
+    {"lanes: wait while accepted, take only from the previous member",
+     '3',
+     {{.op = 'm',
+       .msg = 'N',
+       .from = '1',
+       .want = "",
+       .state = 'i',
+       .rc = -EBADMSG,
+       .lanes = "1:1=R 2:1=R"},
+      {M('P', '1', 1, "1345"), .want = "A1:1 T250", .state = 'a',
+       .lanes = "1:1=W 4:1=W 5:1=W 2:1=R 1:2=R 3:1=R"},
+      {M('C', '1', 1, "135"), .at = 10, .want = "S:1=135/1", .state = 'r',
+       .lanes = "1:1=T 5:1=R 4:1=R 1:2=R 3:1=R"},
+      {.op = 'o',
+       .round = 1,
+       .at = 20,
+       .want = "",
+       .state = 'i',
+       .lanes = "1:1=R"}}},
+    {"lanes: rank 0 takes from the last member; a refused round's are refused",
+     '1',
+     {{.op = 'p',
+       .list = "32",
+       .want = "P2:0=123 P3:0=123 T250",
+       .state = 'p',
+       .lanes = "3:0=R 2:0=R"},
+      {M('A', '2', 0, NULL), .want = "", .state = 'p'},
+      {M('A', '3', 0, NULL), .want = "C2:0=123 C3:0=123 S:0=123/0",
+       .state = 'r', .lanes = "3:0=T 2:0=R 3:1=R"},
+      {M('P', '0', 1, "013"), .want = "a0:1", .state = 'r',
+       .counters = "refused=1", .lanes = "0:1=R 3:0=T"}}},
+    {"lanes: an accepted round given up is refused",
+     '3',
+     {{M('P', '1', 1, "13"), .want = "A1:1 T250", .state = 'a',
+       .lanes = "1:1=W"},
+      {.op = 't', .at = 2000, .want = "", .state = 'i', .lanes = "1:1=R"},
+      {M('P', '2', 2, "23"), .at = 2100, .want = "A2:2 T2350", .state = 'a',
+       .lanes = "2:2=W 1:1=R"},
+      {M('X', '2', 2, NULL), .at = 2200, .want = "", .state = 'i',
+       .lanes = "2:2=R"}}},
     {"idle accepts; its confirm starts it",
      '3',
      {{M('P', '1', 1, "134"), .want = "A1:1 T250", .state = 'a'},
@@ -550,6 +593,21 @@ static void check_counters(const st_ring_form_t* f, const char* spec,
   }
 }
 
+static void check_lanes(const h_t* h, const char* spec, const char* where) {
+  static const char verdict[] = {[ST_RING_LANE_REFUSE] = 'R',
+                                 [ST_RING_LANE_WAIT] = 'W',
+                                 [ST_RING_LANE_TAKE] = 'T'};
+  char from, want;
+  int tag, used;
+  for (const char* p = spec;
+       sscanf(p, " %c:%d=%c%n", &from, &tag, &want, &used) == 3; p += used) {
+    st_node_id_t id = id_of(from);
+    st_ring_lane_verdict_t v = st_ring_form_lane(h->f, tag_round(h, tag), &id);
+    ck_assert_msg(verdict[v] == want, "%s: lane %c:%d %c, want %c", where, from,
+                  tag, verdict[v], want);
+  }
+}
+
 static char state_char(st_ring_form_state_t s) {
   return st_ring_form_state_name(s)[0] == 'p'   ? 'p'
          : st_ring_form_state_name(s)[0] == 'a' ? 'a'
@@ -608,6 +666,8 @@ static void run_rule(const rule_t* r) {
     ck_assert_msg(st == s->state, "%s: state %c, want %c", where, st, s->state);
     if (s->counters != NULL)
       check_counters(h.f, s->counters, where);
+    if (s->lanes != NULL)
+      check_lanes(&h, s->lanes, where);
   }
   st_ring_form_free(h.f);
 }

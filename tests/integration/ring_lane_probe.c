@@ -1,0 +1,179 @@
+/* ring_lane_probe.c: a test client that opens a ring lane to a running
+ * `starling node` as a cluster-key holder would, and reports how the node
+ * answers (tests/integration/test_node_ring_lanes.sh).
+ *
+ *   ring_lane_probe --cluster-key PATH --connect HOST:PORT
+ *                   [--round HEX] [--lane K --lanes L] [--wait S]
+ *
+ * Dials HOST:PORT, runs the daemon's handshake under the cluster key with a
+ * fresh identity (so it is no member of any round), sends RING_LANE
+ * [round, K, L] as the lane's first frame (round: --round, else a random
+ * one), then waits up to S seconds (default 10) for the node to close the
+ * connection. Prints one JSON object:
+ *   {"peer":"<node id>","closed":true|false,"after_ms":<ms from the
+ *    RING_LANE frame to the close, or null>}
+ * Exit status: 0 closed, 3 still open after S seconds, 1 the connection or
+ * handshake failed, 2 bad usage. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crypto/crypto.h"
+#include "gossip/gossip.h"
+#include "tools/bench.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static int usage(const char* why) {
+  fprintf(stderr,
+          "ring_lane_probe: %s\nusage: ring_lane_probe --cluster-key PATH "
+          "--connect HOST:PORT [--round HEX] [--lane K --lanes L] "
+          "[--wait S]\n",
+          why);
+  return 2;
+}
+
+static int dial(const char* hostport) {
+  char host[64];
+  const char* colon = strrchr(hostport, ':');
+  if (colon == NULL || (size_t) (colon - hostport) >= sizeof(host))
+    return -1;
+  memcpy(host, hostport, (size_t) (colon - hostport));
+  host[colon - hostport] = '\0';
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t) atoi(colon + 1));
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+    return -1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr*) &a, sizeof(a)) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* Waits until the peer closes fd (a read returns 0 or fails), at most
+ * wait_s seconds; true when it did. Anything the node sends is read and
+ * dropped (it sends nothing on a lane it accepted). */
+static bool wait_close(int fd, double wait_s) {
+  double end = now_s() + wait_s;
+  uint8_t buf[4096];
+  for (;;) {
+    double left = end - now_s();
+    if (left <= 0)
+      return false;
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = poll(&p, 1, (int) (left * 1000) + 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return r == 0 ? false : true;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return true;
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* key_path = NULL;
+  const char* target = NULL;
+  uint64_t round = 0;
+  uint32_t lane = 0, lanes = 1;
+  double wait_s = 10;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (v == NULL)
+      return usage("every option takes a value");
+    if (strcmp(a, "--cluster-key") == 0)
+      key_path = v;
+    else if (strcmp(a, "--connect") == 0)
+      target = v;
+    else if (strcmp(a, "--round") == 0)
+      round = strtoull(v, NULL, 16);
+    else if (strcmp(a, "--lane") == 0)
+      lane = (uint32_t) strtoul(v, NULL, 10);
+    else if (strcmp(a, "--lanes") == 0)
+      lanes = (uint32_t) strtoul(v, NULL, 10);
+    else if (strcmp(a, "--wait") == 0)
+      wait_s = strtod(v, NULL);
+    else
+      return usage("unknown option");
+    i++;
+  }
+  if (key_path == NULL || target == NULL)
+    return usage("--cluster-key and --connect are required");
+  char err[256];
+  st_cluster_key_t ck;
+  st_keyring_t keys;
+  st_identity_t me;
+  if (st_crypto_init() != 0 ||
+      st_cluster_key_load(key_path, &ck, err, sizeof(err)) != 0 ||
+      st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0 ||
+      st_identity_generate(&me) != 0) {
+    fprintf(stderr, "ring_lane_probe: keys: %s\n", err);
+    return 1;
+  }
+  if (round == 0) /* a random round: from the fresh identity's id */
+    memcpy(&round, me.id.b, sizeof(round));
+  int fd = dial(target);
+  if (fd < 0) {
+    fprintf(stderr, "ring_lane_probe: cannot connect to %s\n", target);
+    return 1;
+  }
+  st_node_id_t peer;
+  st_stream_t tx;
+  int rc = st__bench_handshake(fd, true, &me, &keys, &peer, &tx, NULL);
+  if (rc != 0) {
+    fprintf(stderr, "ring_lane_probe: handshake with %s failed (%d)\n", target,
+            rc);
+    close(fd);
+    return 1;
+  }
+  st_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = ST_MSG_RING_LANE;
+  m.u.ring_lane.round_id = round;
+  m.u.ring_lane.lane = lane;
+  m.u.ring_lane.lanes = lanes;
+  uint8_t msg[64], frame[64 + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES];
+  size_t len = 0, flen = 0;
+  if (st_wire_encode(&m, msg, sizeof(msg), &len) != 0 ||
+      st_stream_seal_frame(&tx, msg, len, false, frame, sizeof(frame), &flen) !=
+          0 ||
+      st__bench_write_all(fd, frame, flen) != 0) {
+    fprintf(stderr, "ring_lane_probe: sending RING_LANE failed\n");
+    close(fd);
+    return 1;
+  }
+  double t0 = now_s();
+  bool closed = wait_close(fd, wait_s);
+  double ms = (now_s() - t0) * 1e3;
+  char id[33];
+  st_node_id_format(&peer, id);
+  if (closed)
+    printf("{\"peer\":\"%s\",\"closed\":true,\"after_ms\":%.1f}\n", id, ms);
+  else
+    printf("{\"peer\":\"%s\",\"closed\":false,\"after_ms\":null}\n", id);
+  st_stream_wipe(&tx);
+  st_identity_wipe(&me);
+  st_keyring_wipe(&keys);
+  st_cluster_key_wipe(&ck);
+  close(fd);
+  return closed ? 0 : 3;
+}
