@@ -95,11 +95,11 @@ int main(int argc, char** argv) {
   uint64_t round = 0;
   uint32_t lane = 0, lanes = 1;
   double wait_s = 10;
-  for (int i = 1; i < argc; i++) {
+  if (argc % 2 == 0)
+    return usage("every option takes a value");
+  for (int i = 1; i + 1 < argc; i += 2) {
     const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (v == NULL)
-      return usage("every option takes a value");
+    const char* v = argv[i + 1];
     if (strcmp(a, "--cluster-key") == 0)
       key_path = v;
     else if (strcmp(a, "--connect") == 0)
@@ -114,7 +114,6 @@ int main(int argc, char** argv) {
       wait_s = strtod(v, NULL);
     else
       return usage("unknown option");
-    i++;
   }
   if (key_path == NULL || target == NULL)
     return usage("--cluster-key and --connect are required");
