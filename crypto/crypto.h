@@ -89,6 +89,8 @@ typedef enum {
   ST_DROP_PACKET_REPLAY,       /* counter already seen or below the window */
   ST_DROP_PACKET_OLD_EPOCH,    /* boot epoch older than one already seen */
   ST_DROP_PACKET_SENDERS_FULL, /* replay table full: sender not tracked */
+  ST_DROP_PACKET_SIGNATURE,    /* the sender's signature does not verify, or
+                                  the sender id is not its key's */
   /* TCP handshake */
   ST_DROP_HS_MALFORMED,   /* wrong version, sizes, or order */
   ST_DROP_HS_KEY_ID,      /* unknown cluster key id */
@@ -203,11 +205,14 @@ void st_allowlist_free(st_allowlist_t* list);
 /* ==== UDP packets
  * ================================================================ */
 
-#define ST_PACKET_VERSION 2
+#define ST_PACKET_VERSION 3
 #define ST_PACKET_MAX_BYTES 1400
-#define ST_PACKET_HEADER_BYTES 59 /* version .. nonce */
+#define ST_PACKET_HEADER_BYTES 91 /* version .. nonce */
 #define ST_PACKET_TAG_BYTES 16
-#define ST_PACKET_OVERHEAD (ST_PACKET_HEADER_BYTES + ST_PACKET_TAG_BYTES)
+/* The sender's Ed25519 signature, after the tag (docs/security.md). */
+#define ST_PACKET_SIGNATURE_BYTES ST_SIGNATURE_BYTES
+#define ST_PACKET_OVERHEAD \
+  (ST_PACKET_HEADER_BYTES + ST_PACKET_TAG_BYTES + ST_PACKET_SIGNATURE_BYTES)
 #define ST_PACKET_MAX_PLAINTEXT (ST_PACKET_MAX_BYTES - ST_PACKET_OVERHEAD)
 
 /* Whom a packet is addressed to: the receiver kind byte of the header,
@@ -224,7 +229,9 @@ typedef enum {
 } st_packet_to_t;
 
 typedef struct {
-  st_node_id_t sender;
+  st_node_id_t sender; /* proven: the packet is signed by sender_key, and
+                          sender is that key's node id */
+  uint8_t sender_key[ST_PUBLIC_KEY_BYTES]; /* Ed25519, for an allow-list */
   uint64_t boot_epoch;
   uint64_t counter;
   uint8_t key_id;
@@ -233,11 +240,12 @@ typedef struct {
   uint8_t to_kind;
 } st_packet_header_t;
 
-/* What a node needs to seal: its keyring (borrowed), id, boot epoch and
- * the next counter (starts at 0, incremented per sealed packet). */
+/* What a node needs to seal: its keyring and identity (both borrowed: the
+ * identity's id is the sender id, its key signs every packet), boot epoch
+ * and the next counter (starts at 0, incremented per sealed packet). */
 typedef struct {
   const st_keyring_t* keys;
-  st_node_id_t self;
+  const st_identity_t* identity;
   uint64_t boot_epoch;
   uint64_t counter;
 } st_packet_sealer_t;
@@ -266,10 +274,14 @@ void st_replay_table_free(st_replay_table_t* t);
 void st_replay_table_forget(st_replay_table_t* t, const st_node_id_t* sender);
 
 /* Checks and opens a packet addressed to self (this node's id, borrowed):
- * size, version, key id, receiver kind, the replay window (checked before
- * and updated only after authentication), then decrypts into plain (cap
- * >= len - ST_PACKET_OVERHEAD). A packet sealed for another receiver
- * fails authentication (ST_DROP_PACKET_AUTH). On success fills *hdr and
+ * size, version, key id, receiver kind, that the sender id is its public
+ * key's, the replay window (checked before and updated only after
+ * authentication), then decrypts into plain (cap >= len -
+ * ST_PACKET_OVERHEAD) and verifies the sender's signature. A packet sealed
+ * for another receiver fails authentication (ST_DROP_PACKET_AUTH); one
+ * that names a sender whose key did not sign it, ST_DROP_PACKET_SIGNATURE
+ * (a cluster-key holder cannot speak for another member). On success fills
+ * *hdr and
  * *plain_len; hdr->to_kind == ST_PACKET_TO_UNKNOWN says the packet was not
  * bound to this node, and the caller must then accept only a join
  * message. On rejection increments the matching counter in c (may be

@@ -1,19 +1,22 @@
 /* packet.c: sealed UDP packets (crypto.h, "UDP packets"; docs/security.md).
  *
- * A packet is a 35-byte cleartext header (version, key id, receiver kind,
- * sender id, boot epoch, counter), a random 24-byte nonce and an
- * XChaCha20-Poly1305-IETF ciphertext (RFC 8439 with the XChaCha20
- * extension of draft-irtf-cfrg-xchacha) whose associated data is the
- * 35-byte header followed by the 16-byte id of the receiver. That id is
- * not sent: the receiver uses its own, which binds every packet to the one
- * node it was sealed for (a packet redirected to another member fails the
- * tag there). The key is the keyring's packet subkey of the cluster key
- * the key id names.
+ * A packet is a 67-byte cleartext header (version, key id, receiver kind,
+ * sender id, boot epoch, counter, sender public key), a random 24-byte
+ * nonce, an XChaCha20-Poly1305-IETF ciphertext (RFC 8439 with the
+ * XChaCha20 extension of draft-irtf-cfrg-xchacha) whose associated data is
+ * the 67-byte header followed by the 16-byte id of the receiver, and the
+ * sender's Ed25519 signature of all that precedes it followed by the same
+ * receiver id. That id is not sent: the receiver uses its own, which binds
+ * every packet to the one node it was sealed for (a packet redirected to
+ * another member fails the tag there). The key is the keyring's packet
+ * subkey of the cluster key the key id names; the signature says which
+ * key holder sent it (the sender id must be its public key's node id).
  *
  * Opening follows WireGuard's order for transport data: cheap checks
  * first, the key looked up by its id (never tried), the receiver id picked
- * by the kind byte (never tried), the replay window checked but not
- * touched, then authentication, and only after it the window updated.
+ * by the kind byte (never tried), the sender id checked against its key,
+ * the replay window checked but not touched, then authentication under the
+ * cluster key, then the signature, and only after both the window updated.
  * Nothing past the fixed header is read before the tag is verified, and
  * every rejection is counted under its reason. */
 #include <errno.h>
@@ -23,6 +26,11 @@
 #include "crypto/constants.h"
 #include "crypto/crypto_internal.h"
 #include "crypto/packet_internal.h"
+
+/* The largest message a signature covers: a whole packet without its
+ * signature, then the receiver id. */
+#define SIGNED_MAX \
+  (ST_PACKET_MAX_BYTES - ST_PACKET_SIGNATURE_BYTES + ST_NODE_ID_BYTES)
 
 static void store64_le(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; i++)
@@ -47,6 +55,15 @@ static void make_ad(uint8_t ad[ST__PKT_AD_BYTES], const uint8_t* header,
     memset(ad + ST__PKT_HEADER_AD_BYTES, 0, ST_NODE_ID_BYTES);
 }
 
+/* What the signature covers: the packet up to the signature (body_len
+ * bytes), then the receiver id of the associated data. */
+static size_t signed_message(uint8_t out[SIGNED_MAX], const uint8_t* packet,
+                             size_t body_len, const uint8_t* ad) {
+  memcpy(out, packet, body_len);
+  memcpy(out + body_len, ad + ST__PKT_HEADER_AD_BYTES, ST_NODE_ID_BYTES);
+  return body_len + ST_NODE_ID_BYTES;
+}
+
 /* ---- Sealing ----------------------------------------------------------------
  */
 
@@ -54,8 +71,8 @@ int st__packet_seal_with_nonce(st_packet_sealer_t* s, const st_node_id_t* to,
                                const uint8_t nonce[24], const uint8_t* plain,
                                size_t len, uint8_t* out, size_t out_cap,
                                size_t* out_len) {
-  if (s == NULL || s->keys == NULL || out == NULL || out_len == NULL ||
-      (plain == NULL && len > 0))
+  if (s == NULL || s->keys == NULL || s->identity == NULL || out == NULL ||
+      out_len == NULL || (plain == NULL && len > 0))
     return -EINVAL;
   /* "Unknown" is said with NULL, never with a zero id: a zero id is what
    * an unset field looks like, and refusing it keeps sealing for "any
@@ -75,9 +92,11 @@ int st__packet_seal_with_nonce(st_packet_sealer_t* s, const st_node_id_t* to,
   out[ST__PKT_OFF_KEY_ID] = s->keys->current.id;
   out[ST__PKT_OFF_TO_KIND] =
       (uint8_t) (to != NULL ? ST_PACKET_TO_NODE : ST_PACKET_TO_UNKNOWN);
-  memcpy(out + ST__PKT_OFF_SENDER, s->self.b, ST_NODE_ID_BYTES);
+  memcpy(out + ST__PKT_OFF_SENDER, s->identity->id.b, ST_NODE_ID_BYTES);
   store64_le(out + ST__PKT_OFF_EPOCH, s->boot_epoch);
   store64_le(out + ST__PKT_OFF_COUNTER, s->counter);
+  memcpy(out + ST__PKT_OFF_SENDER_KEY, s->identity->public_key,
+         ST_PUBLIC_KEY_BYTES);
   memcpy(out + ST__PKT_OFF_NONCE, nonce, ST__PKT_NONCE_BYTES);
   uint8_t ad[ST__PKT_AD_BYTES];
   make_ad(ad, out, to);
@@ -88,8 +107,12 @@ int st__packet_seal_with_nonce(st_packet_sealer_t* s, const st_node_id_t* to,
   crypto_aead_xchacha20poly1305_ietf_encrypt(
       out + ST__PKT_OFF_CIPHERTEXT, &clen, plain, len, ad, sizeof(ad), NULL,
       out + ST__PKT_OFF_NONCE, s->keys->packet_key[0]);
+  size_t body = ST__PKT_OFF_CIPHERTEXT + (size_t) clen;
+  uint8_t m[SIGNED_MAX];
+  size_t slen = signed_message(m, out, body, ad);
+  crypto_sign_detached(out + body, NULL, m, slen, s->identity->secret_key);
   s->counter++;
-  *out_len = ST__PKT_OFF_CIPHERTEXT + (size_t) clen;
+  *out_len = body + ST_PACKET_SIGNATURE_BYTES;
   return 0;
 }
 
@@ -160,10 +183,18 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
     return -EBADMSG;
   }
 
-  /* 5. Replay window, checked only: these fields are not authenticated
-   * yet, so nothing may change on their word. */
-  st_node_id_t sender;
+  /* 5. The sender id must be its public key's (the signature, checked
+   * last, proves the key): one BLAKE2b of 32 bytes. */
+  st_node_id_t sender, of_key;
   memcpy(sender.b, in + ST__PKT_OFF_SENDER, ST_NODE_ID_BYTES);
+  st_node_id_from_public_key(in + ST__PKT_OFF_SENDER_KEY, &of_key);
+  if (sodium_memcmp(sender.b, of_key.b, ST_NODE_ID_BYTES) != 0) {
+    st__crypto_count(c, ST_DROP_PACKET_SIGNATURE);
+    return -EBADMSG;
+  }
+
+  /* 6. Replay window, checked only: these fields are not authenticated
+   * yet, so nothing may change on their word. */
   uint64_t epoch = load64_le(in + ST__PKT_OFF_EPOCH);
   uint64_t counter = load64_le(in + ST__PKT_OFF_COUNTER);
   int rc = st__replay_check(replay, &sender, epoch, counter);
@@ -172,20 +203,32 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
     return rc;
   }
 
-  /* 6. Authenticate and decrypt; the associated data is the header and
+  /* 7. Authenticate and decrypt; the associated data is the header and
    * this node's id, so a packet sealed for another node fails here. */
   uint8_t ad[ST__PKT_AD_BYTES];
   make_ad(ad, in, to_kind == ST_PACKET_TO_NODE ? self : NULL);
+  size_t body = len - ST_PACKET_SIGNATURE_BYTES;
   unsigned long long got = 0;
   if (crypto_aead_xchacha20poly1305_ietf_decrypt(
           plain, &got, NULL, in + ST__PKT_OFF_CIPHERTEXT,
-          len - ST_PACKET_HEADER_BYTES, ad, sizeof(ad), in + ST__PKT_OFF_NONCE,
+          body - ST__PKT_OFF_CIPHERTEXT, ad, sizeof(ad), in + ST__PKT_OFF_NONCE,
           keys->packet_key[slot]) != 0) {
     st__crypto_count(c, ST_DROP_PACKET_AUTH);
     return -EBADMSG;
   }
 
-  /* 7. Authentic: now the window may move. It cannot refuse what the
+  /* 8. The sender's signature: a cluster-key holder cannot sign for
+   * another member. */
+  uint8_t m[SIGNED_MAX];
+  size_t slen = signed_message(m, in, body, ad);
+  if (crypto_sign_verify_detached(in + body, m, slen,
+                                  in + ST__PKT_OFF_SENDER_KEY) != 0) {
+    sodium_memzero(plain, (size_t) got);
+    st__crypto_count(c, ST_DROP_PACKET_SIGNATURE);
+    return -EBADMSG;
+  }
+
+  /* 9. Authentic: now the window may move. It cannot refuse what the
    * check accepted (nothing ran in between), but its answer is checked
    * anyway and the plaintext wiped if it does. */
   rc = st__replay_update(replay, &sender, epoch, counter);
@@ -196,6 +239,7 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
   }
   *plain_len = (size_t) got;
   hdr->sender = sender;
+  memcpy(hdr->sender_key, in + ST__PKT_OFF_SENDER_KEY, ST_PUBLIC_KEY_BYTES);
   hdr->boot_epoch = epoch;
   hdr->counter = counter;
   hdr->key_id = in[ST__PKT_OFF_KEY_ID];

@@ -366,7 +366,7 @@ static int load_keys(st__daemon_t* d, char* err, size_t err_len) {
   if (rc != 0)
     return rc;
   d->sealer.keys = &d->keys;
-  d->sealer.self = d->ident.id;
+  d->sealer.identity = &d->ident;
   d->sealer.boot_epoch = d->boot_epoch;
   d->sealer.counter = 0;
   return 0;

@@ -215,6 +215,12 @@ static void recv_cb(uv_udp_t* u, ssize_t nread, const uv_buf_t* buf,
     d->c.udp_unbound++;
     return;
   }
+  /* The packet is signed by its sender's identity key: with an allow-list,
+   * a cluster-key holder not on it is not heard over UDP either. */
+  if (d->allow != NULL && !st_allowlist_contains(d->allow, hdr.sender_key)) {
+    d->c.udp_not_allowed++;
+    return;
+  }
   st__net_heard(d, &hdr.sender);
   /* A ring formation message travels alone in its packet. */
   if (plain_len > 2 && is_ring_form(plain, plain_len)) {

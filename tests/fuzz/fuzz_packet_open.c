@@ -26,9 +26,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_keyring(&ring, 0x42);
     if (st_replay_table_new(64, &replay) != 0)
       abort();
-    st_identity_t self;
+    static st_identity_t self; /* the sealer borrows it */
     fuzz_identity(&self, 0x01);
-    sealer = (st_packet_sealer_t){&ring, self.id, 7, 0};
+    sealer = (st_packet_sealer_t){&ring, &self, 7, 0};
     fuzz_identity(&receiver, 0x02);
     ready = 1;
   }

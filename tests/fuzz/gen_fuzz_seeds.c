@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   st_identity_t self, receiver;
   fuzz_identity(&self, 0x01);
   fuzz_identity(&receiver, 0x02);
-  st_packet_sealer_t sealer = {&ring, self.id, 7, 0};
+  st_packet_sealer_t sealer = {&ring, &self, 7, 0};
   const uint8_t mode1_unknown = 3;
   for (size_t i = 0; i < n; i++) {
     if (lens[i] > ST_PACKET_MAX_PLAINTEXT)

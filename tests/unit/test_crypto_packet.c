@@ -33,7 +33,7 @@ static void fixture_init(fixture_t* f, size_t max_senders) {
   ck_assert_int_eq(st_keyring_init(&f->ring, &f->key, NULL, NULL, 0), 0);
   ck_assert_int_eq(st_identity_generate(&f->id), 0);
   f->sealer.keys = &f->ring;
-  f->sealer.self = f->id.id;
+  f->sealer.identity = &f->id;
   f->sealer.boot_epoch = 1000;
   st_identity_t receiver;
   ck_assert_int_eq(st_identity_generate(&receiver), 0);
@@ -187,9 +187,10 @@ static uint64_t le64(const uint8_t* p) {
 /* A flip at every position, with several masks, against a sender whose
  * window holds counters 0..9 except 5, epoch 1000; the packet under test
  * has counter 10. The expected reason follows the open order: version,
- * key id, receiver kind, replay check on the (altered) epoch and counter,
- * then the tag (a kind flipped from "this node" to "unknown" changes the
- * associated data, so it fails there). */
+ * key id, receiver kind, the sender id against its public key, replay
+ * check on the (altered) epoch and counter, then the tag (a kind flipped
+ * from "this node" to "unknown" changes the associated data, so it fails
+ * there), then the signature. */
 START_TEST(test_flip_every_byte) {
   static const uint8_t masks[] = {0x01, 0x02, 0x0f, 0x80, 0xff};
   fixture_t f;
@@ -217,6 +218,8 @@ START_TEST(test_flip_every_byte) {
       } else if (pos == 2) {
         if (bad[2] > ST_PACKET_TO_UNKNOWN)
           r = ST_DROP_PACKET_VERSION;
+      } else if (pos >= 3 && pos < 19) {
+        r = ST_DROP_PACKET_SIGNATURE; /* the id is not its key's */
       } else if (pos >= 19 && pos < 27) {
         if (le64(bad + 19) < 1000)
           r = ST_DROP_PACKET_OLD_EPOCH;
@@ -224,6 +227,10 @@ START_TEST(test_flip_every_byte) {
         uint64_t ctr = le64(bad + 27);
         if (ctr < 10 && ctr != 5)
           r = ST_DROP_PACKET_REPLAY;
+      } else if (pos >= 35 && pos < 67) {
+        r = ST_DROP_PACKET_SIGNATURE; /* the key is not the id's */
+      } else if (pos >= n - ST_PACKET_SIGNATURE_BYTES) {
+        r = ST_DROP_PACKET_SIGNATURE; /* the tag holds, the signature not */
       }
       want.drops[r]++;
       int rc = open_pkt(&f, bad, n);
@@ -237,6 +244,7 @@ START_TEST(test_flip_every_byte) {
   /* Every reason the header can produce occurred. */
   ck_assert_uint_gt(want.drops[ST_DROP_PACKET_OLD_EPOCH], 0);
   ck_assert_uint_gt(want.drops[ST_DROP_PACKET_REPLAY], 0);
+  ck_assert_uint_gt(want.drops[ST_DROP_PACKET_SIGNATURE], 0);
   /* The failures moved no window: the original opens, once. */
   ck_assert_int_eq(open_pkt(&f, pkt, n), 0);
   ck_assert_int_eq(open_pkt(&f, pkt, n), -EALREADY);
@@ -274,6 +282,52 @@ START_TEST(test_wrong_cluster_key) {
   /* The right key still opens it. */
   ck_assert_int_eq(open_pkt(&f, pkt, n), 0);
   st_keyring_wipe(&ring);
+  fixture_close(&f);
+}
+END_TEST
+
+/* A cluster-key holder M speaking for another member V: with V's id
+ * beside its own key (the id is not the key's), and with V's id and key
+ * but signed with its own (the tag holds, the signature not). Both are
+ * dropped as packet_signature, and neither moves V's window, not even with
+ * a far-future boot epoch: V's next real packet still opens. */
+START_TEST(test_forged_sender_refused) {
+  fixture_t f; /* f.id is V */
+  fixture_init(&f, 4);
+  st_identity_t m;
+  ck_assert_int_eq(st_identity_generate(&m), 0);
+  uint8_t msg[4] = {1, 2, 3, 4};
+  uint8_t pkt[ST_PACKET_MAX_BYTES], nonce[24] = {0};
+  size_t n = 0;
+  for (int k = 0; k < 2; k++) {
+    st_identity_t forged = m;
+    forged.id = f.id.id;
+    if (k == 1)
+      memcpy(forged.public_key, f.id.public_key, ST_PUBLIC_KEY_BYTES);
+    st_packet_sealer_t evil = {.keys = &f.ring,
+                               .identity = &forged,
+                               .boot_epoch = 2000 + (uint64_t) k,
+                               .counter = 5};
+    nonce[0] = (uint8_t) k;
+    ck_assert_int_eq(
+        st__packet_seal_with_nonce(&evil, &f.to, nonce, msg, sizeof(msg), pkt,
+                                   sizeof(pkt), &n),
+        0);
+    ck_assert_int_eq(open_pkt(&f, pkt, n), -EBADMSG);
+  }
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_SIGNATURE], 2);
+  ck_assert_uint_eq(total_drops(&f.c), 2);
+  ck_assert_uint_eq(st__replay_count(f.table), 0);
+  /* V itself, at its real boot epoch and that counter: accepted. */
+  size_t len = seal_at(&f, 1000, 5, msg, sizeof(msg), pkt);
+  uint8_t plain[ST_PACKET_MAX_BYTES];
+  size_t plen;
+  st_packet_header_t hdr;
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, len,
+                                  plain, sizeof(plain), &plen, &hdr),
+                   0);
+  ck_assert(memcmp(hdr.sender_key, f.id.public_key, ST_PUBLIC_KEY_BYTES) == 0);
+  st_identity_wipe(&m);
   fixture_close(&f);
 }
 END_TEST
@@ -525,7 +579,7 @@ START_TEST(test_rotation) {
   ck_assert_uint_eq(hdr.key_id, f.key.id);
   /* A node on the new key seals with the current key only... */
   st_packet_sealer_t s2 = {
-      .keys = &both, .self = f.id.id, .boot_epoch = 1, .counter = 1};
+      .keys = &both, .identity = &f.id, .boot_epoch = 1, .counter = 1};
   ck_assert_int_eq(
       st_packet_seal(&s2, &f.to, msg, sizeof(msg), pkt, sizeof(pkt), &n), 0);
   ck_assert_uint_eq(pkt[1], fresh.id);
@@ -553,7 +607,7 @@ START_TEST(test_senders_full_and_forget) {
   uint8_t msg[2] = {0};
   for (int k = 0; k < 4; k++) {
     st_identity_generate(&ids[k]);
-    f.sealer.self = ids[k].id;
+    f.sealer.identity = &ids[k];
     n[k] = seal_at(&f, 1, 0, msg, sizeof(msg), pkt[k]);
   }
   for (int k = 0; k < 3; k++)
@@ -672,11 +726,13 @@ END_TEST
 /* ---- Known answer -----------------------------------------------------------
  */
 
-/* With a fixed cluster key, nonce, header, receiver and message the packet
- * must equal what libsodium's raw AEAD gives for the documented layout
- * (docs/security.md): the subkey crypto_kdf(id 1, "stpacket"), AD = bytes
- * 0..34 followed by the receiver's id (16 zero bytes for an unknown
- * receiver). Computed here without any of packet.c or constants.h; loop
+/* With a fixed cluster key, identity, nonce, header, receiver and message
+ * the packet must equal what libsodium's raw AEAD and Ed25519 give for the
+ * documented layout (docs/security.md): the subkey crypto_kdf(id 1,
+ * "stpacket"), AD = bytes 0..66 (the header with the sender's public key)
+ * followed by the receiver's id (16 zero bytes for an unknown receiver),
+ * then the sender's signature of bytes 0..90+c followed by the same
+ * receiver id. Computed here without any of packet.c or constants.h; loop
  * index 0 seals for a known receiver, 1 for an unknown one. */
 START_TEST(test_known_answer) {
   ck_assert_int_eq(st_crypto_init(), 0);
@@ -687,14 +743,19 @@ START_TEST(test_known_answer) {
   key.id = 0x5a;
   st_keyring_t ring;
   ck_assert_int_eq(st_keyring_init(&ring, &key, NULL, NULL, 0), 0);
+  st_identity_t me;
+  uint8_t seed[32];
+  for (int i = 0; i < 32; i++)
+    seed[i] = (uint8_t) (0x80 + i);
+  crypto_sign_seed_keypair(me.public_key, me.secret_key, seed);
+  st_node_id_from_public_key(me.public_key, &me.id);
   st_packet_sealer_t s = {.keys = &ring,
+                          .identity = &me,
                           .boot_epoch = 0x0102030405060708ull,
                           .counter = 0x1112131415161718ull};
   st_node_id_t to;
-  for (int i = 0; i < 16; i++) {
-    s.self.b[i] = (uint8_t) (0xa0 + i);
+  for (int i = 0; i < 16; i++)
     to.b[i] = (uint8_t) (0xe0 + i);
-  }
   uint8_t nonce[24];
   for (int i = 0; i < 24; i++)
     nonce[i] = (uint8_t) (0xc0 + i);
@@ -706,31 +767,37 @@ START_TEST(test_known_answer) {
                                               (const uint8_t*) text, len, got,
                                               sizeof(got), &n),
                    0);
-  ck_assert_uint_eq(n, 59 + len + 16);
+  ck_assert_uint_eq(n, 91 + len + 16 + 64);
 
   uint8_t want[ST_PACKET_MAX_BYTES];
   uint8_t subkey[32];
   crypto_kdf_derive_from_key(subkey, 32, 1, "stpacket", key.key);
-  want[0] = 2;
+  want[0] = 3;
   want[1] = 0x5a;
   want[2] = unknown ? 1 : 0;
-  memcpy(want + 3, s.self.b, 16);
+  memcpy(want + 3, me.id.b, 16);
   for (int i = 0; i < 8; i++) {
     want[19 + i] = (uint8_t) (8 - i); /* 0x0102030405060708, little-endian */
     want[27 + i] = (uint8_t) (0x18 - i);
   }
-  memcpy(want + 35, nonce, 24);
-  uint8_t ad[35 + 16];
-  memcpy(ad, want, 35);
+  memcpy(want + 35, me.public_key, 32);
+  memcpy(want + 67, nonce, 24);
+  uint8_t ad[67 + 16];
+  memcpy(ad, want, 67);
   if (unknown)
-    memset(ad + 35, 0, 16);
+    memset(ad + 67, 0, 16);
   else
-    memcpy(ad + 35, to.b, 16);
+    memcpy(ad + 67, to.b, 16);
   unsigned long long clen = 0;
-  crypto_aead_xchacha20poly1305_ietf_encrypt(want + 59, &clen,
+  crypto_aead_xchacha20poly1305_ietf_encrypt(want + 91, &clen,
                                              (const uint8_t*) text, len, ad,
                                              sizeof(ad), NULL, nonce, subkey);
-  ck_assert_uint_eq(59 + clen, n);
+  uint8_t msg[ST_PACKET_MAX_BYTES + 16];
+  memcpy(msg, want, 91 + clen);
+  memcpy(msg + 91 + clen, ad + 67, 16);
+  crypto_sign_detached(want + 91 + clen, NULL, msg, 91 + clen + 16,
+                       me.secret_key);
+  ck_assert_uint_eq(91 + clen + 64, n);
   for (size_t i = 0; i < n; i++)
     ck_assert_msg(got[i] == want[i], "byte %zu: %02x, want %02x", i, got[i],
                   want[i]);
@@ -762,6 +829,7 @@ static Suite* packet_suite(void) {
   tcase_add_test(tc, test_seal_limits);
   tcase_add_loop_test(tc, test_open_lengths, 0, n_len);
   tcase_add_test(tc, test_flip_every_byte);
+  tcase_add_test(tc, test_forged_sender_refused);
   tcase_add_loop_test(tc, test_wrong_cluster_key, 0, 2);
   tcase_add_test(tc, test_redirected_packet_refused);
   tcase_add_test(tc, test_receiver_kinds);
