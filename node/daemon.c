@@ -330,6 +330,12 @@ void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...) {
   st__daemon_leave(d, "cannot continue");
 }
 
+static volatile sig_atomic_t early_signal;
+
+static void note_early_signal(int signum) {
+  early_signal = signum;
+}
+
 static void signal_cb(uv_signal_t* s, int signum) {
   st__daemon_t* d = s->data;
   st__daemon_leave(d, signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -574,6 +580,19 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
    * action kills the process. Ignored, the write fails with EPIPE and the
    * connection's error path closes it. */
   signal(SIGPIPE, SIG_IGN);
+  /* SIGINT and SIGTERM that come while the node starts (loading the data
+   * takes a second or so) are noted, and given to the loop's handlers once
+   * they are in place: the default action would kill the process with no
+   * leave. A handler, not a blocked mask: OpenBLAS starts its threads when
+   * the library loads, and the kernel gives a signal to any thread that
+   * does not block it. */
+  early_signal = 0;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = note_early_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   st__ring_size_pool(d);
   /* An exchange allocates and frees a few model-sized buffers. Above
    * glibc's mmap threshold each would come fresh from the kernel, and the
@@ -613,6 +632,10 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
     loop_started = true;
     rc = start_loop(d, err, err_len);
   }
+  /* The loop's handlers are in place: a signal that came meanwhile goes to
+   * them now, and the node leaves as soon as its loop runs. */
+  if (rc == 0 && early_signal != 0)
+    raise(early_signal);
   if (rc == 0)
     rc = start_trainer(d);
   if (rc == 0) {
