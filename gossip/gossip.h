@@ -391,6 +391,18 @@ int st_membership_new(const st_membership_config_t* cfg,
                       st_membership_t** out);
 void st_membership_free(st_membership_t* m);
 
+/* Which members this node admits: fn is called with a new member's public
+ * key (its id already checked to be the key's) before the member enters
+ * the table, whatever message would add it (its own ALIVE, another's
+ * rumour of it, a push-pull entry); false rejects the message (counted)
+ * and the member stays unknown. NULL, the default, admits everyone. The
+ * daemon passes its --allow list, so that a node it refuses to hear does
+ * not enter its view through others' rumours either. */
+typedef bool (*st_membership_admit_fn)(
+    const uint8_t public_key[ST_PUBLIC_KEY_BYTES], void* ctx);
+void st_membership_set_admit(st_membership_t* m, st_membership_admit_fn fn,
+                             void* ctx);
+
 /* Events. Each returns 0 or a negative errno; a rejected packet is counted
  * (st_membership_counters) and returns -EBADMSG. */
 int st_membership_join(st_membership_t* m, uint64_t now_ms,

@@ -431,6 +431,14 @@ static void finish(st_membership_t* m, uint64_t now) {
 /* ==== Creation ==============================================================
  */
 
+void st_membership_set_admit(st_membership_t* m, st_membership_admit_fn fn,
+                             void* ctx) {
+  if (m == NULL)
+    return;
+  m->admit = fn;
+  m->admit_ctx = ctx;
+}
+
 int st_membership_new(const st_membership_config_t* cfg,
                       const st_node_id_t* self, const st_wire_addr_t* addr,
                       const uint8_t public_key[ST_PUBLIC_KEY_BYTES],

@@ -116,6 +116,9 @@ struct st_membership_s {
   bool leaving;
   bool announce;    /* joined: re-queue our ALIVE after the seed's reply */
   bool quiet_merge; /* merging that reply: members added are not gossiped */
+  st_membership_admit_fn
+      admit; /* NULL: every member (st_membership_set_admit) */
+  void* admit_ctx;
 
   /* The table, in probe order, and its id -> index hash (open
    * addressing, linear probing, power-of-two size, ST__NONE empty). */

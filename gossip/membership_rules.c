@@ -107,6 +107,10 @@ void st__on_alive(st_membership_t* m, uint64_t now, const st_msg_alive_t* a) {
       m->stats.msgs_rejected++;
       return;
     }
+    if (m->admit != NULL && !m->admit(a->public_key, m->admit_ctx)) {
+      m->stats.msgs_rejected++; /* not a member this node admits */
+      return;
+    }
     r = st__table_add(m, &a->node);
     if (!r) {
       m->stats.msgs_rejected++;

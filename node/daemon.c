@@ -506,6 +506,13 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   return 0;
 }
 
+/* With --allow, only the listed keys enter the view, whoever speaks of
+ * them. */
+static bool admit_listed(const uint8_t pk[ST_PUBLIC_KEY_BYTES], void* ctx) {
+  const st__daemon_t* d = ctx;
+  return st_allowlist_contains(d->allow, pk);
+}
+
 static int start_membership(st__daemon_t* d, char* err, size_t err_len) {
   st_membership_config_t mc;
   st_membership_config_default(&mc);
@@ -519,6 +526,8 @@ static int start_membership(st__daemon_t* d, char* err, size_t err_len) {
     st__set_err(err, err_len, "cannot start membership: %s", strerror(-rc));
     return rc;
   }
+  if (d->allow != NULL)
+    st_membership_set_admit(d->m, admit_listed, d);
   status_cb(&d->status_timer);
   if (d->n_seeds > 0) {
     st_membership_join(d->m, st__dnow(d), d->seed_addrs, d->n_seeds);

@@ -4,9 +4,9 @@
 # cluster key but is on no list: it joins through D, learns A's address and
 # id from D, and speaks to A. A must refuse C's handshakes
 # (handshake_not_allowed) and drop C's UDP packets, which are signed by C's
-# key (packet_not_allowed), while A, B and D stay members of one another.
-# (D's rumours about C still reach A's view: membership carries ids, not
-# keys; docs/security.md, Known limitations.)
+# key (packet_not_allowed), while A, B and D stay members of one another;
+# and C must never enter A's view, though D speaks of it (membership admits
+# only listed keys).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -44,7 +44,10 @@ refused() { [ "$(counter handshake_not_allowed)" -gt 0 ]; }
 wait_for 30 "A refusing C's handshakes" refused
 alive_at 0 "$(id_of b)" && alive_at 0 "$(id_of d)" ||
   node_fail "A lost B or D while refusing C"
-pass "A refuses C's handshakes (handshake_not_allowed $(counter handshake_not_allowed)); B and D still alive"
+state=$(member_state 0 "$(id_of c)")
+[ -z "$state" ] || node_fail "C is in A's view ($state), from D's rumours"
+[ "$(member_state 3 "$(id_of c)")" = alive ] || node_fail "D does not hold C alive: the test rumoured nothing"
+pass "A refuses C's handshakes (handshake_not_allowed $(counter handshake_not_allowed)); C is not in A's view though D holds it alive; B and D still alive"
 
 for k in 2 3 1 0; do node_leave "$k"; done
 pass "every node leaves cleanly ($(elapsed) s)"

@@ -790,6 +790,41 @@ static void join_through(h_t* a, h_t* b) {
   drain(a);
 }
 
+/* st_membership_set_admit: a member whose key the predicate refuses never
+ * enters the table, neither on its own word nor by another's rumour; an
+ * admitted one does; members already known stay. */
+static bool refuse_index5(const uint8_t pk[ST_PUBLIC_KEY_BYTES], void* ctx) {
+  int* calls = ctx;
+  (*calls)++;
+  return pk[1] != 5;
+}
+
+START_TEST(test_admit) {
+  h_t h;
+  h_init(&h, 3, NULL);
+  for (int j = 5; j <= 6; j++)
+    identity(j, h.pk[j], &h.id[j], &h.addr[j]);
+  int calls = 0;
+  st_membership_set_admit(h.m, refuse_index5, &calls);
+  st_msg_t rumour = alive_msg(&h, 5, INC1);
+  feed(&h, 1, &rumour, 1); /* member 1 speaks of 5 */
+  ck_assert_int_eq(state_of(&h, 5), -1);
+  feed(&h, 5, &rumour, 1); /* 5 itself */
+  ck_assert_int_eq(state_of(&h, 5), -1);
+  ck_assert_int_eq(calls, 2);
+  st_msg_t six = alive_msg(&h, 6, INC1);
+  feed(&h, 1, &six, 1);
+  ck_assert_int_eq(state_of(&h, 6), ST_MEMBER_ALIVE);
+  ck_assert_int_eq(state_of(&h, 1), ST_MEMBER_ALIVE);
+  ck_assert_uint_eq(st_membership_count(h.m), 4);
+  /* Back to everyone: 5 enters. */
+  st_membership_set_admit(h.m, NULL, NULL);
+  feed(&h, 1, &rumour, 1);
+  ck_assert_int_eq(state_of(&h, 5), ST_MEMBER_ALIVE);
+  h_free(&h);
+}
+END_TEST
+
 START_TEST(test_push_pull_merge) {
   h_t a, b;
   h_init_as(&a, 10, 0);
@@ -1429,6 +1464,7 @@ static Suite* suite(void) {
                       (int) (sizeof refute_cases / sizeof refute_cases[0]));
   tcase_add_test(tr, test_leave_self);
   tcase_add_loop_test(tr, test_buddy, 0, 2);
+  tcase_add_test(tr, test_admit);
   tcase_add_test(tr, test_push_pull_merge);
   tcase_add_test(tr, test_join_push_pull_schedule);
   tcase_add_loop_test(tr, test_status, 0,
