@@ -336,6 +336,22 @@ static void note_early_signal(int signum) {
   early_signal = signum;
 }
 
+/* A handler, not a blocked mask: OpenBLAS starts its threads when the
+ * library loads, and the kernel gives a signal to any thread that does not
+ * block it. Installed once; a signal noted earlier stays noted. */
+void st_daemon_catch_early_signals(void) {
+  static bool installed;
+  if (installed)
+    return;
+  installed = true;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = note_early_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
 static void signal_cb(uv_signal_t* s, int signum) {
   st__daemon_t* d = s->data;
   st__daemon_leave(d, signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -589,19 +605,7 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
    * action kills the process. Ignored, the write fails with EPIPE and the
    * connection's error path closes it. */
   signal(SIGPIPE, SIG_IGN);
-  /* SIGINT and SIGTERM that come while the node starts (loading the data
-   * takes a second or so) are noted, and given to the loop's handlers once
-   * they are in place: the default action would kill the process with no
-   * leave. A handler, not a blocked mask: OpenBLAS starts its threads when
-   * the library loads, and the kernel gives a signal to any thread that
-   * does not block it. */
-  early_signal = 0;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = note_early_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  st_daemon_catch_early_signals(); /* the CLI has done it already */
   st__ring_size_pool(d);
   /* An exchange allocates and frees a few model-sized buffers. Above
    * glibc's mmap threshold each would come fresh from the kernel, and the

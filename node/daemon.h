@@ -74,6 +74,13 @@ void st_daemon_config_default(st_daemon_config_t* cfg);
  * what to do. */
 int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len);
 
+/* From now until st_daemon_run's loop has its own handlers, SIGINT and
+ * SIGTERM are noted instead of killing the process, and the node leaves as
+ * soon as its loop runs. st_daemon_run calls it; a program calls it first
+ * thing to cover its own start-up too (parsing, loading). Not thread-safe:
+ * call it from the main thread before starting any. */
+void st_daemon_catch_early_signals(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,9 @@
 #            node);
 #   freeze   SIGSTOP for 1-4 s, then SIGCONT (a paused machine);
 #   leave    SIGTERM (an orderly leave), restarted 1-5 s later;
-# never more than N - 2 nodes down or frozen at once. Throughout, a node
+# never more than N - 2 nodes down or frozen at once, and never a node in
+# its first second (a signal in the first milliseconds of a process, before
+# any of its code runs, kills it like -9). Throughout, a node
 # that exits without being told to fails the run. Then calm: every node
 # must finish its epochs within S seconds (--calm, default 300) and average
 # for 10 s more; then the checks:
@@ -82,6 +84,7 @@ RANDOM=$seed
 
 declare -a pid state # state: up, down, frozen, gone (killed, to restart)
 declare -a back_at   # when a down node comes back, or a frozen one goes on
+declare -a started_at # when each node's process was started
 kills=0 freezes=0 leaves=0 restarts=0
 t0=$(date +%s)
 now() { echo $(( $(date +%s) - t0 )); }
@@ -123,6 +126,7 @@ start_node() { # start_node K [--join ADDR]: appends to its log
     "$@" "${node_flags[@]}" >>"$dir/node$k.log" 2>&1 &
   pid[$k]=$!
   state[$k]=up
+  started_at[$k]=$(date +%s.%N)
 }
 node_flags=("$@")
 
@@ -182,7 +186,8 @@ while [ "$(date +%s)" -lt "$end" ]; do
     out=0
     for ((k = 0; k < nodes; k++)); do [ "${state[$k]}" = up ] || out=$((out + 1)); done
     k=$((RANDOM % nodes))
-    if [ "$out" -lt $((nodes - 2)) ] && [ "${state[$k]}" = up ]; then
+    young=$(awk -v s="${started_at[$k]}" -v n="$(date +%s.%N)" 'BEGIN { print (n - s < 1) }')
+    if [ "$out" -lt $((nodes - 2)) ] && [ "${state[$k]}" = up ] && [ "$young" = 0 ]; then
       case $((RANDOM % 3)) in
         0)
           kill -9 "${pid[$k]}"; wait "${pid[$k]}" 2>/dev/null || true

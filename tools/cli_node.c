@@ -163,6 +163,8 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
 }
 
 int st__cmd_node(int argc, char** argv) {
+  /* A SIGTERM from here on ends in an orderly leave (daemon.h). */
+  st_daemon_catch_early_signals();
   size_t nt = st__train_long_opts_count();
   size_t no = sizeof(own_opts) / sizeof(own_opts[0]);
   struct option* opts = calloc(nt + no + 1, sizeof(*opts));
