@@ -91,6 +91,7 @@ typedef enum {
   ST_DROP_PACKET_SENDERS_FULL, /* replay table full: sender not tracked */
   ST_DROP_PACKET_SIGNATURE,    /* the sender's signature does not verify, or
                                   the sender id is not its key's */
+  ST_DROP_PACKET_NOT_ALLOWED,  /* signed by a key not on the allow-list */
   /* TCP handshake */
   ST_DROP_HS_MALFORMED,   /* wrong version, sizes, or order */
   ST_DROP_HS_KEY_ID,      /* unknown cluster key id */
@@ -280,17 +281,19 @@ void st_replay_table_forget(st_replay_table_t* t, const st_node_id_t* sender);
  * ST_PACKET_OVERHEAD) and verifies the sender's signature. A packet sealed
  * for another receiver fails authentication (ST_DROP_PACKET_AUTH); one
  * that names a sender whose key did not sign it, ST_DROP_PACKET_SIGNATURE
- * (a cluster-key holder cannot speak for another member). On success fills
- * *hdr and
+ * (a cluster-key holder cannot speak for another member). With allow
+ * (may be NULL: any key), a packet signed by a key not on it is dropped
+ * (ST_DROP_PACKET_NOT_ALLOWED, -EACCES) before its sender takes a place in
+ * the replay table. On success fills *hdr and
  * *plain_len; hdr->to_kind == ST_PACKET_TO_UNKNOWN says the packet was not
  * bound to this node, and the caller must then accept only a join
  * message. On rejection increments the matching counter in c (may be
  * NULL) and returns the error; nothing is parsed before authentication
  * except the fixed header fields needed to pick the key and window. */
 int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
-                   st_replay_table_t* replay, st_crypto_counters_t* c,
-                   const uint8_t* in, size_t len, uint8_t* plain,
-                   size_t plain_cap, size_t* plain_len,
+                   const st_allowlist_t* allow, st_replay_table_t* replay,
+                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
+                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
                    st_packet_header_t* hdr);
 
 /* ==== TCP handshake

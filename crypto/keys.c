@@ -27,6 +27,7 @@ static const char* const drop_names[ST_CRYPTO_DROP_COUNT] = {
     [ST_DROP_PACKET_OLD_EPOCH] = "packet_old_epoch",
     [ST_DROP_PACKET_SENDERS_FULL] = "packet_senders_full",
     [ST_DROP_PACKET_SIGNATURE] = "packet_signature",
+    [ST_DROP_PACKET_NOT_ALLOWED] = "packet_not_allowed",
     [ST_DROP_HS_MALFORMED] = "handshake_malformed",
     [ST_DROP_HS_KEY_ID] = "handshake_key_id",
     [ST_DROP_HS_AUTH] = "handshake_auth",

@@ -141,9 +141,9 @@ static st_crypto_drop_t replay_reason(int rc) {
 }
 
 int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
-                   st_replay_table_t* replay, st_crypto_counters_t* c,
-                   const uint8_t* in, size_t len, uint8_t* plain,
-                   size_t plain_cap, size_t* plain_len,
+                   const st_allowlist_t* allow, st_replay_table_t* replay,
+                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
+                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
                    st_packet_header_t* hdr) {
   if (keys == NULL || self == NULL || replay == NULL || in == NULL ||
       plain_len == NULL || hdr == NULL)
@@ -228,7 +228,17 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
     return -EBADMSG;
   }
 
-  /* 9. Authentic: now the window may move. It cannot refuse what the
+  /* 9. A signer not on the allow-list is dropped before it can take a
+   * place in the replay table (bounded: a key holder minting identities
+   * must not fill it). */
+  if (allow != NULL &&
+      !st_allowlist_contains(allow, in + ST__PKT_OFF_SENDER_KEY)) {
+    sodium_memzero(plain, (size_t) got);
+    st__crypto_count(c, ST_DROP_PACKET_NOT_ALLOWED);
+    return -EACCES;
+  }
+
+  /* 10. Authentic: now the window may move. It cannot refuse what the
    * check accepted (nothing ran in between), but its answer is checked
    * anyway and the plaintext wiped if it does. */
   rc = st__replay_update(replay, &sender, epoch, counter);

@@ -212,7 +212,6 @@ static void status_json(st__daemon_t* d, st__json_buf_t* b) {
     kv_u64(b, &f2, name, d->c.by_result[i]);
   }
   kv_u64(b, &f2, "packet_unbound", d->c.udp_unbound);
-  kv_u64(b, &f2, "packet_not_allowed", d->c.udp_not_allowed);
   kv_u64(b, &f2, "handshake_wrong_peer", d->c.peer_mismatch);
   kv_u64(b, &f2, "connections_over_limit", d->c.conns_refused);
   st__json_buf_puts(b, "}}\n");

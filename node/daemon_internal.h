@@ -116,11 +116,10 @@ typedef struct {
                                    its previous member (st_ring_form_lane) */
   uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
   uint64_t packets_in, packets_out;
-  uint64_t udp_unbound;     /* packets not bound to this node (dropped) */
-  uint64_t udp_not_allowed; /* packets whose signer is not on --allow */
-  uint64_t udp_send_fail;   /* sends the kernel refused */
-  uint64_t conns_refused;   /* connections closed for a limit */
-  uint64_t peer_mismatch;   /* handshake peer is not the node dialled */
+  uint64_t udp_unbound;   /* packets not bound to this node (dropped) */
+  uint64_t udp_send_fail; /* sends the kernel refused */
+  uint64_t conns_refused; /* connections closed for a limit */
+  uint64_t peer_mismatch; /* handshake peer is not the node dialled */
 } st__dcounters_t;
 
 /* When this node last heard from each member (authenticated traffic). */

@@ -206,19 +206,13 @@ static void recv_cb(uv_udp_t* u, ssize_t nread, const uv_buf_t* buf,
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plain_len = 0;
   st_packet_header_t hdr;
-  int rc = st_packet_open(&d->keys, &d->ident.id, d->replay, &d->cc,
+  int rc = st_packet_open(&d->keys, &d->ident.id, d->allow, d->replay, &d->cc,
                           (const uint8_t*) buf->base, (size_t) nread, plain,
                           sizeof(plain), &plain_len, &hdr);
   if (rc != 0)
     return;
   if (hdr.to_kind != ST_PACKET_TO_NODE) {
     d->c.udp_unbound++;
-    return;
-  }
-  /* The packet is signed by its sender's identity key: with an allow-list,
-   * a cluster-key holder not on it is not heard over UDP either. */
-  if (d->allow != NULL && !st_allowlist_contains(d->allow, hdr.sender_key)) {
-    d->c.udp_not_allowed++;
     return;
   }
   st__net_heard(d, &hdr.sender);

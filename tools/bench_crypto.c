@@ -181,7 +181,7 @@ static int packet_open(void* p, size_t i) {
   uint8_t out[ST_PACKET_MAX_BYTES];
   size_t out_len;
   st_packet_header_t hdr;
-  return st_packet_open(&c->ring, &c->to, c->replay, NULL,
+  return st_packet_open(&c->ring, &c->to, NULL, c->replay, NULL,
                         c->packets + i * ST_PACKET_MAX_BYTES, c->lens[i], out,
                         sizeof(out), &out_len, &hdr);
 }

@@ -58,8 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t plain_len = 0;
   st_packet_header_t hdr;
   st_crypto_counters_t cc = {{0}};
-  int rc = st_packet_open(&ring, &receiver.id, replay, &cc, packet, packet_len,
-                          plain, sizeof(plain), &plain_len, &hdr);
+  int rc = st_packet_open(&ring, &receiver.id, NULL, replay, &cc, packet,
+                          packet_len, plain, sizeof(plain), &plain_len, &hdr);
   /* A sealed packet of our own always opens; a raw one never does unless it
    * is a byte-exact copy of one sealed earlier (then it is a replay). */
   if (mode == 1 && (rc != 0 || hdr.to_kind != (to == NULL ? ST_PACKET_TO_UNKNOWN

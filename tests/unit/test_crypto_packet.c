@@ -70,7 +70,7 @@ static int open_pkt(fixture_t* f, const uint8_t* pkt, size_t n) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen = 0;
   st_packet_header_t hdr;
-  return st_packet_open(&f->ring, &f->to, f->table, &f->c, pkt, n, plain,
+  return st_packet_open(&f->ring, &f->to, NULL, f->table, &f->c, pkt, n, plain,
                         sizeof(plain), &plen, &hdr);
 }
 
@@ -96,8 +96,8 @@ START_TEST(test_round_trip) {
   uint8_t plain[ST_PACKET_MAX_PLAINTEXT + 1];
   size_t plen = 99;
   st_packet_header_t hdr;
-  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, n, plain,
-                                  sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, NULL, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(plen, len);
   ck_assert(len == 0 || memcmp(plain, msg, len) == 0);
@@ -139,8 +139,8 @@ START_TEST(test_seal_limits) {
   size_t plen;
   st_packet_header_t hdr;
   ck_assert_int_eq(
-      st_packet_open(&f.ring, NULL, f.table, &f.c, pkt, ST_PACKET_OVERHEAD,
-                     plain, sizeof(plain), &plen, &hdr),
+      st_packet_open(&f.ring, NULL, NULL, f.table, &f.c, pkt,
+                     ST_PACKET_OVERHEAD, plain, sizeof(plain), &plen, &hdr),
       -EINVAL);
   ck_assert_uint_eq(total_drops(&f.c), 0);
   fixture_close(&f);
@@ -272,7 +272,7 @@ START_TEST(test_wrong_cluster_key) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen;
   st_packet_header_t hdr;
-  int rc = st_packet_open(&ring, &f.to, f.table, &f.c, pkt, n, plain,
+  int rc = st_packet_open(&ring, &f.to, NULL, f.table, &f.c, pkt, n, plain,
                           sizeof(plain), &plen, &hdr);
   ck_assert_int_eq(rc, same_id ? -EBADMSG : -ENOKEY);
   ck_assert_uint_eq(
@@ -323,11 +323,52 @@ START_TEST(test_forged_sender_refused) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen;
   st_packet_header_t hdr;
-  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, len,
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, NULL, f.table, &f.c, pkt, len,
                                   plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert(memcmp(hdr.sender_key, f.id.public_key, ST_PUBLIC_KEY_BYTES) == 0);
   st_identity_wipe(&m);
+  fixture_close(&f);
+}
+END_TEST
+
+/* An allow-list: a packet signed by a key not on it is dropped as
+ * packet_not_allowed, after authentication and before its sender takes a
+ * place in the replay table; a listed key's packet opens. */
+START_TEST(test_allow_list) {
+  fixture_t f;
+  fixture_init(&f, 4);
+  st_identity_t listed;
+  ck_assert_int_eq(st_identity_generate(&listed), 0);
+  char dir[512], path[600], line[64];
+  ck_assert_int_eq(tu_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/allow", dir);
+  st_public_key_format(listed.public_key, line);
+  strcat(line, "\n");
+  ck_assert_int_eq(tu_write_file(path, line, strlen(line)), 0);
+  st_allowlist_t* allow = NULL;
+  char err[256] = "";
+  ck_assert_msg(st_allowlist_load(path, &allow, err, sizeof(err)) == 0, "%s",
+                err);
+  tu_rmtree(dir);
+  uint8_t msg[3] = {7, 7, 7}, pkt[ST_PACKET_MAX_BYTES],
+          plain[ST_PACKET_MAX_BYTES];
+  size_t n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt), plen;
+  st_packet_header_t hdr;
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, allow, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
+                   -EACCES);
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_NOT_ALLOWED], 1);
+  ck_assert_uint_eq(total_drops(&f.c), 1);
+  ck_assert_uint_eq(st__replay_count(f.table), 0);
+  f.sealer.identity = &listed;
+  n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt);
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, allow, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
+                   0);
+  ck_assert_uint_eq(st__replay_count(f.table), 1);
+  st_allowlist_free(allow);
+  st_identity_wipe(&listed);
   fixture_close(&f);
 }
 END_TEST
@@ -361,14 +402,14 @@ START_TEST(test_redirected_packet_refused) {
     ck_assert_int_eq(st_packet_seal(&f.sealer, to, msg, sizeof(msg), pkt[k],
                                     sizeof(pkt[k]), &n[k]),
                      0);
-    ck_assert_int_eq(st_packet_open(&f.ring, to, (k & 1) ? at_b : f.table,
+    ck_assert_int_eq(st_packet_open(&f.ring, to, NULL, (k & 1) ? at_b : f.table,
                                     (k & 1) ? &cb : &f.c, pkt[k], n[k], plain,
                                     sizeof(plain), &plen, &hdr),
                      0);
   }
   for (int k = 1; k < N; k += 2) {
-    ck_assert_int_eq(st_packet_open(&f.ring, &c.id, f.table, &f.c, pkt[k], n[k],
-                                    plain, sizeof(plain), &plen, &hdr),
+    ck_assert_int_eq(st_packet_open(&f.ring, &c.id, NULL, f.table, &f.c, pkt[k],
+                                    n[k], plain, sizeof(plain), &plen, &hdr),
                      -EBADMSG);
   }
   ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_AUTH], N / 2);
@@ -380,8 +421,8 @@ START_TEST(test_redirected_packet_refused) {
   ck_assert_int_eq(st_packet_seal(&f.sealer, &c.id, msg, sizeof(msg), pkt[0],
                                   sizeof(pkt[0]), &n[0]),
                    0);
-  ck_assert_int_eq(st_packet_open(&f.ring, &c.id, f.table, &f.c, pkt[0], n[0],
-                                  plain, sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&f.ring, &c.id, NULL, f.table, &f.c, pkt[0],
+                                  n[0], plain, sizeof(plain), &plen, &hdr),
                    0);
   st_replay_table_free(at_b);
   fixture_close(&f);
@@ -413,12 +454,12 @@ START_TEST(test_receiver_kinds) {
   ck_assert_int_eq(open_pkt(&f, bad, n), -EBADMSG);
   ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_AUTH], 1);
   /* The genuine packet opens at f.to and at another node alike. */
-  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, f.table, &f.c, pkt, n, plain,
-                                  sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, NULL, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.to_kind, ST_PACKET_TO_UNKNOWN);
-  ck_assert_int_eq(st_packet_open(&f.ring, &other.id, at_other, &f.c, pkt, n,
-                                  plain, sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&f.ring, &other.id, NULL, at_other, &f.c, pkt,
+                                  n, plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.to_kind, ST_PACKET_TO_UNKNOWN);
   ck_assert_uint_eq(plen, sizeof(msg));
@@ -573,8 +614,8 @@ START_TEST(test_rotation) {
   st_packet_header_t hdr;
   /* A node still on the old key: opened with the previous key. */
   size_t n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt);
-  ck_assert_int_eq(st_packet_open(&both, &f.to, f.table, &f.c, pkt, n, plain,
-                                  sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&both, &f.to, NULL, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.key_id, f.key.id);
   /* A node on the new key seals with the current key only... */
@@ -583,8 +624,8 @@ START_TEST(test_rotation) {
   ck_assert_int_eq(
       st_packet_seal(&s2, &f.to, msg, sizeof(msg), pkt, sizeof(pkt), &n), 0);
   ck_assert_uint_eq(pkt[1], fresh.id);
-  ck_assert_int_eq(st_packet_open(&both, &f.to, f.table, &f.c, pkt, n, plain,
-                                  sizeof(plain), &plen, &hdr),
+  ck_assert_int_eq(st_packet_open(&both, &f.to, NULL, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.key_id, fresh.id);
   /* ...which a node without it cannot open: refused by id, untried. */
@@ -808,7 +849,7 @@ START_TEST(test_known_answer) {
   uint8_t plain[ST_PACKET_MAX_BYTES];
   size_t plen;
   st_packet_header_t hdr;
-  ck_assert_int_eq(st_packet_open(&ring, &to, t, NULL, got, n, plain,
+  ck_assert_int_eq(st_packet_open(&ring, &to, NULL, t, NULL, got, n, plain,
                                   sizeof(plain), &plen, &hdr),
                    0);
   ck_assert_uint_eq(hdr.to_kind,
@@ -830,6 +871,7 @@ static Suite* packet_suite(void) {
   tcase_add_loop_test(tc, test_open_lengths, 0, n_len);
   tcase_add_test(tc, test_flip_every_byte);
   tcase_add_test(tc, test_forged_sender_refused);
+  tcase_add_test(tc, test_allow_list);
   tcase_add_loop_test(tc, test_wrong_cluster_key, 0, 2);
   tcase_add_test(tc, test_redirected_packet_refused);
   tcase_add_test(tc, test_receiver_kinds);
