@@ -23,13 +23,17 @@
  *          3   16 sender node id
  *         19    8 sender boot epoch, little-endian
  *         27    8 per-boot packet counter, little-endian
- *         35   24 nonce
- *         59    n ciphertext: plaintext + 16-byte tag
+ *         35   32 sender's Ed25519 public key
+ *         67   24 nonce
+ *         91    n ciphertext: plaintext + 16-byte tag
+ *     91 + n   64 sender's Ed25519 signature of all the above + receiver id
  *
  *   at most ST_PACKET_MAX_BYTES on the wire. The receiver's id is not
  *   sent: the receiver uses its own (or 16 zero bytes for the kind
  *   ST_PACKET_TO_UNKNOWN), so a packet sent to one node fails
- *   authentication at any other. A per-sender sliding window over (boot
+ *   authentication at any other. The sender id must be its key's, and the
+ *   signature proves the key: a cluster-key holder cannot send in another
+ *   member's name. A per-sender sliding window over (boot
  *   epoch, counter), RFC 6479 style, drops replays and packets from an
  *   older boot epoch; it advances only after authentication.
  * - TCP handshake (crypto/handshake.c): three messages, fresh ephemeral

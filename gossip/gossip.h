@@ -457,9 +457,9 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  * current time in milliseconds and drains its actions. Two kinds:
  *
  * - AVERAGE (pairwise gossip averaging, AD-PSGD style): the initiator
- *   sends XCHG_REQ; the responder answers XCHG_REPLY (OK, BUSY or
- *   MISMATCH). On OK both sides take a snapshot of their parameters
- *   (WANT_SNAPSHOT), stream it as TENSOR_CHUNKs of at most
+ *   sends XCHG_REQ; the responder answers XCHG_REPLY (OK, BUSY,
+ *   NOT_READY or MISMATCH). On OK both sides take a snapshot of their
+ * parameters (WANT_SNAPSHOT), stream it as TENSOR_CHUNKs of at most
  *   ST_WIRE_CHUNK_MAX_BYTES, then XCHG_DONE (its hash is zero: the
  *   authenticated stream and the offset checks already guarantee every
  *   byte). A side that has received the peer's whole snapshot, and has
@@ -777,7 +777,8 @@ typedef enum {
                               the member before this one in the final
                               list. Its sender sees the close and aborts at
                               once, instead of at a deadline */
-  ST_RING_LANE_WAIT,       /* keep it unread: round_id is accepted and from
+  ST_RING_LANE_WAIT,       /* keep it (its first segment waits, the lane
+                              paused): round_id is accepted and from
                               is in its list, but the CONFIRM (UDP) has not
                               come; decide again after the next event */
   ST_RING_LANE_TAKE        /* round_id runs and from is the member before

@@ -87,9 +87,19 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
       }
       st__net_drain(d);
     }
-    st__dwarn(d, "ring round %016llx of %u members aborted after %.0f ms: %s",
+    st_ring_progress_t p;
+    st_ring_progress(d->ring, &p);
+    st__dwarn(d,
+              "ring round %016llx of %u members aborted after %.0f ms: %s "
+              "(rank %u; segments received %llu of %llu, acknowledged %llu "
+              "of %llu; lanes %u out, %u in)",
               (unsigned long long) d->ring_round, d->ring_n, ms,
-              st_ring_result_name(r));
+              st_ring_result_name(r), d->ring_rank,
+              (unsigned long long) p.segments_received,
+              (unsigned long long) p.segments_to_receive,
+              (unsigned long long) p.segments_acked,
+              (unsigned long long) p.segments_to_send, d->ring_lanes,
+              d->ring_prev_lanes);
   }
   d->c.ring_last_ms = ms;
   d->c.ring_last_round = d->ring_round;
@@ -262,6 +272,11 @@ static void attach_prev(st__daemon_t* d, st__conn_t* c) {
   if (c->ring_lanes != d->ring_prev_lanes ||
       d->ring_prev[c->ring_lane] != NULL) {
     /* Lanes that disagree on their count, or a lane twice. */
+    st__dwarn(d,
+              "ring round %016llx: lane %u of %u from the previous member %s",
+              (unsigned long long) d->ring_round, c->ring_lane, c->ring_lanes,
+              c->ring_lanes != d->ring_prev_lanes ? "disagrees on the count"
+                                                  : "came twice");
     st__conn_close(c);
     st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_PROTOCOL);
     drain_ring(d);
