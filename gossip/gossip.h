@@ -149,8 +149,9 @@ typedef struct {
   uint8_t public_key[ST_PUBLIC_KEY_BYTES];
 } st_push_pull_entry_t;
 
-/* A push-pull carries the sender's whole member list; at 75 bytes an entry
- * the largest fits a stream frame (ST_WIRE_MAX_MESSAGE_BYTES). */
+/* A push-pull carries the sender's whole member list; at 85 bytes an entry
+ * at most (gossip/wire_internal.h) the largest fits a stream frame
+ * (ST_WIRE_MAX_MESSAGE_BYTES). */
 #define ST_WIRE_PUSH_PULL_MAX_ENTRIES 12000
 
 typedef struct {

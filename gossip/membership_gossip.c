@@ -375,7 +375,8 @@ int st__push_pull_send(st_membership_t* m, const st_wire_addr_t* to,
   if (n > ST_WIRE_PUSH_PULL_MAX_ENTRIES)
     n = ST_WIRE_PUSH_PULL_MAX_ENTRIES;
   st_push_pull_entry_t* e = calloc(n, sizeof *e);
-  /* 80 bytes an entry at most (an IPv6 address and wide integers). */
+  /* 85 bytes an entry at most (an IPv6 address and wide integers;
+   * gossip/wire_internal.h), within the 96 reserved here. */
   size_t cap = 64 + (size_t) n * 96, len = 0;
   uint8_t* buf = malloc(cap);
   int rc = -ENOMEM;
