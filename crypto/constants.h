@@ -47,8 +47,9 @@
  * proves the sender is a key holder; the signature proves which one (its
  * node id is BLAKE2b-128 of the key it signed with), so that a key holder
  * cannot speak for another member, nor move another sender's replay
- * window. Ed25519 costs ~25 us to sign and ~60 us to verify a packet:
- * nothing at membership's few packets a second per member. */
+ * window. A signed packet costs ~26 us to seal and ~70 us to open on the
+ * 2-core VM (starling-bench crypto, docs/benchmarks.md): nothing at
+ * membership's few packets a second per member. */
 #define ST__PKT_OFF_VERSION 0
 #define ST__PKT_OFF_KEY_ID 1
 #define ST__PKT_OFF_TO_KIND 2

@@ -297,6 +297,11 @@ static void sort_lanes(st__daemon_t* d) {
     if (c->initiator || c->purpose != ST__CONN_RING || c->closing ||
         c->ring_lanes == 0 || c->ring_round != 0)
       continue;
+    /* A lane of the round this node last completed is its sender's to
+     * close, after its last frames (ring_end); the sweep closes one left
+     * open. Not a refusal. */
+    if (d->c.ring_last_ok && c->ring_lane_round == d->c.ring_last_round)
+      continue;
     st_ring_lane_verdict_t v =
         st_ring_form_lane(d->rf, c->ring_lane_round, &c->peer);
     if (v == ST_RING_LANE_WAIT)

@@ -28,8 +28,13 @@ addr_a=$NODE_ADDR
 node_start 1 --join "$addr_a" --shard 1/2 "${ARGS[@]}"
 node_up 1
 rounds_ok() { local n; n=$(node_field 0 ring_rounds_ok 2>/dev/null) && [ "$n" -ge "$1" ]; }
-wait_for 60 "a ring round completed on node A" rounds_ok 1
-pass "2 nodes up, rings completing ($(node_field 0 ring_rounds_ok) on A) at $(elapsed) s"
+wait_for 60 "three ring rounds completed on node A" rounds_ok 3
+# The lanes of completed rounds are not refusals (their sender closes them).
+for k in 0 1; do
+  [ "$(node_field $k ring_lanes_refused)" -eq 0 ] ||
+    node_fail "node $k counts $(node_field $k ring_lanes_refused) refused lanes with no stray lane sent"
+done
+pass "2 nodes up, rings completing ($(node_field 0 ring_rounds_ok) on A), no lane refused, at $(elapsed) s"
 
 # --- (a) a round A never accepted ------------------------------------------
 "$PROBE" --cluster-key "$KEY" --connect "$addr_a" --wait "$(scaled 10)" \
