@@ -147,30 +147,30 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
   FILE* f = fopen(path, "rb");
   if (f == NULL) {
     rc = -errno;
-    st__crypto_set_err(err, err_len, "%s: cannot open the allow-list: %s", path,
-                       strerror(-rc));
+    st_set_err(err, err_len, "%s: cannot open the allow-list: %s", path,
+               strerror(-rc));
     return rc;
   }
   struct stat st;
   if (fstat(fileno(f), &st) != 0) {
     rc = -errno;
-    st__crypto_set_err(err, err_len, "%s: cannot stat the allow-list: %s", path,
-                       strerror(-rc));
+    st_set_err(err, err_len, "%s: cannot stat the allow-list: %s", path,
+               strerror(-rc));
     goto out;
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     rc = -EACCES;
-    st__crypto_set_err(err, err_len,
-                       "%s: writable by group or others (mode %04o); anyone "
-                       "who can write the allow-list decides who may join; "
-                       "run: chmod go-w %s",
-                       path, (unsigned) (st.st_mode & 07777), path);
+    st_set_err(err, err_len,
+               "%s: writable by group or others (mode %04o); anyone "
+               "who can write the allow-list decides who may join; "
+               "run: chmod go-w %s",
+               path, (unsigned) (st.st_mode & 07777), path);
     goto out;
   }
   list = calloc(1, sizeof(*list));
   if (list == NULL) {
     rc = -ENOMEM;
-    st__crypto_set_err(err, err_len, "%s: out of memory", path);
+    st_set_err(err, err_len, "%s: out of memory", path);
     goto out;
   }
   for (;;) {
@@ -182,23 +182,22 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
     lineno++;
     if (r == -EIO) {
       rc = -EIO;
-      st__crypto_set_err(err, err_len, "%s:%zu: cannot read the allow-list",
-                         path, lineno);
+      st_set_err(err, err_len, "%s:%zu: cannot read the allow-list", path,
+                 lineno);
       goto out;
     }
     if (r < 0) {
       rc = -EBADMSG;
-      st__crypto_set_err(err, err_len,
-                         "%s:%zu: %s; an allow-list is text, one public key "
-                         "per line",
-                         path, lineno,
-                         r == -EMSGSIZE ? "line too long" : "a NUL byte");
+      st_set_err(err, err_len,
+                 "%s:%zu: %s; an allow-list is text, one public key "
+                 "per line",
+                 path, lineno, r == -EMSGSIZE ? "line too long" : "a NUL byte");
       goto out;
     }
     r = parse_line(line, len, pk, why, sizeof(why));
     if (r < 0) {
       rc = r;
-      st__crypto_set_err(err, err_len, "%s:%zu: %s", path, lineno, why);
+      st_set_err(err, err_len, "%s:%zu: %s", path, lineno, why);
       goto out;
     }
     if (r == 0)
@@ -206,17 +205,17 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
     if (list->count == cap) {
       if (cap >= ALLOW_MAX_KEYS) {
         rc = -EMSGSIZE;
-        st__crypto_set_err(err, err_len,
-                           "%s:%zu: more than %u keys; is this the right "
-                           "file?",
-                           path, lineno, ALLOW_MAX_KEYS);
+        st_set_err(err, err_len,
+                   "%s:%zu: more than %u keys; is this the right "
+                   "file?",
+                   path, lineno, ALLOW_MAX_KEYS);
         goto out;
       }
       size_t ncap = cap == 0 ? 16 : cap * 2;
       void* p = realloc(list->keys, ncap * ST_PUBLIC_KEY_BYTES);
       if (p == NULL) {
         rc = -ENOMEM;
-        st__crypto_set_err(err, err_len, "%s: out of memory", path);
+        st_set_err(err, err_len, "%s: out of memory", path);
         goto out;
       }
       list->keys = p;

@@ -6,16 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"
 #include "crypto/crypto.h"
 
 /* Counts one drop in c (which may be NULL). */
 void st__crypto_count(st_crypto_counters_t* c, st_crypto_drop_t reason);
-
-/* Formats one error sentence into err (when non-NULL and err_len > 0). */
-__attribute__((format(printf, 3, 4))) void st__crypto_set_err(char* err,
-                                                              size_t err_len,
-                                                              const char* fmt,
-                                                              ...);
 
 /* Fills an identity (key pair and id) from a 32-byte Ed25519 seed. */
 int st__identity_from_seed(st_identity_t* id, const uint8_t seed[32]);

@@ -113,14 +113,14 @@ static int write_key_file(const char* path, const kind_t* kind,
   if (fd < 0) {
     rc = -errno;
     if (rc == -EEXIST)
-      st__crypto_set_err(err, err_len,
-                         "%s: already exists; refusing to overwrite a key "
-                         "file (choose another path, or remove the old file "
-                         "first if you really mean to replace that key)",
-                         path);
+      st_set_err(err, err_len,
+                 "%s: already exists; refusing to overwrite a key "
+                 "file (choose another path, or remove the old file "
+                 "first if you really mean to replace that key)",
+                 path);
     else
-      st__crypto_set_err(err, err_len, "%s: cannot create the %s file: %s",
-                         path, kind->what, strerror(-rc));
+      st_set_err(err, err_len, "%s: cannot create the %s file: %s", path,
+                 kind->what, strerror(-rc));
     goto out;
   }
   created = 1;
@@ -130,16 +130,16 @@ static int write_key_file(const char* path, const kind_t* kind,
       fsync(fd) != 0) {
     if (rc == 0)
       rc = -errno;
-    st__crypto_set_err(err, err_len, "%s: cannot write the %s file: %s", path,
-                       kind->what, strerror(-rc));
+    st_set_err(err, err_len, "%s: cannot write the %s file: %s", path,
+               kind->what, strerror(-rc));
     goto out;
   }
   int fd_closing = fd;
   fd = -1;
   if (close(fd_closing) != 0) {
     rc = -errno;
-    st__crypto_set_err(err, err_len, "%s: cannot write the %s file: %s", path,
-                       kind->what, strerror(-rc));
+    st_set_err(err, err_len, "%s: cannot write the %s file: %s", path,
+               kind->what, strerror(-rc));
     goto out;
   }
   sync_parent_dir(path);
@@ -186,27 +186,27 @@ static int read_key_file(const char* path, const kind_t* kind, char* buf,
   if (fd < 0) {
     rc = -errno;
     if (rc == -ELOOP)
-      st__crypto_set_err(err, err_len,
-                         "%s: is a symbolic link; give the path of the %s "
-                         "file itself",
-                         path, kind->what);
+      st_set_err(err, err_len,
+                 "%s: is a symbolic link; give the path of the %s "
+                 "file itself",
+                 path, kind->what);
     else
-      st__crypto_set_err(err, err_len, "%s: cannot open the %s file: %s", path,
-                         kind->what, strerror(-rc));
+      st_set_err(err, err_len, "%s: cannot open the %s file: %s", path,
+                 kind->what, strerror(-rc));
     return rc;
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     rc = -errno;
-    st__crypto_set_err(err, err_len, "%s: cannot stat the %s file: %s", path,
-                       kind->what, strerror(-rc));
+    st_set_err(err, err_len, "%s: cannot stat the %s file: %s", path,
+               kind->what, strerror(-rc));
     goto out;
   }
   if (!S_ISREG(st.st_mode)) {
     rc = -EINVAL;
-    st__crypto_set_err(
-        err, err_len, "%s: is %s, not a %s file", path,
-        S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", kind->what);
+    st_set_err(err, err_len, "%s: is %s, not a %s file", path,
+               S_ISDIR(st.st_mode) ? "a directory" : "not a regular file",
+               kind->what);
     goto out;
   }
   size_t n = 0;
@@ -216,8 +216,8 @@ static int read_key_file(const char* path, const kind_t* kind, char* buf,
       if (errno == EINTR)
         continue;
       rc = -errno;
-      st__crypto_set_err(err, err_len, "%s: cannot read the %s file: %s", path,
-                         kind->what, strerror(-rc));
+      st_set_err(err, err_len, "%s: cannot read the %s file: %s", path,
+                 kind->what, strerror(-rc));
       goto out;
     }
     if (r == 0)
@@ -226,10 +226,10 @@ static int read_key_file(const char* path, const kind_t* kind, char* buf,
   }
   if (n == cap) {
     rc = -EMSGSIZE;
-    st__crypto_set_err(err, err_len,
-                       "%s: too large to be a starling key file (over %zu "
-                       "bytes); is this the right path?",
-                       path, cap - 1);
+    st_set_err(err, err_len,
+               "%s: too large to be a starling key file (over %zu "
+               "bytes); is this the right path?",
+               path, cap - 1);
     goto out;
   }
   *len = n;
@@ -263,20 +263,20 @@ static int load_key_file(const char* path, const kind_t* kind,
   size_t olen = strlen(kind->other);
   if (len == 0) {
     rc = -EBADMSG;
-    st__crypto_set_err(err, err_len,
-                       "%s: is empty; not a starling %s file (expected a "
-                       "first word '%s')",
-                       path, kind->what, kind->header);
+    st_set_err(err, err_len,
+               "%s: is empty; not a starling %s file (expected a "
+               "first word '%s')",
+               path, kind->what, kind->header);
     goto out;
   }
   if (i != hlen || memcmp(buf, kind->header, hlen) != 0) {
     rc = -EBADMSG;
     int other = i == olen && memcmp(buf, kind->other, olen) == 0;
-    st__crypto_set_err(err, err_len,
-                       "%s: not a starling %s file (expected a first word "
-                       "'%s')%s%s",
-                       path, kind->what, kind->header, other ? "; " : "",
-                       other ? kind->mixup : "");
+    st_set_err(err, err_len,
+               "%s: not a starling %s file (expected a first word "
+               "'%s')%s%s",
+               path, kind->what, kind->header, other ? "; " : "",
+               other ? kind->mixup : "");
     goto out;
   }
 
@@ -287,11 +287,10 @@ static int load_key_file(const char* path, const kind_t* kind,
     const char* how = (mode & 044)   ? "readable"
                       : (mode & 022) ? "writable"
                                      : "accessible";
-    st__crypto_set_err(err, err_len,
-                       "%s: %s by group or others (mode %04o); %s file must "
-                       "be private to its owner; run: chmod 600 %s",
-                       path, how, (unsigned) (mode & 07777), kind->a_what,
-                       path);
+    st_set_err(err, err_len,
+               "%s: %s by group or others (mode %04o); %s file must "
+               "be private to its owner; run: chmod 600 %s",
+               path, how, (unsigned) (mode & 07777), kind->a_what, path);
     goto out;
   }
   /* One or more blanks, then the base64 token. */
@@ -303,20 +302,20 @@ static int load_key_file(const char* path, const kind_t* kind,
     key_end++;
   if (key_end == key_start || key_start == i) {
     rc = -EBADMSG;
-    st__crypto_set_err(err, err_len,
-                       "%s: no key after the header '%s'; the file is "
-                       "damaged or truncated",
-                       path, kind->header);
+    st_set_err(err, err_len,
+               "%s: no key after the header '%s'; the file is "
+               "damaged or truncated",
+               path, kind->header);
     goto out;
   }
   /* Then only whitespace: a newline, a CRLF, trailing blanks. */
   for (size_t j = key_end; j < len; j++) {
     if (!is_space(buf[j])) {
       rc = -EBADMSG;
-      st__crypto_set_err(err, err_len,
-                         "%s: unexpected text after the key; a %s file holds "
-                         "one line, '%s KEY'",
-                         path, kind->what, kind->header);
+      st_set_err(err, err_len,
+                 "%s: unexpected text after the key; a %s file holds "
+                 "one line, '%s KEY'",
+                 path, kind->what, kind->header);
       goto out;
     }
   }
@@ -325,18 +324,18 @@ static int load_key_file(const char* path, const kind_t* kind,
                         NULL, &bin_len, &end, B64_VARIANT) != 0 ||
       end != buf + key_end) {
     rc = -EBADMSG;
-    st__crypto_set_err(err, err_len,
-                       "%s: the key is not valid base64 (URL-safe alphabet, "
-                       "no padding); the file is damaged",
-                       path);
+    st_set_err(err, err_len,
+               "%s: the key is not valid base64 (URL-safe alphabet, "
+               "no padding); the file is damaged",
+               path);
     goto out;
   }
   if (bin_len != ST_KEY_BYTES) {
     rc = -EBADMSG;
-    st__crypto_set_err(err, err_len,
-                       "%s: the key is %zu bytes, expected %d; the file is "
-                       "damaged or truncated",
-                       path, bin_len, ST_KEY_BYTES);
+    st_set_err(err, err_len,
+               "%s: the key is %zu bytes, expected %d; the file is "
+               "damaged or truncated",
+               path, bin_len, ST_KEY_BYTES);
     goto out;
   }
   memcpy(secret, bin, ST_KEY_BYTES);
@@ -355,7 +354,7 @@ int st_identity_load(const char* path, st_identity_t* id, char* err,
     goto out;
   rc = st__identity_from_seed(id, seed);
   if (rc != 0)
-    st__crypto_set_err(err, err_len, "%s: cannot derive the key pair", path);
+    st_set_err(err, err_len, "%s: cannot derive the key pair", path);
 out:
   sodium_memzero(seed, sizeof(seed));
   return rc;

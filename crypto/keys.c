@@ -132,17 +132,17 @@ int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
   memset(ring, 0, sizeof(*ring));
   if (previous != NULL) {
     if (sodium_memcmp(previous->key, current->key, ST_KEY_BYTES) == 0) {
-      st__crypto_set_err(err, err_len,
-                         "the previous cluster key is the same as the current "
-                         "one; give the key you are rotating away from");
+      st_set_err(err, err_len,
+                 "the previous cluster key is the same as the current "
+                 "one; give the key you are rotating away from");
       return -EINVAL;
     }
     if (previous->id == current->id) {
-      st__crypto_set_err(err, err_len,
-                         "the current and previous cluster keys share key id "
-                         "%u (a 1 in 256 chance); generate another new key "
-                         "with `starling keygen --cluster`",
-                         (unsigned) current->id);
+      st_set_err(err, err_len,
+                 "the current and previous cluster keys share key id "
+                 "%u (a 1 in 256 chance); generate another new key "
+                 "with `starling keygen --cluster`",
+                 (unsigned) current->id);
       return -EINVAL;
     }
   }

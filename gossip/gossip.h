@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #include "crypto/crypto.h"
-#include "kernels/kernels.h"
+#include "base/base.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -57,8 +57,7 @@ static int open_cuda(int device, int cpu_threads, const char* spec,
   const char* why = "";
   const st__cuda_module_t* cu = st__cuda_module(&why);
   if (cu == NULL) {
-    st__write_err(err, err_len, "cannot open %s: %s; use --device cpu", spec,
-                  why);
+    st_set_err(err, err_len, "cannot open %s: %s; use --device cpu", spec, why);
     return -ENODEV;
   }
   return cu->open(device, cpu_threads, out, err, err_len);
@@ -66,11 +65,11 @@ static int open_cuda(int device, int cpu_threads, const char* spec,
   (void) device;
   (void) cpu_threads;
   (void) out;
-  st__write_err(err, err_len,
-                "device \"%s\" needs CUDA, but this build of starling has no "
-                "CUDA backend (nvcc was not found when it was built); use "
-                "--device cpu, or rebuild on a machine with the CUDA toolkit",
-                spec);
+  st_set_err(err, err_len,
+             "device \"%s\" needs CUDA, but this build of starling has no "
+             "CUDA backend (nvcc was not found when it was built); use "
+             "--device cpu, or rebuild on a machine with the CUDA toolkit",
+             spec);
   return -ENODEV;
 #endif
 }
@@ -80,19 +79,19 @@ int st_backend_open(st_backend_t** out, const char* device_spec,
   if (err != NULL && err_len > 0)
     err[0] = '\0';
   if (out == NULL) {
-    st__write_err(err, err_len, "st_backend_open: out is NULL");
+    st_set_err(err, err_len, "st_backend_open: out is NULL");
     return -EINVAL;
   }
   *out = NULL;
   if (device_spec == NULL) {
-    st__write_err(err, err_len, "no device given; " VALID_SPECS);
+    st_set_err(err, err_len, "no device given; " VALID_SPECS);
     return -EINVAL;
   }
   if (cpu_threads < 0) {
-    st__write_err(err, err_len,
-                  "cpu threads must be 0 (OpenBLAS's default) or positive, "
-                  "not %d",
-                  cpu_threads);
+    st_set_err(err, err_len,
+               "cpu threads must be 0 (OpenBLAS's default) or positive, "
+               "not %d",
+               cpu_threads);
     return -EINVAL;
   }
   if (strcmp(device_spec, "cpu") == 0)
@@ -108,16 +107,15 @@ int st_backend_open(st_backend_t** out, const char* device_spec,
   if (strncmp(device_spec, "cuda:", 5) == 0) {
     int device;
     if (parse_index(device_spec + 5, &device) != 0) {
-      st__write_err(err, err_len,
-                    "bad device \"%s\": the index after \"cuda:\" must be a "
-                    "non-negative whole number; " VALID_SPECS,
-                    device_spec);
+      st_set_err(err, err_len,
+                 "bad device \"%s\": the index after \"cuda:\" must be a "
+                 "non-negative whole number; " VALID_SPECS,
+                 device_spec);
       return -EINVAL;
     }
     return open_cuda(device, cpu_threads, device_spec, out, err, err_len);
   }
-  st__write_err(err, err_len, "unknown device \"%s\"; " VALID_SPECS,
-                device_spec);
+  st_set_err(err, err_len, "unknown device \"%s\"; " VALID_SPECS, device_spec);
   return -EINVAL;
 }
 

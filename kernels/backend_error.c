@@ -10,15 +10,6 @@
 void st__backend_set_error(st_backend_t* be, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(be->last_error, sizeof(be->last_error), fmt, ap);
-  va_end(ap);
-}
-
-void st__write_err(char* err, size_t err_len, const char* fmt, ...) {
-  if (err == NULL || err_len == 0)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
+  st_set_errv(be->last_error, sizeof(be->last_error), fmt, ap);
   va_end(ap);
 }

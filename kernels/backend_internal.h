@@ -93,10 +93,6 @@ struct st_backend_s {
 void st__backend_set_error(st_backend_t* be, const char* fmt, ...)
     ST__PRINTF(2, 3);
 
-/* Writes a sentence into a caller's err buffer (either may be NULL/0). */
-void st__write_err(char* err, size_t err_len, const char* fmt, ...)
-    ST__PRINTF(3, 4);
-
 /* Opens the CPU backend (cpu_backend.c). */
 int st__cpu_backend_open(int cpu_threads, st_backend_t** out, char* err,
                          size_t err_len);

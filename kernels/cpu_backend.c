@@ -418,7 +418,7 @@ int st__cpu_backend_open(int cpu_threads, st_backend_t** out, char* err,
                          size_t err_len) {
   st_backend_t* be = calloc(1, sizeof(*be));
   if (be == NULL) {
-    st__write_err(err, err_len, "out of memory opening the CPU backend");
+    st_set_err(err, err_len, "out of memory opening the CPU backend");
     return -ENOMEM;
   }
   be->ops = &cpu_ops;

@@ -213,26 +213,26 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    st__write_err(err, err_len,
-                  "cannot open cuda:%d: no usable CUDA device was found (the "
-                  "CUDA runtime says \"%s\", %s; is an NVIDIA GPU and driver "
-                  "present?); use --device cpu",
-                  device, cudaGetErrorString(e), cudaGetErrorName(e));
+    st_set_err(err, err_len,
+               "cannot open cuda:%d: no usable CUDA device was found (the "
+               "CUDA runtime says \"%s\", %s; is an NVIDIA GPU and driver "
+               "present?); use --device cpu",
+               device, cudaGetErrorString(e), cudaGetErrorName(e));
     return -ENODEV;
   }
   if (count == 0) {
-    st__write_err(err, err_len,
-                  "cannot open cuda:%d: no CUDA device found on this "
-                  "machine; use --device cpu",
-                  device);
+    st_set_err(err, err_len,
+               "cannot open cuda:%d: no CUDA device found on this "
+               "machine; use --device cpu",
+               device);
     return -ENODEV;
   }
   if (device >= count) {
-    st__write_err(err, err_len,
-                  "device cuda:%d requested, but this machine has %d CUDA "
-                  "device%s (cuda:0 to cuda:%d); use one of those or --device "
-                  "cpu",
-                  device, count, count == 1 ? "" : "s", count - 1);
+    st_set_err(err, err_len,
+               "device cuda:%d requested, but this machine has %d CUDA "
+               "device%s (cuda:0 to cuda:%d); use one of those or --device "
+               "cpu",
+               device, count, count == 1 ? "" : "s", count - 1);
     return -ENODEV;
   }
 
@@ -243,7 +243,7 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
   if (be == NULL || cu == NULL) {
     free(be);
     free(cu);
-    st__write_err(err, err_len, "out of memory opening cuda:%d", device);
+    st_set_err(err, err_len, "out of memory opening cuda:%d", device);
     return -ENOMEM;
   }
   be->ops = &cuda_ops;
@@ -281,8 +281,8 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasSetMathMode(cu->blas, CUBLAS_DEFAULT_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) {
-      st__write_err(err, err_len, "opening cuda:%d: cuBLAS setup failed: %s",
-                    device, cublasGetStatusString(s));
+      st_set_err(err, err_len, "opening cuda:%d: cuBLAS setup failed: %s",
+                 device, cublasGetStatusString(s));
       release(cu);
       free(be);
       return -EIO;
@@ -295,8 +295,8 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
 
 fail:
   cudaGetLastError();
-  st__write_err(err, err_len, "opening cuda:%d: %s failed: %s (%s)", device,
-                what, cudaGetErrorString(e), cudaGetErrorName(e));
+  st_set_err(err, err_len, "opening cuda:%d: %s failed: %s (%s)", device, what,
+             cudaGetErrorString(e), cudaGetErrorName(e));
   release(cu);
   free(be);
   return -EIO;

@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -189,25 +191,6 @@ int st_momentum_update(st_backend_t* be, float* p, const float* g, float* v,
 int st_adamw_update(st_backend_t* be, float* p, const float* g, float* m,
                     float* v, size_t n, float lr, float b1, float b2, float eps,
                     float wd, float bc1, float bc2);
-
-/* ---- Random numbers --------------------------------------------------------
- */
-
-/* A small, fast, seedable generator (xoshiro256**, seeded through
- * splitmix64) so that every node that shares a seed draws the same numbers
- * on every platform. Not for cryptography. */
-typedef struct {
-  uint64_t s[4];
-} st_rng_t;
-
-void st_rng_seed(st_rng_t* rng, uint64_t seed);
-uint64_t st_rng_next(st_rng_t* rng);
-/* Uniform in [0, 1) with 53 random bits. */
-double st_rng_uniform(st_rng_t* rng);
-/* Uniform integer in [0, bound) without modulo bias; bound > 0. */
-uint64_t st_rng_below(st_rng_t* rng, uint64_t bound);
-/* Standard normal (Box-Muller). */
-double st_rng_normal(st_rng_t* rng);
 
 #ifdef __cplusplus
 }

@@ -26,18 +26,6 @@
 
 /* ---- Specs --------------------------------------------------------------- */
 
-__attribute__((format(printf, 3, 4))) static void set_err(char* err,
-                                                          size_t err_len,
-                                                          const char* fmt,
-                                                          ...) {
-  if (err == NULL || err_len == 0)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
-
 int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
                         size_t err_len) {
   static const char usage[] =
@@ -46,7 +34,7 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
   memset(spec, 0, sizeof(*spec));
   const char* colon = strchr(text, ':');
   if (colon == NULL) {
-    set_err(err, err_len, "model '%s' has no kind: %s", text, usage);
+    st_set_err(err, err_len, "model '%s' has no kind: %s", text, usage);
     return -EINVAL;
   }
   size_t kind_len = (size_t) (colon - text);
@@ -57,7 +45,7 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
   else if (kind_len == 6 && strncmp(text, "linear", 6) == 0)
     spec->kind = ST_MODEL_LINEAR;
   else {
-    set_err(err, err_len, "model '%s': unknown kind; %s", text, usage);
+    st_set_err(err, err_len, "model '%s': unknown kind; %s", text, usage);
     return -EINVAL;
   }
 
@@ -65,8 +53,8 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
   const char* p = colon + 1;
   for (;;) {
     if (*p < '0' || *p > '9') {
-      set_err(err, err_len, "model '%s': expected a layer size; %s", text,
-              usage);
+      st_set_err(err, err_len, "model '%s': expected a layer size; %s", text,
+                 usage);
       return -EINVAL;
     }
     unsigned long long v = 0;
@@ -77,30 +65,31 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
       p++;
     }
     if (v == 0 || v > MAX_LAYER_SIZE) {
-      set_err(err, err_len, "model '%s': layer sizes must be between 1 and %u",
-              text, MAX_LAYER_SIZE);
+      st_set_err(err, err_len,
+                 "model '%s': layer sizes must be between 1 and %u", text,
+                 MAX_LAYER_SIZE);
       return -EINVAL;
     }
     if (count > ST_MODEL_MAX_LAYERS) {
-      set_err(err, err_len, "model '%s': more than %d layers", text,
-              ST_MODEL_MAX_LAYERS);
+      st_set_err(err, err_len, "model '%s': more than %d layers", text,
+                 ST_MODEL_MAX_LAYERS);
       return -EINVAL;
     }
     spec->sizes[count++] = (size_t) v;
     if (*p == '\0')
       break;
     if (*p != '-') {
-      set_err(err, err_len, "model '%s': unexpected character; %s", text,
-              usage);
+      st_set_err(err, err_len, "model '%s': unexpected character; %s", text,
+                 usage);
       return -EINVAL;
     }
     p++;
   }
   if (count < 2) {
-    set_err(err, err_len,
-            "model '%s' needs at least an input and an output "
-            "size; %s",
-            text, usage);
+    st_set_err(err, err_len,
+               "model '%s' needs at least an input and an output "
+               "size; %s",
+               text, usage);
     return -EINVAL;
   }
   spec->n_layers = (int) count - 1;
@@ -108,29 +97,29 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
   switch (spec->kind) {
     case ST_MODEL_MLP:
       if (spec->n_layers < 2 || out < 2) {
-        set_err(err, err_len,
-                "model '%s': an mlp needs at least one hidden "
-                "layer and 2 or more outputs (for no hidden layer use "
-                "softmax:IN-OUT)",
-                text);
+        st_set_err(err, err_len,
+                   "model '%s': an mlp needs at least one hidden "
+                   "layer and 2 or more outputs (for no hidden layer use "
+                   "softmax:IN-OUT)",
+                   text);
         return -EINVAL;
       }
       break;
     case ST_MODEL_SOFTMAX:
       if (spec->n_layers != 1 || out < 2) {
-        set_err(err, err_len,
-                "model '%s': softmax takes exactly two sizes, "
-                "IN-OUT, with 2 or more outputs",
-                text);
+        st_set_err(err, err_len,
+                   "model '%s': softmax takes exactly two sizes, "
+                   "IN-OUT, with 2 or more outputs",
+                   text);
         return -EINVAL;
       }
       break;
     case ST_MODEL_LINEAR:
       if (spec->n_layers != 1 || out != 1) {
-        set_err(err, err_len,
-                "model '%s': linear regression takes exactly "
-                "IN-1",
-                text);
+        st_set_err(err, err_len,
+                   "model '%s': linear regression takes exactly "
+                   "IN-1",
+                   text);
         return -EINVAL;
       }
       break;

@@ -1,5 +1,5 @@
 // gloo_allreduce.cc: the Gloo twin of `starling-bench ring`, for
-// tools/bench_ring.sh. One process per rank; Gloo's TCP transport
+// tools/bench/bench_ring.sh. One process per rank; Gloo's TCP transport
 // (gloo::transport::tcp), rendezvous through a FileStore in a directory all
 // ranks share, gloo::allreduce with AllreduceOptions::Algorithm::RING (the
 // pipelined ring: reduce-scatter then all-gather, 1 MiB segments, two in
@@ -10,7 +10,7 @@
 // plaintext, against starling's authenticated encryption.
 //
 // Measured as starling-bench ring measures: the same data (the same
-// generator as st__ring_fill in tools/bench_ring_member.c, same seed), one
+// generator as st__ring_fill in tools/bench/bench_ring_member.c, same seed), one
 // warm-up round then R measured, each round after a barrier; a round's time
 // is max(end) - min(start) over the ranks (CLOCK_MONOTONIC, one clock for
 // every process on the machine); median, algbw = bytes / time,
@@ -21,7 +21,7 @@
 //   gloo_allreduce --rank R --size N --mib S --repeats K --store DIR
 //                  [--host 127.0.0.1] [--seed 6] [--json]
 //
-// Build (tools/bench_ring.sh does): g++ -O3 -std=c++17 gloo_allreduce.cc
+// Build (tools/bench/bench_ring.sh does): g++ -O3 -std=c++17 gloo_allreduce.cc
 // -o gloo_allreduce -lgloo -pthread
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>

@@ -1,6 +1,6 @@
 /* mpi_allreduce.c: the MPI twin of `starling-bench ring`, for
- * tools/bench_ring.sh: MPI_Allreduce (MPI_SUM, MPI_FLOAT, in place) over S
- * MiB. Run with Open MPI's TCP transport only, e.g.
+ * tools/bench/bench_ring.sh: MPI_Allreduce (MPI_SUM, MPI_FLOAT, in place) over
+ * S MiB. Run with Open MPI's TCP transport only, e.g.
  *
  *   mpirun --allow-run-as-root --oversubscribe -np N --mca btl self,tcp \
  *       --mca btl_tcp_if_include lo mpi_allreduce --mib S --repeats R
@@ -19,7 +19,7 @@
  * 1) / N. Every round's sum / N is checked against the float64 mean within
  * (n + 4) 2^-24; exit 1 on a mismatch.
  *
- * Build (tools/bench_ring.sh does): mpicc -O3 mpi_allreduce.c -o
+ * Build (tools/bench/bench_ring.sh does): mpicc -O3 mpi_allreduce.c -o
  * mpi_allreduce -lm
  */
 #include <math.h>

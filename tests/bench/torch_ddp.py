@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """torch_ddp.py: the PyTorch DistributedDataParallel twin of a starling
-cluster, for tools/bench_cluster_vs_ddp.sh: WORLD processes on this machine
+cluster, for tools/bench/bench_cluster_vs_ddp.sh: WORLD processes on this machine
 (gloo backend over loopback), each training the same MLP on its strided
 shard K/WORLD of Fashion-MNIST with the same per-process batch, optimizer
 (SGD, momentum) and cosine schedule as the starling nodes, one intra-op

@@ -20,7 +20,7 @@ not compete with torch's own intra-op threads:
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tests/bench/torch_mlp.py \\
       --batch 64,256 --threads 1
 
-tools/bench_train_vs_torch.sh runs it next to starling-bench.
+tools/bench/bench_train_vs_torch.sh runs it next to starling-bench.
 """
 
 import argparse
@@ -61,7 +61,7 @@ def load_fashion_mnist():
     labels = read_idx(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"))
     x = images.reshape(images.shape[0], -1).astype(np.float32) / 255.0
     # One scalar mean and (population) standard deviation over every pixel,
-    # accumulated in double, like node/data.c's normalize_scalar.
+    # accumulated in double, like node/train/data.c's normalize_scalar.
     mean = x.mean(dtype=np.float64)
     sd = x.std(dtype=np.float64)
     x = ((x - mean) / sd).astype(np.float32)

@@ -27,7 +27,7 @@
 
 #include "crypto/crypto.h"
 #include "gossip/gossip.h"
-#include "tools/bench.h"
+#include "tools/bench/bench.h"
 
 static double now_s(void) {
   struct timespec ts;

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# test_chaos_usage.sh: tools/chaos.sh (a run takes minutes, so it is not run
+# test_chaos_usage.sh: tools/scripts/chaos.sh (a run takes minutes, so it is not run
 # here; docs/operations.md, "Chaos runs") answers --help and refuses bad
 # flags with exit status 2 and a message naming the flag, before it starts
 # any node.
 source "$(dirname "$0")/lib.sh"
 
-CHAOS=$SRC/tools/chaos.sh
+CHAOS=$SRC/tools/scripts/chaos.sh
 "$CHAOS" --help >"$SCRATCH/help" || fail "chaos.sh --help: exit status $?"
 grep -q "kill -9" "$SCRATCH/help" || fail "chaos.sh --help does not describe the run"
 pass "chaos.sh --help"

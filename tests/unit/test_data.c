@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "node/node.h"
+#include "node/train/train.h"
 #include "tests/unit/testutil.h"
 
 static char tmp[256];

@@ -1,9 +1,9 @@
-/* test_safetensors.c: the Check suite for checkpoints (node/safetensors.c,
- * node/safetensors_write.c) and the strict JSON reader under them
- * (node/json.c): round trips, the header layout, a known-answer file as
- * Python's safetensors writes it, atomic replacement, a full disk, a table
- * of hostile files each refused with its own message, and random mutations
- * that must never crash the reader (run it under ASan).
+/* test_safetensors.c: the Check suite for checkpoints
+ * (node/train/safetensors.c, node/train/safetensors_write.c) and the strict
+ * JSON reader under them (base/json.c): round trips, the header layout, a
+ * known-answer file as Python's safetensors writes it, atomic replacement, a
+ * full disk, a table of hostile files each refused with its own message, and
+ * random mutations that must never crash the reader (run it under ASan).
  *
  * ST_KEEP_SAFETENSORS=PATH keeps a copy of the round-trip file at PATH, for
  * tests/integration/check_safetensors_numpy.py. */
@@ -23,8 +23,8 @@
 #include <sys/mount.h>
 #endif
 
-#include "node/json.h"
-#include "node/node.h"
+#include "base/base.h"
+#include "node/train/train.h"
 #include "tests/unit/testutil.h"
 
 static char dir[512];
@@ -186,24 +186,24 @@ START_TEST(test_header_layout) {
   ck_assert_uint_eq(n % 8, 0);
   ck_assert_uint_eq(len, 8 + n + 5 * 4);
   /* Valid JSON object, space padding only, data right after. */
-  st__json_limits_t lim = {8, 1000};
-  st__json_doc_t* doc = NULL;
+  st_json_limits_t lim = {8, 1000};
+  st_json_doc_t* doc = NULL;
   ck_assert_int_eq(
-      st__json_parse((char*) f + 8, (size_t) n, &lim, &doc, err, 512), 0);
-  const st__json_t* root = st__json_root(doc);
-  ck_assert_int_eq(root->type, ST__JSON_OBJECT);
+      st_json_parse((char*) f + 8, (size_t) n, &lim, &doc, err, 512), 0);
+  const st_json_t* root = st_json_root(doc);
+  ck_assert_int_eq(root->type, ST_JSON_OBJECT);
   ck_assert_str_eq(root->child->key, "__metadata__"); /* first, like Python */
-  ck_assert_str_eq(st__json_get(st__json_get(root, "__metadata__"), "k")->str,
+  ck_assert_str_eq(st_json_get(st_json_get(root, "__metadata__"), "k")->str,
                    "v\\");
-  const st__json_t* e = st__json_get(root, "b\"q");
-  ck_assert_str_eq(st__json_get(e, "dtype")->str, "F32");
-  const st__json_t* off = st__json_get(e, "data_offsets");
+  const st_json_t* e = st_json_get(root, "b\"q");
+  ck_assert_str_eq(st_json_get(e, "dtype")->str, "F32");
+  const st_json_t* off = st_json_get(e, "data_offsets");
   ck_assert_int_eq(off->child->integer, 0);
   ck_assert_int_eq(off->child->next->integer, 8);
-  off = st__json_get(st__json_get(root, "a"), "data_offsets");
+  off = st_json_get(st_json_get(root, "a"), "data_offsets");
   ck_assert_int_eq(off->child->integer, 8);
   ck_assert_int_eq(off->child->next->integer, 20);
-  st__json_free(doc);
+  st_json_free(doc);
   float got[5];
   memcpy(got, f + 8 + n, sizeof(got));
   ck_assert(got[0] == 4 && got[1] == 5 && got[2] == 1 && got[4] == 3);
@@ -549,16 +549,16 @@ START_TEST(test_json_random) {
   st_rng_t rng;
   st_rng_seed(&rng, tu_seed() ^ 0x150b);
   char text[64];
-  st__json_limits_t lim = {4, 32};
+  st_json_limits_t lim = {4, 32};
   int ok = 0;
   for (int it = 0; it < 200000; it++) {
     size_t n = st_rng_below(&rng, sizeof(text));
     for (size_t i = 0; i < n; i++)
       text[i] = alphabet[st_rng_below(&rng, sizeof(alphabet) - 1)];
-    st__json_doc_t* doc = NULL;
-    if (st__json_parse(text, n, &lim, &doc, err, sizeof(err)) == 0) {
+    st_json_doc_t* doc = NULL;
+    if (st_json_parse(text, n, &lim, &doc, err, sizeof(err)) == 0) {
       ok++;
-      st__json_free(doc);
+      st_json_free(doc);
     }
   }
   ck_assert_int_gt(ok, 0);
@@ -568,74 +568,73 @@ END_TEST
 /* ==== JSON reader and escaper ==============================================
  */
 
-static const st__json_t* parse_ok(st__json_doc_t** doc, const char* text) {
-  st__json_limits_t lim = {8, 1000};
-  int rc = st__json_parse(text, strlen(text), &lim, doc, err, sizeof(err));
+static const st_json_t* parse_ok(st_json_doc_t** doc, const char* text) {
+  st_json_limits_t lim = {8, 1000};
+  int rc = st_json_parse(text, strlen(text), &lim, doc, err, sizeof(err));
   ck_assert_msg(rc == 0, "%s: %s", text, err);
-  return st__json_root(*doc);
+  return st_json_root(*doc);
 }
 
 START_TEST(test_json_values) {
-  st__json_doc_t* doc;
-  const st__json_t* v =
+  st_json_doc_t* doc;
+  const st_json_t* v =
       parse_ok(&doc,
                " [9007199254740992, -9007199254740992, 0, -0, 1.5e3, "
                "true, false, null, \"\\ud83d\\ude00\\u00e9\\/\"] ");
   ck_assert_int_eq(v->count, 9);
-  const st__json_t* x = v->child;
-  ck_assert(x->is_int && x->integer == ST__JSON_MAX_INT);
+  const st_json_t* x = v->child;
+  ck_assert(x->is_int && x->integer == ST_JSON_MAX_INT);
   x = x->next;
-  ck_assert(x->is_int && x->integer == -ST__JSON_MAX_INT);
+  ck_assert(x->is_int && x->integer == -ST_JSON_MAX_INT);
   x = x->next->next->next;
   ck_assert(!x->is_int && x->number == 1500.0);
   x = x->next;
-  ck_assert(x->type == ST__JSON_BOOL && x->boolean);
+  ck_assert(x->type == ST_JSON_BOOL && x->boolean);
   x = x->next->next;
-  ck_assert(x->type == ST__JSON_NULL);
+  ck_assert(x->type == ST_JSON_NULL);
   x = x->next;
   ck_assert_str_eq(x->str, "\xf0\x9f\x98\x80\xc3\xa9/");
   ck_assert_uint_eq(x->str_len, 7);
-  st__json_free(doc);
+  st_json_free(doc);
 
-  st__json_limits_t lim = {8, 3};
-  ck_assert_int_eq(st__json_parse("[1,2,3]", 7, &lim, &doc, err, 512),
-                   -EBADMSG);
+  st_json_limits_t lim = {8, 3};
+  ck_assert_int_eq(st_json_parse("[1,2,3]", 7, &lim, &doc, err, 512), -EBADMSG);
   ck_assert_msg(strstr(err, "more than 3 values") != NULL, "%s", err);
   /* Not NUL-terminated: the reader must stop at len. */
-  ck_assert_int_eq(st__json_parse("[1]xyz", 3, &lim, &doc, err, 512), 0);
-  st__json_free(doc);
+  ck_assert_int_eq(st_json_parse("[1]xyz", 3, &lim, &doc, err, 512), 0);
+  st_json_free(doc);
 }
 END_TEST
 
 START_TEST(test_json_escape_round_trip) {
-  st__json_buf_t b;
-  st__json_buf_init(&b);
-  st__json_buf_puts(&b, "{");
-  st__json_buf_string(&b, kNasty);
-  st__json_buf_puts(&b, ":");
-  st__json_buf_string(&b, "\x7f\b\f\r/");
-  st__json_buf_puts(&b, "}");
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  st_json_buf_puts(&b, "{");
+  st_json_buf_string(&b, kNasty);
+  st_json_buf_puts(&b, ":");
+  st_json_buf_string(&b, "\x7f\b\f\r/");
+  st_json_buf_puts(&b, "}");
   ck_assert(!b.failed);
   ck_assert(strstr(b.p, "\\u0001") != NULL && strstr(b.p, "\\n\\t") != NULL);
-  st__json_doc_t* doc;
-  const st__json_t* root = parse_ok(&doc, b.p);
+  st_json_doc_t* doc;
+  const st_json_t* root = parse_ok(&doc, b.p);
   ck_assert_str_eq(root->child->key, kNasty);
   ck_assert_str_eq(root->child->str, "\x7f\b\f\r/");
-  st__json_free(doc);
-  st__json_buf_free(&b);
+  st_json_free(doc);
+  st_json_buf_free(&b);
 
   char* mem = NULL;
   size_t mem_len = 0;
   FILE* f = open_memstream(&mem, &mem_len);
   ck_assert(f != NULL);
-  ck_assert_int_eq(st__json_fput_string(f, "a\"b\\c\n"), 0);
+  ck_assert_int_eq(st_json_write_string(f, "a\"b\\c\n"), 0);
   fclose(f);
   ck_assert_str_eq(mem, "\"a\\\"b\\\\c\\n\"");
   free(mem);
-  ck_assert(st__json_utf8_valid("caf\xc3\xa9", 5));
-  ck_assert(!st__json_utf8_valid("\xed\xa0\x80", 3));     /* a surrogate */
-  ck_assert(!st__json_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-  ck_assert(!st__json_utf8_valid("\xe2\x9c", 2));         /* truncated */
+  ck_assert(st_json_utf8_valid("caf\xc3\xa9", 5));
+  ck_assert(!st_json_utf8_valid("\xed\xa0\x80", 3));     /* a surrogate */
+  ck_assert(!st_json_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+  ck_assert(!st_json_utf8_valid("\xe2\x9c", 2));         /* truncated */
 }
 END_TEST
 

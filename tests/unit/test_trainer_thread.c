@@ -1,6 +1,7 @@
 /* test_trainer_thread.c: the Check suite of the trainer thread
- * (node/trainer_thread.c) and of st_trainer_set_position (node/trainer.c),
- * on a small generated two-class problem (200 examples, 4 features).
+ * (node/daemon/trainer_thread.c) and of st_trainer_set_position
+ * (node/train/trainer.c), on a small generated two-class problem (200 examples,
+ * 4 features).
  *
  * Every wait is bounded: the tests wake on the thread's notify callback
  * (a condition variable) with a deadline, so a bug fails a test instead of
@@ -15,8 +16,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "node/node.h"
-#include "node/trainer_thread.h"
+#include "node/train/train.h"
+#include "node/daemon/trainer_thread.h"
 #include "tests/unit/testutil.h"
 
 enum { N_TRAIN = 200, N_TEST = 100, DIM = 4, BATCH = 32 };

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,22 +30,6 @@ uint64_t tu_seed(void) {
     done = 1;
   }
   return seed;
-}
-
-int tu_cuda_device_count(void) {
-  fflush(NULL); /* nothing buffered is written twice */
-  pid_t pid = fork();
-  if (pid < 0)
-    return 0;
-  if (pid == 0) {
-    int n = st_cuda_device_count();
-    _exit(n < 0 ? 0 : n > 100 ? 100 : n);
-  }
-  int status;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR)
-      return 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 
 void tu_fill_uniform(st_rng_t* rng, float* x, size_t n, float lo, float hi) {

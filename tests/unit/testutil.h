@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kernels.h"
+#include "base/base.h"
 
 /* Seed for random inputs: fresh per run unless ST_TEST_SEED is set, and
  * printed once so that a failure can be replayed. */
@@ -15,7 +15,8 @@ uint64_t tu_seed(void);
 /* The number of CUDA devices, asked in a child process: CUDA does not
  * survive fork(), so a suite's main must not initialize it before Check
  * forks each test (every CUDA test would then fail with
- * cudaErrorInitializationError). 0 without CUDA. */
+ * cudaErrorInitializationError). 0 without CUDA. In testutil_cuda.c, linked
+ * only into suites of layers that use the kernels. */
 int tu_cuda_device_count(void);
 
 /* Fills x[0..n) with uniform values in [lo, hi). */

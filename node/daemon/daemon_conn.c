@@ -1,0 +1,828 @@
+/* daemon_conn.c: TCP connections between nodes.
+ *
+ * A connection goes through three phases:
+ *
+ *   HANDSHAKE  the three handshake messages (crypto/handshake.c), each a
+ *              plain frame: a 4-byte big-endian length (at most
+ *              HS_FRAME_MAX) and the msgpack-encoded message. The dialling
+ *              side checks that the peer is the node it meant to reach
+ *              (when it knows that node's id) and drops it otherwise.
+ *   HEADER     each side sends its 24-byte secretstream header as soon as
+ *              its session keys exist, and reads the peer's.
+ *   OPEN       encrypted frames (crypto/stream.c), one wire message each;
+ *              a length over ST_FRAME_MAX_DEFAULT is refused from the four
+ *              length bytes, before anything more is read or allocated.
+ *
+ * The dialling side knows what the connection is for; the accepting side
+ * learns it from the first message: a PUSH_PULL goes to the membership
+ * machine, whose reply goes back on the same connection, an XCHG_REQ
+ * starts an exchange (daemon_xchg.c), and a RING_LANE opens a lane of a
+ * ring round (daemon_ring.c). Anything else closes the connection.
+ *
+ * Bulk frames (a tensor chunk, up to 1 MiB) are sealed and opened on
+ * libuv's thread pool so that the loop thread never spends milliseconds in
+ * the cipher: one job per direction at a time keeps each secretstream in
+ * order (a frame queued behind a job waits for it, small or not), and
+ * reading pauses while a received frame is being opened.
+ *
+ * Every connection has a deadline (the sweep timer closes it when it
+ * passes) and the number of connections is capped, so a peer that opens
+ * connections and says nothing cannot pin memory.
+ */
+#include "node/daemon/daemon_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Clears a secret; the volatile pointer keeps the stores. */
+void st__wipe(void* p, size_t n) {
+  volatile uint8_t* v = p;
+  while (n-- > 0)
+    *v++ = 0;
+}
+
+enum { P_CONNECTING = 0, P_HANDSHAKE, P_HEADER, P_OPEN };
+
+#define HS_FRAME_MAX 512
+#define HANDSHAKE_DEADLINE_MS 5000u
+#define PUSH_PULL_DEADLINE_MS 10000u
+/* A receive buffer never grows past one full frame plus its prefix. */
+#define RBUF_MAX (ST_FRAME_LENGTH_BYTES + ST_FRAME_MAX_DEFAULT + 64u)
+
+st__conn_t* st__pp_reply_conn = NULL;
+
+typedef struct {
+  uv_write_t req;
+  st__conn_t* c;
+  bool xchg_ack;
+  size_t len;
+  uint8_t data[];
+} wreq_t;
+
+/* A frame sealed or opened on the thread pool. */
+struct st__job_s {
+  uv_work_t work;
+  st__conn_t* c;
+  struct st__job_s* next;
+  wreq_t* w;   /* tx: the frame to write, sealed in place */
+  uint8_t* in; /* tx: the plaintext; rx: the ciphertext */
+  size_t in_len;
+  uint8_t* out; /* rx: the plaintext */
+  size_t out_len;
+  bool xchg_ack;
+  int rc;
+  st_crypto_counters_t cc; /* rx: what the worker counted */
+};
+typedef struct st__job_s job_t;
+
+static int process(st__conn_t* c);
+static void conn_abort(st__conn_t* c);
+static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+
+static void conn_free(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  for (st__conn_t** p = &d->conns; *p != NULL; p = &(*p)->next) {
+    if (*p == c) {
+      *p = c->next;
+      d->n_conns--;
+      break;
+    }
+  }
+  while (c->txq_head != NULL) {
+    struct st__job_s* j = c->txq_head;
+    c->txq_head = j->next;
+    free(j->w);
+    free(j->in);
+    free(j);
+  }
+  if (c->x != NULL)
+    st_xchg_free(c->x);
+  st_handshake_wipe(&c->hs);
+  st__wipe(c->rx_key, sizeof(c->rx_key));
+  st_stream_wipe(&c->tx);
+  st_stream_wipe(&c->rx);
+  free(c->rbuf);
+  free(c->ring_held);
+  free(c->pp_request);
+  free(c);
+}
+
+/* Frees a closed connection once neither the trainer nor a pool job
+ * borrows from it. */
+static void maybe_free(st__conn_t* c) {
+  if (c->handle_closed && c->tt_pending == 0 && c->jobs == 0)
+    conn_free(c);
+}
+
+void st__conn_release(st__conn_t* c) {
+  c->tt_pending--;
+  maybe_free(c);
+}
+
+static void close_cb(uv_handle_t* h) {
+  st__conn_t* c = h->data;
+  c->handle_closed = true;
+  if (c->purpose == ST__CONN_RING)
+    st__ring_on_closed(c);
+  maybe_free(c);
+}
+
+/* Tells the conn's owner that it will carry nothing more. */
+static void notify_closed(st__conn_t* c) {
+  if (c->purpose == ST__CONN_XCHG)
+    st__xchg_on_closed(c);
+  else if (c->purpose == ST__CONN_RING)
+    st__ring_on_closed(c);
+}
+
+/* Closes at once, dropping queued frames. */
+static void conn_abort(st__conn_t* c) {
+  if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
+    return;
+  c->closing = true;
+  notify_closed(c); /* its owner may close it itself */
+  if (!uv_is_closing((uv_handle_t*) &c->tcp))
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
+void st__conn_close(st__conn_t* c) {
+  c->closing = true;
+  if (c->frames_out_pending == 0 && !uv_is_closing((uv_handle_t*) &c->tcp))
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
+void st__conn_pause(st__conn_t* c) {
+  c->paused = true;
+  uv_read_stop((uv_stream_t*) &c->tcp);
+}
+
+void st__conn_resume(st__conn_t* c) {
+  if (!c->paused || c->closing)
+    return;
+  c->paused = false;
+  if (c->in_process) {
+    /* Called from a message this conn's process() is dispatching: that
+     * loop goes on with the buffered frames itself. */
+    if (!c->rx_busy && !c->eof)
+      uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
+    return;
+  }
+  if (process(c) != 0 || (c->eof && !c->rx_busy && !c->paused)) {
+    conn_abort(c);
+    return;
+  }
+  if (c->eof)
+    return;
+  if (!c->rx_busy && !c->closing && !c->paused)
+    uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
+}
+
+st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id) {
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (c->id == id)
+      return c;
+  return NULL;
+}
+
+static void write_cb(uv_write_t* req, int status) {
+  wreq_t* w = (wreq_t*) req;
+  st__conn_t* c = w->c;
+  c->frames_out_pending--;
+  bool ack = w->xchg_ack && status == 0;
+  free(w);
+  if (ack && !c->closing) {
+    if (c->purpose == ST__CONN_RING)
+      st__ring_on_sent(c);
+    else
+      st__xchg_on_sent(c);
+  }
+  if (c->closing && c->frames_out_pending == 0 &&
+      !uv_is_closing((uv_handle_t*) &c->tcp))
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
+/* Writes a frame already counted in frames_out_pending. */
+static int write_counted(st__conn_t* c, wreq_t* w, bool xchg_ack) {
+  w->c = c;
+  w->xchg_ack = xchg_ack;
+  uv_buf_t b = uv_buf_init((char*) w->data, (unsigned) w->len);
+  int rc = uv_write(&w->req, (uv_stream_t*) &c->tcp, &b, 1, write_cb);
+  if (rc != 0) {
+    free(w);
+    c->frames_out_pending--;
+    return rc;
+  }
+  c->d->c.bytes_out += w->len;
+  return 0;
+}
+
+static int write_raw(st__conn_t* c, wreq_t* w, bool xchg_ack) {
+  c->frames_out_pending++;
+  return write_counted(c, w, xchg_ack);
+}
+
+/* ---- Thread-pool sealing ------------------------------------------------ */
+
+static void seal_work(uv_work_t* req) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  size_t cap = j->in_len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  j->rc = st_stream_seal_frame(&c->tx, j->in, j->in_len, false, j->w->data, cap,
+                               &j->w->len);
+}
+
+static void start_tx(st__conn_t* c);
+
+static void seal_after(uv_work_t* req, int status) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  c->jobs--;
+  c->tx_busy = false;
+  wreq_t* w = j->w;
+  bool ack = j->xchg_ack;
+  int rc = status != 0 ? status : j->rc;
+  free(j->in);
+  free(j);
+  if (c->closing || rc != 0 || uv_is_closing((uv_handle_t*) &c->tcp)) {
+    free(w);
+    c->frames_out_pending--;
+    if (rc != 0 && !c->closing)
+      st__conn_close(c);
+    else if (c->closing && c->frames_out_pending == 0 &&
+             !uv_is_closing((uv_handle_t*) &c->tcp))
+      uv_close((uv_handle_t*) &c->tcp, close_cb);
+    maybe_free(c);
+    return;
+  }
+  if (write_counted(c, w, ack) != 0) {
+    st__conn_close(c);
+    return;
+  }
+  start_tx(c);
+}
+
+static void start_tx(st__conn_t* c) {
+  if (c->tx_busy || c->txq_head == NULL || c->closing)
+    return;
+  job_t* j = c->txq_head;
+  c->txq_head = j->next;
+  if (c->txq_head == NULL)
+    c->txq_tail = NULL;
+  j->work.data = j;
+  c->tx_busy = true;
+  c->jobs++;
+  if (uv_queue_work(&c->d->loop, &j->work, seal_work, seal_after) != 0) {
+    c->jobs--;
+    c->tx_busy = false;
+    c->frames_out_pending--;
+    free(j->w);
+    free(j->in);
+    free(j);
+    st__conn_close(c);
+  }
+}
+
+/* Queues msg to be sealed on the pool (copied: the caller's buffer is
+ * borrowed only for the call). */
+static int send_offloaded(st__conn_t* c, const uint8_t* msg, size_t len,
+                          bool xchg_ack) {
+  size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  job_t* j = calloc(1, sizeof(*j));
+  wreq_t* w = malloc(sizeof(*w) + cap);
+  uint8_t* in = malloc(len > 0 ? len : 1);
+  if (j == NULL || w == NULL || in == NULL) {
+    free(j);
+    free(w);
+    free(in);
+    return -ENOMEM;
+  }
+  memcpy(in, msg, len);
+  j->c = c;
+  j->w = w;
+  j->in = in;
+  j->in_len = len;
+  j->xchg_ack = xchg_ack;
+  if (c->txq_tail != NULL)
+    c->txq_tail->next = j;
+  else
+    c->txq_head = j;
+  c->txq_tail = j;
+  c->frames_out_pending++;
+  start_tx(c);
+  return 0;
+}
+
+/* ---- Thread-pool opening ------------------------------------------------ */
+
+static void open_work(uv_work_t* req) {
+  job_t* j = req->data;
+  bool final = false;
+  j->rc = st_stream_open_frame(&j->c->rx, &j->cc, j->in, j->in_len, j->out,
+                               j->in_len, &j->out_len, &final);
+}
+
+static void open_after(uv_work_t* req, int status) {
+  job_t* j = req->data;
+  st__conn_t* c = j->c;
+  st__daemon_t* d = c->d;
+  c->jobs--;
+  c->rx_busy = false;
+  for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
+    d->cc.drops[i] += j->cc.drops[i];
+  int rc = status != 0 ? status : j->rc;
+  bool live = !c->closing && !uv_is_closing((uv_handle_t*) &c->tcp);
+  if (live && rc == 0 && c->purpose == ST__CONN_XCHG)
+    st__xchg_on_message(c, j->out, j->out_len);
+  else if (live && rc == 0 && c->purpose == ST__CONN_RING)
+    st__ring_on_message(c, j->out, j->out_len);
+  free(j->in);
+  free(j->out);
+  free(j);
+  if (!live) {
+    maybe_free(c);
+    return;
+  }
+  if (rc != 0 || (!c->closing && process(c) != 0)) {
+    conn_abort(c);
+    return;
+  }
+  if (c->eof && !c->rx_busy && !c->paused) {
+    conn_abort(c);
+    return;
+  }
+  if (!c->rx_busy && !c->closing && !c->paused && !c->eof)
+    uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
+}
+
+/* Opens one received frame on the pool; reading pauses until it is done. */
+static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
+  job_t* j = calloc(1, sizeof(*j));
+  uint8_t* in = malloc(ct_len);
+  uint8_t* out = malloc(ct_len);
+  if (j == NULL || in == NULL || out == NULL) {
+    free(j);
+    free(in);
+    free(out);
+    return -ENOMEM;
+  }
+  memcpy(in, ct, ct_len);
+  j->c = c;
+  j->in = in;
+  j->in_len = ct_len;
+  j->out = out;
+  j->work.data = j;
+  c->rx_busy = true;
+  c->jobs++;
+  uv_read_stop((uv_stream_t*) &c->tcp);
+  int rc = uv_queue_work(&c->d->loop, &j->work, open_work, open_after);
+  if (rc != 0) {
+    c->jobs--;
+    c->rx_busy = false;
+    free(in);
+    free(out);
+    free(j);
+  }
+  return rc;
+}
+
+/* A handshake message as a plain length-prefixed frame. */
+static int send_plain(st__conn_t* c, const st_msg_t* m) {
+  wreq_t* w = malloc(sizeof(*w) + 4 + HS_FRAME_MAX);
+  if (w == NULL)
+    return -ENOMEM;
+  size_t len = 0;
+  int rc = st_wire_encode(m, w->data + 4, HS_FRAME_MAX, &len);
+  if (rc != 0) {
+    free(w);
+    return rc;
+  }
+  w->data[0] = (uint8_t) (len >> 24);
+  w->data[1] = (uint8_t) (len >> 16);
+  w->data[2] = (uint8_t) (len >> 8);
+  w->data[3] = (uint8_t) len;
+  w->len = len + 4;
+  return write_raw(c, w, false);
+}
+
+int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
+                  bool xchg_ack) {
+  if (c->closing || c->phase < P_HEADER)
+    return -EPIPE;
+  if (len >= ST__OFFLOAD_BYTES || c->tx_busy || c->txq_head != NULL)
+    return send_offloaded(c, msg, len, xchg_ack);
+  size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  wreq_t* w = malloc(sizeof(*w) + cap);
+  if (w == NULL)
+    return -ENOMEM;
+  int rc = st_stream_seal_frame(&c->tx, msg, len, false, w->data, cap, &w->len);
+  if (rc != 0) {
+    free(w);
+    return rc;
+  }
+  return write_raw(c, w, xchg_ack);
+}
+
+static int send_stream_header(st__conn_t* c, const st_session_t* s) {
+  wreq_t* w = malloc(sizeof(*w) + ST_STREAM_HEADER_BYTES);
+  if (w == NULL)
+    return -ENOMEM;
+  int rc = st_stream_tx_init(&c->tx, s->tx_key, w->data);
+  if (rc != 0) {
+    free(w);
+    return rc;
+  }
+  w->len = ST_STREAM_HEADER_BYTES;
+  return write_raw(c, w, false);
+}
+
+/* The session is up on our side: check the peer, start our stream. */
+static int session_up(st__conn_t* c) {
+  st_session_t s;
+  int rc = st_handshake_finish(&c->hs, &s);
+  if (rc != 0)
+    return rc;
+  c->peer = s.peer_id;
+  if (c->expect_peer &&
+      memcmp(&s.peer_id, &c->expected, sizeof(s.peer_id)) != 0) {
+    c->d->c.peer_mismatch++;
+    st_session_wipe(&s);
+    return -EACCES;
+  }
+  rc = send_stream_header(c, &s);
+  /* The receiving key waits until the peer's stream header arrives. */
+  memcpy(c->rx_key, s.rx_key, ST_KEY_BYTES);
+  st_session_wipe(&s);
+  if (rc != 0)
+    return rc;
+  st__net_heard(c->d, &c->peer);
+  c->phase = P_HEADER;
+  if (c->initiator) {
+    if (c->purpose == ST__CONN_PUSH_PULL) {
+      rc = st__conn_send(c, c->pp_request, c->pp_len, false);
+      free(c->pp_request);
+      c->pp_request = NULL;
+      if (rc != 0)
+        return rc;
+    } else if (c->purpose == ST__CONN_XCHG) {
+      st__xchg_on_ready(c);
+    } else if (c->purpose == ST__CONN_RING) {
+      st__ring_on_ready(c);
+    }
+  }
+  return 0;
+}
+
+static int handle_hs(st__conn_t* c, const uint8_t* data, size_t len) {
+  st_msg_t m;
+  int rc = st_wire_decode(data, len, &m, &c->d->wc);
+  if (rc != 0) {
+    c->d->cc.drops[ST_DROP_HS_MALFORMED]++;
+    return -EBADMSG;
+  }
+  st_msg_t out;
+  memset(&out, 0, sizeof(out));
+  if (!c->initiator && m.type == ST_MSG_HS1) {
+    if ((rc = st_handshake_read_msg1(&c->hs, &m.u.hs1)) != 0)
+      return rc;
+    out.type = ST_MSG_HS2;
+    if ((rc = st_handshake_write_msg2(&c->hs, &out.u.hs2)) != 0)
+      return rc;
+    return send_plain(c, &out);
+  }
+  if (c->initiator && m.type == ST_MSG_HS2) {
+    if ((rc = st_handshake_read_msg2(&c->hs, &m.u.hs2)) != 0)
+      return rc;
+    out.type = ST_MSG_HS3;
+    if ((rc = st_handshake_write_msg3(&c->hs, &out.u.hs3)) != 0)
+      return rc;
+    if ((rc = send_plain(c, &out)) != 0)
+      return rc;
+    return session_up(c);
+  }
+  if (!c->initiator && m.type == ST_MSG_HS3) {
+    if ((rc = st_handshake_read_msg3(&c->hs, &m.u.hs3)) != 0)
+      return rc;
+    return session_up(c);
+  }
+  st_wire_msg_free(&m);
+  c->d->cc.drops[ST_DROP_HS_MALFORMED]++;
+  return -EPROTO;
+}
+
+static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  if (c->purpose == ST__CONN_UNKNOWN) {
+    st_msg_t m;
+    if (st_wire_decode(msg, len, &m, &d->wc) != 0)
+      return -EBADMSG;
+    st_msg_type_t type = m.type;
+    st_wire_msg_free(&m);
+    if (type == ST_MSG_PUSH_PULL)
+      c->purpose = ST__CONN_PUSH_PULL;
+    else if (type == ST_MSG_XCHG_REQ)
+      c->purpose = ST__CONN_XCHG;
+    else if (type == ST_MSG_RING_LANE)
+      c->purpose = ST__CONN_RING;
+    else
+      return -EPROTO;
+  }
+  if (c->purpose == ST__CONN_XCHG) {
+    st__xchg_on_message(c, msg, len);
+    return 0;
+  }
+  if (c->purpose == ST__CONN_RING) {
+    st__ring_on_message(c, msg, len);
+    return 0;
+  }
+  /* Push-pull: a request (we answer on this connection) or the reply to
+   * ours (and then we are done). */
+  st__pp_reply_conn = c->initiator ? NULL : c;
+  st_membership_push_pull_in(d->m, st__dnow(d), &c->peer_addr, msg, len);
+  st__net_drain(d);
+  st__pp_reply_conn = NULL;
+  st__conn_close(c);
+  return 0;
+}
+
+static int process_frames(st__conn_t* c);
+
+/* Consumes whole frames from the receive buffer. Returns < 0 to abort.
+ * Not re-entered: a handler that resumes reading lets this loop go on. */
+static int process(st__conn_t* c) {
+  c->in_process = true;
+  int rc = process_frames(c);
+  c->in_process = false;
+  return rc;
+}
+
+static int process_frames(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  size_t off = 0;
+  int rc = 0;
+  while (rc == 0 && !c->closing && !c->rx_busy && !c->paused) {
+    const uint8_t* p = c->rbuf + off;
+    size_t avail = c->rlen - off;
+    if (c->phase == P_HANDSHAKE) {
+      if (avail < 4)
+        break;
+      size_t flen =
+          (size_t) p[0] << 24 | (size_t) p[1] << 16 | (size_t) p[2] << 8 | p[3];
+      if (flen == 0 || flen > HS_FRAME_MAX) {
+        d->cc.drops[ST_DROP_HS_MALFORMED]++;
+        return -EMSGSIZE;
+      }
+      if (avail < 4 + flen)
+        break;
+      rc = handle_hs(c, p + 4, flen);
+      off += 4 + flen;
+    } else if (c->phase == P_HEADER) {
+      if (avail < ST_STREAM_HEADER_BYTES)
+        break;
+      rc = st_stream_rx_init(&c->rx, c->rx_key, p);
+      st__wipe(c->rx_key, sizeof(c->rx_key));
+      off += ST_STREAM_HEADER_BYTES;
+      c->phase = P_OPEN;
+    } else if (c->phase == P_OPEN) {
+      if (avail < ST_FRAME_LENGTH_BYTES)
+        break;
+      size_t ct_len = 0;
+      rc = st_frame_length(p, ST_FRAME_MAX_DEFAULT, &d->cc, &ct_len);
+      if (rc != 0)
+        break;
+      if (avail < ST_FRAME_LENGTH_BYTES + ct_len)
+        break;
+      if (ct_len >= ST__OFFLOAD_BYTES &&
+          (c->purpose == ST__CONN_XCHG || c->purpose == ST__CONN_RING)) {
+        rc = open_offloaded(c, p + ST_FRAME_LENGTH_BYTES, ct_len);
+        off += ST_FRAME_LENGTH_BYTES + ct_len;
+        break;
+      }
+      static uint8_t plain[ST_FRAME_MAX_DEFAULT];
+      size_t plain_len = 0;
+      bool final = false;
+      rc = st_stream_open_frame(&c->rx, &d->cc, p + ST_FRAME_LENGTH_BYTES,
+                                ct_len, plain, sizeof(plain), &plain_len,
+                                &final);
+      off += ST_FRAME_LENGTH_BYTES + ct_len;
+      if (rc == 0)
+        rc = dispatch(c, plain, plain_len);
+    } else {
+      break;
+    }
+  }
+  if (off > 0 && c->rbuf != NULL) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+  return rc;
+}
+
+static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
+  st__conn_t* c = h->data;
+  (void) suggested;
+  size_t want = c->rlen + 65536;
+  if (want > RBUF_MAX)
+    want = RBUF_MAX;
+  if (want > c->rcap) {
+    uint8_t* p = realloc(c->rbuf, want);
+    if (p != NULL) {
+      c->rbuf = p;
+      c->rcap = want;
+    }
+  }
+  if (c->rbuf == NULL || c->rlen >= c->rcap) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  *buf = uv_buf_init((char*) c->rbuf + c->rlen, (unsigned) (c->rcap - c->rlen));
+}
+
+static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  st__conn_t* c = s->data;
+  (void) buf;
+  if (nread == UV_ENOBUFS) {
+    conn_abort(c);
+    return;
+  }
+  if (nread < 0 && (c->rx_busy || c->paused)) {
+    /* Frames received before the end are still being opened or wait for
+     * the ring driver: the end counts once they are through. */
+    c->eof = true;
+    uv_read_stop(s);
+    return;
+  }
+  if (nread < 0) {
+    if (c->phase == P_OPEN && c->purpose != ST__CONN_UNKNOWN && !c->closing &&
+        c->purpose == ST__CONN_PUSH_PULL && c->initiator)
+      c->d->cc.drops[ST_DROP_STREAM_TRUNCATED]++;
+    conn_abort(c);
+    return;
+  }
+  if (nread == 0)
+    return;
+  c->rlen += (size_t) nread;
+  c->d->c.bytes_in += (uint64_t) nread;
+  if (process(c) != 0)
+    conn_abort(c);
+}
+
+static st__conn_t* conn_new(st__daemon_t* d, bool initiator) {
+  if (d->n_conns >= ST__MAX_CONNS) {
+    d->c.conns_refused++;
+    return NULL;
+  }
+  st__conn_t* c = calloc(1, sizeof(*c));
+  if (c == NULL)
+    return NULL;
+  c->d = d;
+  c->id = ++d->next_conn_id;
+  c->initiator = initiator;
+  c->deadline_ms = st__dnow(d) + HANDSHAKE_DEADLINE_MS;
+  c->started_us = uv_hrtime() / 1000u;
+  uv_tcp_init(&d->loop, &c->tcp);
+  uv_tcp_nodelay(&c->tcp, 1);
+  c->tcp.data = c;
+  c->next = d->conns;
+  d->conns = c;
+  d->n_conns++;
+  st_handshake_init(&c->hs, initiator ? ST_HS_INITIATOR : ST_HS_RESPONDER,
+                    &d->ident, &d->keys, d->allow, &d->cc);
+  return c;
+}
+
+static void connect_cb(uv_connect_t* req, int status) {
+  st__conn_t* c = req->data;
+  free(req);
+  if (status != 0) {
+    notify_closed(c);
+    c->closing = true;
+    if (!uv_is_closing((uv_handle_t*) &c->tcp))
+      uv_close((uv_handle_t*) &c->tcp, close_cb);
+    return;
+  }
+  c->phase = P_HANDSHAKE;
+  st_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = ST_MSG_HS1;
+  if (st_handshake_write_msg1(&c->hs, &m.u.hs1) != 0 ||
+      send_plain(c, &m) != 0 ||
+      uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb) != 0) {
+    conn_abort(c);
+  }
+}
+
+st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
+                          const st_node_id_t* expected,
+                          st__conn_purpose_t purpose) {
+  st__conn_t* c = conn_new(d, true);
+  if (c == NULL)
+    return NULL;
+  c->purpose = purpose;
+  c->peer_addr = *addr;
+  if (expected != NULL) {
+    c->expect_peer = true;
+    c->expected = *expected;
+  }
+  c->deadline_ms =
+      st__dnow(d) + (purpose == ST__CONN_PUSH_PULL ? PUSH_PULL_DEADLINE_MS
+                                                   : HANDSHAKE_DEADLINE_MS);
+  uv_connect_t* req = malloc(sizeof(*req));
+  struct sockaddr_storage ss;
+  st__addr_to_sockaddr(addr, &ss);
+  if (req == NULL) {
+    c->closing = true;
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+    return NULL;
+  }
+  req->data = c;
+  c->phase = P_CONNECTING;
+  if (uv_tcp_connect(req, &c->tcp, (const struct sockaddr*) &ss, connect_cb) !=
+      0) {
+    free(req);
+    c->closing = true;
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+    return NULL;
+  }
+  return c;
+}
+
+static void accept_cb(uv_stream_t* server, int status) {
+  st__daemon_t* d = server->data;
+  if (status != 0)
+    return;
+  st__conn_t* c = conn_new(d, false);
+  if (c == NULL) {
+    /* Accept and drop, so the backlog does not fill. */
+    uv_tcp_t* t = malloc(sizeof(*t));
+    if (t != NULL) {
+      uv_tcp_init(&d->loop, t);
+      if (uv_accept(server, (uv_stream_t*) t) == 0)
+        uv_close((uv_handle_t*) t, (uv_close_cb) free);
+      else
+        uv_close((uv_handle_t*) t, (uv_close_cb) free);
+    }
+    return;
+  }
+  if (uv_accept(server, (uv_stream_t*) &c->tcp) != 0) {
+    conn_abort(c);
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr*) &ss, &len) == 0)
+    st__addr_from_sockaddr((struct sockaddr*) &ss, &c->peer_addr);
+  c->phase = P_HANDSHAKE;
+  if (uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb) != 0)
+    conn_abort(c);
+}
+
+int st__conn_listen(st__daemon_t* d, char* err, size_t err_len) {
+  struct sockaddr_storage ss;
+  st__addr_to_sockaddr(&d->self_addr, &ss);
+  int rc = uv_tcp_init(&d->loop, &d->listener);
+  d->listener.data = d;
+  if (rc == 0)
+    rc = uv_tcp_bind(&d->listener, (const struct sockaddr*) &ss, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t*) &d->listener, 128, accept_cb);
+  if (rc == 0 && d->self_addr.port == 0) {
+    /* The OS picked the port: it is the node's, for UDP and for gossip. */
+    struct sockaddr_storage got;
+    int len = sizeof(got);
+    uv_tcp_getsockname(&d->listener, (struct sockaddr*) &got, &len);
+    st__addr_from_sockaddr((struct sockaddr*) &got, &d->self_addr);
+    st__addr_format(&d->self_addr, d->self_addr_text,
+                    sizeof(d->self_addr_text));
+  }
+  if (rc != 0) {
+    snprintf(err, err_len, "cannot listen on TCP %s: %s; %s", d->self_addr_text,
+             uv_strerror(rc),
+             rc == UV_EADDRNOTAVAIL
+                 ? "this machine has no such address: give one of its own "
+                   "with --listen"
+                 : "is another program using that port? pick another with "
+                   "--listen");
+    return rc;
+  }
+  return 0;
+}
+
+void st__conn_sweep(st__daemon_t* d) {
+  uint64_t now = st__dnow(d);
+  st__conn_t* next;
+  for (st__conn_t* c = d->conns; c != NULL; c = next) {
+    next = c->next;
+    if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
+      continue;
+    /* An exchange keeps its own timeout once the stream is open. */
+    if (c->purpose == ST__CONN_XCHG && c->x != NULL)
+      continue;
+    /* So does a ring round's stream once its round runs. */
+    if (c->purpose == ST__CONN_RING && c->ring_round != 0)
+      continue;
+    if (now >= c->deadline_ms)
+      conn_abort(c);
+  }
+}

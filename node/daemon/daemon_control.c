@@ -1,0 +1,497 @@
+/* daemon_control.c: the Unix control socket through which `starling
+ * status`, `starling peers` and `starling leave` reach a running node.
+ *
+ * Protocol: the client sends one line, "status", "peers" or "leave",
+ * optionally followed by " json"; the node answers with the document (a
+ * table for people, or one JSON document) and closes the connection. The
+ * socket is created with mode 0600 in the data directory (only the user
+ * that runs the node may control it); a stale socket left by a crashed
+ * node is replaced, a live one is refused.
+ */
+#include "node/daemon/daemon_internal.h"
+#include "base/base.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define REQUEST_MAX 128
+
+typedef struct {
+  uv_pipe_t pipe;
+  st__daemon_t* d;
+  char req[REQUEST_MAX];
+  size_t len;
+  bool answered;
+} client_t;
+
+typedef struct {
+  uv_write_t req;
+  client_t* cl;
+  st_json_buf_t buf;
+} cwrite_t;
+
+static const char* member_state_name(st_member_state_t s) {
+  switch (s) {
+    case ST_MEMBER_ALIVE:
+      return "alive";
+    case ST_MEMBER_SUSPECT:
+      return "suspect";
+    case ST_MEMBER_DEAD:
+      return "dead";
+    case ST_MEMBER_LEFT:
+      return "left";
+  }
+  return "unknown";
+}
+
+static void put_num(st_json_buf_t* b, double v) {
+  char tmp[64];
+  if (!isfinite(v))
+    st_json_buf_puts(b, "null");
+  else {
+    snprintf(tmp, sizeof(tmp), "%.6g", v);
+    st_json_buf_puts(b, tmp);
+  }
+}
+
+/* A figure for the tables: "-" while there is none (NaN: no step or no
+ * evaluation yet), as JSON gives null. */
+typedef struct {
+  char s[24];
+} figure_t;
+
+static figure_t figure(double v, int decimals) {
+  figure_t f;
+  if (isnan(v))
+    snprintf(f.s, sizeof(f.s), "-");
+  else
+    snprintf(f.s, sizeof(f.s), "%.*f", decimals, v);
+  return f;
+}
+
+static void put_key(st_json_buf_t* b, bool* first, const char* key) {
+  st_json_buf_puts(b, *first ? "{" : ",");
+  *first = false;
+  st_json_buf_string(b, key);
+  st_json_buf_puts(b, ":");
+}
+
+static void kv_u64(st_json_buf_t* b, bool* first, const char* k, uint64_t v) {
+  put_key(b, first, k);
+  st_json_buf_u64(b, v);
+}
+
+static void kv_num(st_json_buf_t* b, bool* first, const char* k, double v) {
+  put_key(b, first, k);
+  put_num(b, v);
+}
+
+static void kv_str(st_json_buf_t* b, bool* first, const char* k,
+                   const char* v) {
+  put_key(b, first, k);
+  st_json_buf_string(b, v);
+}
+
+typedef struct {
+  size_t alive, suspect, dead;
+} peer_counts_t;
+
+static peer_counts_t count_peers(const st__daemon_t* d) {
+  peer_counts_t pc = {0, 0, 0};
+  size_t n = st_membership_count(d->m);
+  for (size_t i = 0; i < n; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL || memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+      continue;
+    if (mb->state == ST_MEMBER_ALIVE)
+      pc.alive++;
+    else if (mb->state == ST_MEMBER_SUSPECT)
+      pc.suspect++;
+    else
+      pc.dead++;
+  }
+  return pc;
+}
+
+static void status_json(st__daemon_t* d, st_json_buf_t* b) {
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  peer_counts_t pc = count_peers(d);
+  char id[33];
+  st_node_id_format(&d->ident.id, id);
+  bool first = true;
+  kv_str(b, &first, "id", id);
+  kv_str(b, &first, "address", d->self_addr_text);
+  kv_str(b, &first, "state", st__dstate_name(d->state));
+  kv_str(b, &first, "model", d->local.model);
+  kv_u64(b, &first, "boot_epoch", d->boot_epoch);
+  kv_u64(b, &first, "step", st.step);
+  kv_u64(b, &first, "epoch", st.epoch);
+  kv_num(b, &first, "loss", st.loss);
+  kv_num(b, &first, "test_loss", st.test_loss);
+  kv_num(b, &first, "test_accuracy", st.test_accuracy);
+  kv_num(b, &first, "samples_per_sec", st.samples_per_sec);
+  kv_u64(b, &first, "samples", st.samples);
+  kv_u64(b, &first, "corrections_applied", st.corrections);
+  kv_u64(b, &first, "peers_alive", pc.alive);
+  kv_u64(b, &first, "peers_suspect", pc.suspect);
+  kv_u64(b, &first, "peers_dead", pc.dead);
+  kv_u64(b, &first, "exchanges_ok", d->c.ok);
+  kv_u64(b, &first, "exchanges_failed", d->c.failed);
+  kv_u64(b, &first, "exchanges_busy", d->c.busy);
+  kv_u64(b, &first, "exchanges_dropped", d->c.dropped);
+  kv_u64(b, &first, "state_transfers", d->c.fetches_ok);
+  kv_num(b, &first, "exchange_ms_mean",
+         d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
+  kv_num(b, &first, "exchange_ms_last",
+         d->c.ok > 0 ? d->c.exchange_ms_last : NAN);
+  kv_u64(b, &first, "ring_rounds_ok", d->c.ring_ok);
+  kv_u64(b, &first, "ring_rounds_aborted", d->c.ring_aborted);
+  kv_u64(b, &first, "ring_lanes_refused", d->c.ring_lanes_refused);
+  kv_str(b, &first, "ring_state",
+         d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
+                       : "off");
+  char round[20] = "";
+  if (d->ring != NULL && !d->ring_done)
+    snprintf(round, sizeof(round), "%016llx",
+             (unsigned long long) d->ring_round);
+  kv_str(b, &first, "ring_round", round);
+  double progress = NAN;
+  if (d->ring != NULL && !d->ring_done) {
+    st_ring_progress_t p;
+    st_ring_progress(d->ring, &p);
+    progress = p.segments_to_receive > 0 ? (double) p.segments_received /
+                                               (double) p.segments_to_receive
+                                         : 1.0;
+  }
+  kv_num(b, &first, "ring_progress", progress);
+  snprintf(round, sizeof(round), "%016llx",
+           (unsigned long long) d->c.ring_last_round);
+  kv_str(b, &first, "ring_last_round", d->c.ring_last_n > 0 ? round : "");
+  put_key(b, &first, "ring_last_ok");
+  st_json_buf_puts(b, d->c.ring_last_ok ? "true" : "false");
+  kv_num(b, &first, "ring_last_ms",
+         d->c.ring_last_n > 0 ? d->c.ring_last_ms : NAN);
+  put_key(b, &first, "ring_last_members");
+  st_json_buf_puts(b, "[");
+  for (uint32_t i = 0; i < d->c.ring_last_n; i++) {
+    char mid[33];
+    st_node_id_format(&d->ring_last_members[i], mid);
+    if (i > 0)
+      st_json_buf_puts(b, ",");
+    st_json_buf_string(b, mid);
+  }
+  st_json_buf_puts(b, "]");
+  kv_u64(b, &first, "bytes_in", d->c.bytes_in);
+  kv_u64(b, &first, "bytes_out", d->c.bytes_out);
+  kv_u64(b, &first, "packets_in", d->c.packets_in);
+  kv_u64(b, &first, "packets_out", d->c.packets_out);
+  kv_num(b, &first, "uptime_s", (double) (st__dnow(d) - d->started_ms) / 1e3);
+  /* Every reason something was refused, by name, zeros included, so that
+   * scripts can rely on the keys. */
+  put_key(b, &first, "rejected");
+  bool f2 = true;
+  for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
+    kv_u64(b, &f2, st_crypto_drop_name((st_crypto_drop_t) i), d->cc.drops[i]);
+  const st_wire_counters_t* mw = st_membership_counters(d->m);
+  for (int i = 0; i < ST_WIRE_DROP_COUNT; i++)
+    kv_u64(b, &f2, st_wire_drop_name((st_wire_drop_t) i),
+           d->wc.drops[i] + (mw != NULL ? mw->drops[i] : 0));
+  for (int i = 1; i < ST_XCHG_RESULT_COUNT; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "exchange_%s",
+             st_xchg_result_name((st_xchg_result_t) i));
+    kv_u64(b, &f2, name, d->c.by_result[i]);
+  }
+  kv_u64(b, &f2, "packet_unbound", d->c.udp_unbound);
+  kv_u64(b, &f2, "handshake_wrong_peer", d->c.peer_mismatch);
+  kv_u64(b, &f2, "connections_over_limit", d->c.conns_refused);
+  st_json_buf_puts(b, "}}\n");
+}
+
+static void status_text(st__daemon_t* d, st_json_buf_t* b) {
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  peer_counts_t pc = count_peers(d);
+  char id[33], line[512];
+  st_node_id_format(&d->ident.id, id);
+  uint64_t rejected = 0;
+  for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
+    rejected += d->cc.drops[i];
+  snprintf(line, sizeof(line),
+           "node       %s\n"
+           "address    %s\n"
+           "state      %s\n"
+           "model      %s\n"
+           "step       %" PRIu64 " (epoch %" PRIu64
+           ")\n"
+           "loss       %s\n"
+           "test acc   %s\n"
+           "samples/s  %s\n",
+           id, d->self_addr_text, st__dstate_name(d->state), d->local.model,
+           st.step, st.epoch, figure(st.loss, 4).s,
+           figure(st.test_accuracy, 4).s, figure(st.samples_per_sec, 0).s);
+  st_json_buf_puts(b, line);
+  snprintf(line, sizeof(line),
+           "peers      %zu alive, %zu suspect, %zu dead or left\n"
+           "exchanges  %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
+           " busy, %" PRIu64
+           " dropped by the guard\n"
+           "rings      %" PRIu64 " ok, %" PRIu64
+           " aborted; last: %u members, %.0f ms\n"
+           "traffic    %.1f MB in, %.1f MB out\n"
+           "rejected   %" PRIu64
+           " packets/handshakes/frames "
+           "(status --json has each reason)\n",
+           pc.alive, pc.suspect, pc.dead, d->c.ok, d->c.failed, d->c.busy,
+           d->c.dropped, d->c.ring_ok, d->c.ring_aborted, d->c.ring_last_n,
+           d->c.ring_last_ms, (double) d->c.bytes_in / 1e6,
+           (double) d->c.bytes_out / 1e6, rejected);
+  st_json_buf_puts(b, line);
+}
+
+static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
+  size_t n = st_membership_count(d->m);
+  uint64_t now = st__dnow(d);
+  if (json)
+    st_json_buf_puts(b, "[");
+  else
+    st_json_buf_puts(b,
+                     "ID            ADDRESS                STATE    "
+                     "   STEP    LOSS     ACC  SAMPLES/S  HEARD\n");
+  for (size_t i = 0; i < n; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL)
+      continue;
+    st_member_t m = *mb;
+    bool self = memcmp(&m.id, &d->ident.id, sizeof(m.id)) == 0;
+    char id[33], addr[64];
+    st_node_id_format(&m.id, id);
+    st__addr_format(&m.addr, addr, sizeof(addr));
+    double heard = -1;
+    if (self) {
+      heard = 0;
+    } else {
+      uint64_t at = st__net_last_heard(d, &m.id);
+      if (at != 0)
+        heard = (double) (now - at) / 1e3;
+    }
+    double loss = m.has_status ? m.status.loss : NAN;
+    double acc = m.has_status ? m.status.accuracy : NAN;
+    double sps = m.has_status ? m.status.samples_per_sec : NAN;
+    uint64_t step = m.has_status ? m.status.step : 0;
+    if (json) {
+      if (i > 0)
+        st_json_buf_puts(b, ",");
+      bool first = true;
+      kv_str(b, &first, "id", id);
+      kv_str(b, &first, "address", addr);
+      kv_str(b, &first, "state", member_state_name(m.state));
+      put_key(b, &first, "self");
+      st_json_buf_puts(b, self ? "true" : "false");
+      kv_u64(b, &first, "step", step);
+      kv_num(b, &first, "loss", loss);
+      kv_num(b, &first, "test_accuracy", acc);
+      kv_num(b, &first, "samples_per_sec", sps);
+      kv_num(b, &first, "last_heard_s", heard < 0 ? NAN : heard);
+      kv_u64(b, &first, "incarnation", m.incarnation);
+      bool in_ring = false;
+      for (uint32_t k = 0; k < d->c.ring_last_n; k++)
+        if (memcmp(&d->ring_last_members[k], &m.id, sizeof(m.id)) == 0)
+          in_ring = true;
+      put_key(b, &first, "in_last_ring");
+      st_json_buf_puts(b, in_ring ? "true" : "false");
+      st_json_buf_puts(b, "}");
+    } else {
+      char line[256], heard_s[32];
+      if (heard < 0)
+        snprintf(heard_s, sizeof(heard_s), "-");
+      else
+        snprintf(heard_s, sizeof(heard_s), "%.1fs", heard);
+      snprintf(line, sizeof(line),
+               "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %s\n", id,
+               self ? "*" : " ", addr, member_state_name(m.state), step,
+               figure(loss, 4).s, figure(acc, 4).s, figure(sps, 0).s, heard_s);
+      st_json_buf_puts(b, line);
+    }
+  }
+  st_json_buf_puts(b, json ? "]\n" : "(* this node)\n");
+}
+
+static void client_close_cb(uv_handle_t* h) {
+  free(h->data);
+}
+
+static void cwrite_cb(uv_write_t* req, int status) {
+  cwrite_t* w = (cwrite_t*) req;
+  (void) status;
+  client_t* cl = w->cl;
+  st_json_buf_free(&w->buf);
+  free(w);
+  if (!uv_is_closing((uv_handle_t*) &cl->pipe))
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+}
+
+static void answer(client_t* cl) {
+  st__daemon_t* d = cl->d;
+  cl->answered = true;
+  cwrite_t* w = calloc(1, sizeof(*w));
+  if (w == NULL) {
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    return;
+  }
+  w->cl = cl;
+  st_json_buf_init(&w->buf);
+  char* nl = memchr(cl->req, '\n', cl->len);
+  if (nl != NULL)
+    *nl = '\0';
+  bool json = strstr(cl->req, " json") != NULL;
+  bool leave = false;
+  if (strncmp(cl->req, "status", 6) == 0) {
+    if (json)
+      status_json(d, &w->buf);
+    else
+      status_text(d, &w->buf);
+  } else if (strncmp(cl->req, "peers", 5) == 0) {
+    peers_doc(d, &w->buf, json);
+  } else if (strncmp(cl->req, "leave", 5) == 0) {
+    leave = true;
+    st_json_buf_puts(&w->buf, json ? "{\"leaving\":true}\n"
+                                   : "leaving: announcing the leave, "
+                                     "writing a checkpoint, stopping\n");
+  } else {
+    st_json_buf_puts(&w->buf,
+                     "error: unknown request; expected status, "
+                     "peers or leave\n");
+  }
+  if (w->buf.failed) {
+    st_json_buf_free(&w->buf);
+    free(w);
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    return;
+  }
+  uv_buf_t b = uv_buf_init(w->buf.p, (unsigned) w->buf.len);
+  if (uv_write(&w->req, (uv_stream_t*) &cl->pipe, &b, 1, cwrite_cb) != 0) {
+    st_json_buf_free(&w->buf);
+    free(w);
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+  }
+  if (leave)
+    st__daemon_leave(d, "asked by `starling leave`");
+}
+
+static void client_alloc(uv_handle_t* h, size_t s, uv_buf_t* buf) {
+  client_t* cl = h->data;
+  (void) s;
+  *buf = uv_buf_init(cl->req + cl->len, (unsigned) (REQUEST_MAX - 1 - cl->len));
+}
+
+static void client_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  client_t* cl = s->data;
+  (void) buf;
+  if (cl->answered)
+    return;
+  if (nread < 0) {
+    if (cl->len > 0)
+      answer(cl);
+    else
+      uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    return;
+  }
+  cl->len += (size_t) nread;
+  cl->req[cl->len] = '\0';
+  if (memchr(cl->req, '\n', cl->len) != NULL || cl->len >= REQUEST_MAX - 1)
+    answer(cl);
+}
+
+static void on_connection(uv_stream_t* server, int status) {
+  st__daemon_t* d = server->data;
+  if (status != 0)
+    return;
+  client_t* cl = calloc(1, sizeof(*cl));
+  if (cl == NULL)
+    return;
+  cl->d = d;
+  uv_pipe_init(&d->loop, &cl->pipe, 0);
+  cl->pipe.data = cl;
+  if (uv_accept(server, (uv_stream_t*) &cl->pipe) != 0 ||
+      uv_read_start((uv_stream_t*) &cl->pipe, client_alloc, client_read) != 0) {
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+  }
+}
+
+/* 1 when a node answers on path, 0 when nothing does (a stale socket). */
+int st__control_in_use(const char* path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0)
+    return 0;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  int alive = connect(fd, (struct sockaddr*) &sa, sizeof(sa)) == 0;
+  close(fd);
+  return alive;
+}
+
+int st__control_start(st__daemon_t* d, char* err, size_t err_len) {
+  struct sockaddr_un sa;
+  if (strlen(d->control_path) >= sizeof(sa.sun_path)) {
+    snprintf(err, err_len,
+             "control socket path '%s' is longer than %zu bytes; use a "
+             "shorter --data-dir or --control",
+             d->control_path, sizeof(sa.sun_path) - 1);
+    return -ENAMETOOLONG;
+  }
+  struct stat sb;
+  if (lstat(d->control_path, &sb) == 0) {
+    if (!S_ISSOCK(sb.st_mode)) {
+      snprintf(err, err_len,
+               "'%s' exists and is not a socket; remove it or pass "
+               "another --control",
+               d->control_path);
+      return -EEXIST;
+    }
+    if (st__control_in_use(d->control_path)) {
+      snprintf(err, err_len,
+               "a node is already running with control socket '%s' (same "
+               "--data-dir?); stop it with 'starling leave --control %s' or "
+               "use another --data-dir",
+               d->control_path, d->control_path);
+      return -EADDRINUSE;
+    }
+    unlink(d->control_path);
+  }
+  uv_pipe_init(&d->loop, &d->control, 0);
+  d->control.data = d;
+  /* Created 0600 from the start: the umask covers the bind. */
+  mode_t old = umask(0177);
+  int rc = uv_pipe_bind(&d->control, d->control_path);
+  umask(old);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t*) &d->control, 16, on_connection);
+  if (rc != 0) {
+    snprintf(err, err_len, "cannot create control socket '%s': %s",
+             d->control_path, uv_strerror(rc));
+    uv_close((uv_handle_t*) &d->control, NULL);
+    return rc;
+  }
+  d->control_open = true;
+  return 0;
+}
+
+void st__control_close(st__daemon_t* d) {
+  if (!d->control_open)
+    return;
+  d->control_open = false;
+  uv_close((uv_handle_t*) &d->control, NULL);
+  unlink(d->control_path);
+}

@@ -1,0 +1,325 @@
+/* daemon_internal.h: the daemon's state, shared by node/daemon*.c. Every
+ * field is owned by the loop thread unless its comment says otherwise.
+ *
+ *   daemon.c          start-up, the loop, signals, leave and shut-down
+ *   daemon_state.c    the data directory: identity, boot epoch, paths
+ *   daemon_net.c      UDP: sealed membership packets; the membership timer
+ *   daemon_conn.c     TCP: handshake, encrypted frames, write queue
+ *   daemon_xchg.c     averaging and state transfer over connections
+ *   daemon_control.c  the Unix control socket: status, peers, leave
+ */
+#ifndef STARLING_NODE_DAEMON_INTERNAL_H
+#define STARLING_NODE_DAEMON_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "crypto/crypto.h"
+#include "gossip/gossip.h"
+#include "node/daemon/daemon.h"
+#include "node/daemon/trainer_thread.h"
+
+typedef enum {
+  ST__D_SYNCING = 0, /* joined or joining; fetching state before step 1 */
+  ST__D_WAITING,     /* has its state; the first step waits for --min-nodes */
+  ST__D_TRAINING,
+  ST__D_DONE, /* epochs done: serves exchanges, no more steps */
+  ST__D_LEAVING
+} st__dstate_t;
+
+const char* st__dstate_name(st__dstate_t s);
+
+typedef struct st__daemon_s st__daemon_t;
+typedef struct st__conn_s st__conn_t;
+
+/* Why a connection exists, known to the initiator from the start and to
+ * the responder from the first message. */
+typedef enum {
+  ST__CONN_UNKNOWN = 0,
+  ST__CONN_PUSH_PULL,
+  ST__CONN_XCHG,
+  ST__CONN_RING /* a ring round's stream, previous member -> next */
+} st__conn_purpose_t;
+
+struct st__conn_s {
+  uv_tcp_t tcp;
+  st__daemon_t* d;
+  st__conn_t* next; /* in d->conns */
+  uint64_t id;      /* snapshot and correction tags */
+  bool initiator;
+  int phase; /* daemon_conn.c */
+  bool closing;
+  bool handle_closed;
+  int tt_pending; /* trainer requests that still borrow this conn */
+  uint64_t deadline_ms;
+  uint64_t started_us; /* dial or accept */
+  st_wire_addr_t peer_addr;
+  bool expect_peer; /* the dialled node's id is known: check it */
+  st_node_id_t expected;
+  st_node_id_t peer;
+  st_handshake_t hs;
+  st_stream_t tx, rx;
+  uint8_t rx_key[ST_KEY_BYTES]; /* until the peer's stream header */
+  uint8_t* rbuf;
+  size_t rlen, rcap;
+  st__conn_purpose_t purpose;
+  /* PUSH_PULL initiator: the request to send once the stream is up. */
+  uint8_t* pp_request;
+  size_t pp_len;
+  /* XCHG */
+  st_xchg_t* x;
+  st_xchg_kind_t xkind;
+  float* snap; /* the machine's snapshot buffer, lent to the trainer */
+  bool counted_active;
+  uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
+  /* Frames of at least ST__OFFLOAD_BYTES are sealed and opened on libuv's
+   * thread pool, one job per direction at a time, in order. */
+  struct st__job_s* txq_head;
+  struct st__job_s* txq_tail;
+  bool tx_busy, rx_busy;
+  int jobs;        /* jobs in flight that point at this conn */
+  bool paused;     /* reading stopped by the ring driver */
+  bool in_process; /* inside process(): frames being dispatched */
+  bool eof;        /* the peer closed; frames before it still pending */
+  /* RING: the round this stream belongs to once it runs. An accepted lane
+   * names its round, index and count in its first message (RING_LANE,
+   * ring_lanes 0 until then); a segment that comes before its turn (or
+   * before this node starts the round) is kept in ring_held and reading
+   * pauses until it is fed. */
+  uint64_t ring_round;
+  uint64_t ring_lane_round;
+  uint32_t ring_lane, ring_lanes;
+  uint8_t* ring_held;
+  size_t ring_held_len;
+};
+
+/* SENDs kept for lanes not yet up: at most the round's in_flight. */
+#define ST__RING_PENDING (2u * ST_RING_MAX_LANES)
+
+#define ST__OFFLOAD_BYTES (64u * 1024u)
+
+typedef struct {
+  uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
+  uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
+  uint64_t fetches_ok;
+  double exchange_ms_sum; /* successful averaging exchanges, connect to
+                             done: the mean is sum / ok */
+  double exchange_ms_last;
+  uint64_t ring_ok, ring_aborted; /* ring rounds this node took part in */
+  double ring_last_ms;
+  uint32_t ring_last_n;
+  uint64_t ring_last_round;
+  bool ring_last_ok;
+  uint64_t ring_lanes_refused;  /* ring lanes closed at once: not a round
+                                   this node accepted or runs, or not from
+                                   its previous member (st_ring_form_lane) */
+  uint64_t bytes_in, bytes_out; /* TCP and UDP, on the wire */
+  uint64_t packets_in, packets_out;
+  uint64_t udp_unbound;   /* packets not bound to this node (dropped) */
+  uint64_t udp_send_fail; /* sends the kernel refused */
+  uint64_t conns_refused; /* connections closed for a limit */
+  uint64_t peer_mismatch; /* handshake peer is not the node dialled */
+} st__dcounters_t;
+
+/* When this node last heard from each member (authenticated traffic). */
+typedef struct {
+  st_node_id_t id;
+  uint64_t at_ms;   /* 0: never heard from */
+  int logged_state; /* the state last logged, -1: none */
+  bool used;
+} st__heard_t;
+
+#define ST__HEARD_SLOTS 1024
+#define ST__MAX_CONNS 256
+
+struct st__daemon_s {
+  const st_daemon_config_t* cfg;
+  uv_loop_t loop;
+  uv_udp_t udp;
+  uv_tcp_t listener;
+  uv_pipe_t control;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t member_timer, gossip_timer, status_timer, sweep_timer, seed_timer,
+      leave_timer, log_timer, ring_tick_timer, form_timer, ring_timer;
+  uv_async_t tt_async;
+  bool control_open;
+
+  char data_dir[512];
+  char control_path[600];
+  char checkpoint_path[600];
+  st_identity_t ident;
+  st_keyring_t keys;
+  st_allowlist_t* allow;
+  st_replay_table_t* replay;
+  st_packet_sealer_t sealer;
+  uint32_t boot_epoch;
+  st_crypto_counters_t cc;
+  st_wire_counters_t wc; /* decode failures outside membership */
+
+  st_rng_t rng;
+  st_membership_t* m;
+  st_wire_addr_t self_addr;
+  char self_addr_text[64];
+  struct sockaddr_storage seeds[ST_DAEMON_MAX_SEEDS];
+  st_wire_addr_t seed_addrs[ST_DAEMON_MAX_SEEDS];
+  size_t n_seeds;
+  double seed_backoff_s;
+  uint64_t seed_retries;
+
+  st_backend_t* be;
+  st_data_t data;
+  st_trainer_t trainer;
+  bool trainer_ready;
+  st__tt_t* tt;
+  st_xchg_config_t xcfg;
+  st_xchg_local_t local; /* fingerprint, model, n_params */
+  uint64_t status_seq;
+
+  st__dstate_t state;
+  bool resumed; /* started from a checkpoint */
+  bool synced;  /* has parameters of its own: checkpoint them at exit */
+  uint64_t fetch_attempts;
+  uint64_t wait_logged_ms; /* last "waiting for N nodes" line */
+  bool fetch_active;
+  int avg_active; /* averaging exchanges in progress, either role */
+  uint64_t next_conn_id;
+  st__conn_t* conns;
+  size_t n_conns;
+
+  /* The ring all-reduce (daemon_ring.c). */
+  st_ring_form_t* rf; /* NULL: rings off (--ring-every 0) */
+  st_ring_t* ring;    /* the round's data plane, until the trainer is done
+                         with its delta */
+  bool ring_done;     /* the round ended (ring kept for the trainer) */
+  uint64_t ring_round, ring_seq;
+  uint32_t ring_n, ring_rank;
+  st_node_id_t ring_members[ST_RING_FORM_MAX_MEMBERS];
+  st_node_id_t ring_last_members[ST_RING_FORM_MAX_MEMBERS];
+  uint64_t ring_started_ms;
+  int ring_tt_pending;
+  double ring_segment_ms; /* measured, smoothed: for the stall timeout */
+  /* The round's lanes (gossip.h, "Ring all-reduce": lanes): send-stream
+   * segment i goes on ring_next[i % ring_lanes]; receive-stream segment i
+   * comes on ring_prev[i % ring_prev_lanes] (learnt from RING_LANE). */
+  uint32_t ring_lanes;
+  st__conn_t* ring_next[ST_RING_MAX_LANES];
+  bool ring_next_ready[ST_RING_MAX_LANES];
+  uint64_t ring_sent_seq;
+  st__conn_t* ring_prev[ST_RING_MAX_LANES];
+  uint32_t ring_prev_lanes;
+  uint64_t ring_recv_seq;
+  struct {
+    uint8_t* data;
+    size_t len;
+    uint32_t lane;
+  } ring_pending[ST__RING_PENDING];
+  uint32_t ring_pending_n;
+
+  st__dcounters_t c;
+  st__heard_t heard[ST__HEARD_SLOTS];
+  uint64_t started_ms;
+  int exit_code; /* set by a fatal condition (model mismatch) */
+  char fatal[512];
+};
+
+uint64_t st__dnow(const st__daemon_t* d);
+void st__dlog(const st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void st__dwarn(const st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* daemon.c */
+void st__daemon_leave(st__daemon_t* d, const char* why);
+/* The node has parameters of its own (fresh, resumed or fetched): it
+ * trains now, or waits in ST__D_WAITING until --min-nodes are alive. */
+void st__daemon_synced(st__daemon_t* d);
+void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* daemon_state.c */
+/* The data directory's paths (checkpoint, control socket) into d. */
+void st__state_paths(st__daemon_t* d);
+/* Makes the data directory, refuses one a running node uses, loads or
+ * makes the identity and raises the boot epoch. */
+int st__state_prepare(st__daemon_t* d, char* err, size_t err_len);
+void st__model_fingerprint(const st_model_spec_t* spec, uint8_t fp[16],
+                           char* desc, size_t desc_len);
+int st__addr_parse(const char* text, struct sockaddr_storage* ss,
+                   st_wire_addr_t* wa, char* err, size_t err_len);
+void st__addr_to_sockaddr(const st_wire_addr_t* wa,
+                          struct sockaddr_storage* ss);
+void st__addr_from_sockaddr(const struct sockaddr* sa, st_wire_addr_t* wa);
+void st__addr_format(const st_wire_addr_t* wa, char* buf, size_t len);
+
+/* daemon_net.c */
+int st__net_start(st__daemon_t* d, char* err, size_t err_len);
+void st__net_drain(st__daemon_t* d);
+void st__net_heard(st__daemon_t* d, const st_node_id_t* id);
+uint64_t st__net_last_heard(const st__daemon_t* d, const st_node_id_t* id);
+
+/* daemon_conn.c */
+int st__conn_listen(st__daemon_t* d, char* err, size_t err_len);
+/* Dials addr (expected: the node's id, or NULL for a seed). */
+st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
+                          const st_node_id_t* expected,
+                          st__conn_purpose_t purpose);
+/* Seals msg as one frame and queues it; xchg_ack: report the write to the
+ * connection's exchange machine (st_xchg_sent). */
+int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len, bool xchg_ack);
+/* Closes after the queued frames are written. */
+void st__conn_close(st__conn_t* c);
+/* The trainer is done with a request that borrowed from c (its snapshot
+ * buffer or its exchange's delta): frees c when it is closed. */
+void st__conn_release(st__conn_t* c);
+void st__wipe(void* p, size_t n);
+/* The push-pull that the membership machine produced while the daemon
+ * fed it a request from this connection goes back on it. */
+extern st__conn_t* st__pp_reply_conn;
+void st__conn_sweep(st__daemon_t* d);
+st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id);
+
+/* daemon_xchg.c */
+void st__xchg_on_ready(st__conn_t* c); /* initiator up */
+void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__xchg_on_closed(st__conn_t* c);
+void st__xchg_on_sent(st__conn_t* c);
+void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
+void st__xchg_gossip_tick(st__daemon_t* d);
+void st__xchg_sync_tick(st__daemon_t* d);
+void st__xchg_sweep(st__daemon_t* d);
+
+/* daemon_net.c: one sealed UDP packet to a member. */
+void st__net_send_to(st__daemon_t* d, const st_wire_addr_t* addr,
+                     const st_node_id_t* to, const uint8_t* data, size_t len);
+
+/* daemon_conn.c: reading paused and resumed (the ring driver). */
+void st__conn_pause(st__conn_t* c);
+void st__conn_resume(st__conn_t* c);
+
+/* daemon_ring.c */
+/* Sizes libuv's thread pool for --ring-lanes (before any thread starts). */
+void st__ring_size_pool(st__daemon_t* d);
+int st__ring_start(st__daemon_t* d);
+void st__ring_close(st__daemon_t* d);
+void st__ring_free(st__daemon_t* d);
+void st__ring_tick(st__daemon_t* d);
+void st__ring_drain_form(st__daemon_t* d);
+void st__ring_timer_cb(uv_timer_t* t);
+void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
+                        const uint8_t* data, size_t len);
+void st__ring_on_ready(st__conn_t* c);
+void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__ring_on_sent(st__conn_t* c);
+void st__ring_on_closed(st__conn_t* c);
+void st__ring_on_member_gone(st__daemon_t* d, const st_node_id_t* id);
+/* true when the event was the ring's */
+bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
+
+/* daemon_control.c */
+int st__control_start(st__daemon_t* d, char* err, size_t err_len);
+void st__control_close(st__daemon_t* d);
+/* 1 when a node answers on the control socket at path. */
+int st__control_in_use(const char* path);
+
+#endif

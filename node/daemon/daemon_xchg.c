@@ -1,0 +1,284 @@
+/* daemon_xchg.c: pairwise gossip averaging and the joining node's state
+ * transfer, driving the exchange machines of gossip/exchange.c over the
+ * connections of daemon_conn.c and the trainer thread's mailbox.
+ *
+ * Averaging: every --gossip-every seconds a node that is not already in
+ * an exchange picks a random live member whose status record carries the
+ * same model fingerprint and averages with it. A peer in an exchange
+ * answers busy; the initiator tries again at its next tick (with another
+ * random peer). A node takes part in at most one averaging exchange at a
+ * time, as initiator or responder, so the pair's sum stays preserved.
+ *
+ * Joining: a node started with seeds and without a checkpoint stays in
+ * SYNCING until it has fetched the parameters and the step of a live peer
+ * (FETCH); a donor that dies mid-transfer, is busy or not ready yet makes
+ * it try another at the next tick. A peer running another model refuses
+ * with MISMATCH, and the joiner stops with a message naming both models.
+ */
+#include "node/daemon/daemon_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SYNC_RETRY_LOG_EVERY 10
+
+static void fill_local(st__daemon_t* d, st_xchg_local_t* l) {
+  *l = d->local;
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  l->step = st.step;
+  if (d->state == ST__D_SYNCING)
+    l->n_params = 0; /* nothing to give yet */
+}
+
+static void finish_counts(st__conn_t* c, st_xchg_result_t r,
+                          const char* peer_model) {
+  st__daemon_t* d = c->d;
+  char id[33];
+  st_node_id_format(&c->peer, id);
+  d->c.by_result[r]++;
+  if (c->counted_active) {
+    c->counted_active = false;
+    if (c->xkind == ST_XCHG_FETCH && c->initiator)
+      d->fetch_active = false;
+    else if (d->avg_active > 0)
+      d->avg_active--;
+  }
+  if (c->xkind == ST_XCHG_AVERAGE) {
+    if (r == ST_XCHG_OK) {
+      d->c.ok++;
+      double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
+      d->c.exchange_ms_sum += ms;
+      d->c.exchange_ms_last = ms;
+    } else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
+      d->c.busy++;
+    else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
+             r == ST_XCHG_FAIL_SIZE)
+      d->c.dropped++;
+    else
+      d->c.failed++;
+  }
+  if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
+      r == ST_XCHG_FAIL_SIZE)
+    st__dwarn(d, "dropped a snapshot from %.12s: %s", id,
+              st_xchg_result_name(r));
+  if (r == ST_XCHG_MISMATCH) {
+    const char* theirs = peer_model != NULL ? peer_model : "another model";
+    if (c->xkind == ST_XCHG_FETCH && c->initiator) {
+      st__daemon_fatal(d,
+                       "the cluster runs %s but this node was started "
+                       "with %s; start it with the cluster's --model, or "
+                       "join another cluster",
+                       theirs, d->local.model);
+    } else {
+      st__dwarn(d,
+                "refused an exchange with %.12s: it runs %s, this node "
+                "runs %s",
+                id, theirs, d->local.model);
+    }
+  }
+  if ((r == ST_XCHG_FAIL_CLOSED || r == ST_XCHG_FAIL_TIMEOUT) &&
+      st_membership_probe_hint(d->m, st__dnow(d), &c->peer) == 0)
+    st__net_drain(d); /* probed next: suspected only if it fails that */
+  if (c->xkind == ST_XCHG_FETCH && c->initiator && r != ST_XCHG_OK &&
+      r != ST_XCHG_MISMATCH)
+    st__dlog(d, "state transfer from %.12s failed (%s); trying another peer",
+             id, st_xchg_result_name(r));
+}
+
+static void drain(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  st_xact_t a;
+  while (c->x != NULL && st_xchg_next_action(c->x, &a)) {
+    switch (a.kind) {
+      case ST_XACT_SEND:
+        if (st__conn_send(c, a.data, a.len, true) != 0)
+          st_xchg_closed(c->x, st__dnow(d));
+        break;
+      case ST_XACT_WANT_SNAPSHOT: {
+        /* The trainer writes straight into the machine's buffer, which
+         * lives until the conn is freed (after this request's event). */
+        c->snap = st_xchg_snapshot_buffer(c->x);
+        if (c->snap == NULL ||
+            st__tt_request_snapshot(d->tt, c->id, c->snap) != 0) {
+          st_xchg_closed(c->x, st__dnow(d));
+          break;
+        }
+        c->tt_pending++;
+        break;
+      }
+      case ST_XACT_APPLY:
+        if (c->xkind == ST_XCHG_FETCH && c->initiator) {
+          int rc = st__tt_set_state(d->tt, a.values, a.n, a.step);
+          if (rc == 0 && d->state == ST__D_SYNCING) {
+            char id[33];
+            st_node_id_format(&c->peer, id);
+            st__dlog(d, "synchronized from %.12s at step %llu", id,
+                     (unsigned long long) a.step);
+            d->c.fetches_ok++;
+            st__daemon_synced(d);
+          }
+        } else if (st__tt_request_apply(d->tt, c->id, a.values, 1.0f) == 0) {
+          c->tt_pending++;
+        }
+        break;
+      case ST_XACT_TIMER:
+        c->deadline_ms = a.at_ms;
+        break;
+      case ST_XACT_DONE:
+        finish_counts(c, a.result, a.peer_model);
+        st__conn_close(c);
+        break;
+    }
+  }
+}
+
+void st__xchg_on_ready(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  st_xchg_local_t l;
+  fill_local(d, &l);
+  l.n_params = d->local.n_params;
+  if (st_xchg_new_initiator(&d->xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
+    st__conn_close(c);
+    return;
+  }
+  drain(c);
+}
+
+void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  if (c->x == NULL && !c->initiator) {
+    st_msg_t m;
+    if (st_wire_decode(msg, len, &m, &d->wc) != 0 ||
+        m.type != ST_MSG_XCHG_REQ) {
+      st__conn_close(c);
+      return;
+    }
+    c->xkind = (st_xchg_kind_t) m.u.xchg_req.kind;
+    st_xchg_local_t l;
+    fill_local(d, &l);
+    bool busy = false;
+    if (c->xkind == ST_XCHG_AVERAGE) {
+      /* Waiting (--min-nodes): at step 0 still, it would pull a peer's
+       * trained model back towards the initialization. */
+      busy = d->avg_active > 0 || d->state == ST__D_SYNCING ||
+             d->state == ST__D_WAITING || d->state == ST__D_LEAVING;
+      if (!busy) {
+        d->avg_active++;
+        c->counted_active = true;
+      }
+    }
+    if (st_xchg_new_responder(&d->xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
+      st__conn_close(c);
+      return;
+    }
+  }
+  if (c->x == NULL)
+    return;
+  st_xchg_message(c->x, st__dnow(d), msg, len);
+  drain(c);
+}
+
+void st__xchg_on_closed(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if (c->x != NULL) {
+    st_xchg_closed(c->x, st__dnow(d));
+    drain(c);
+  } else if (c->counted_active) {
+    finish_counts(c, ST_XCHG_FAIL_CLOSED, NULL);
+  }
+}
+
+void st__xchg_on_sent(st__conn_t* c) {
+  if (c->x == NULL)
+    return;
+  st_xchg_sent(c->x, st__dnow(c->d));
+  drain(c);
+}
+
+void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
+  st__conn_t* c = st__conn_find(d, ev->tag);
+  if (c == NULL)
+    return;
+  if (ev->kind == ST__TT_EV_SNAPSHOT) {
+    if (c->x != NULL && !c->handle_closed) {
+      st_xchg_snapshot(c->x, st__dnow(d), c->snap, st__tt_n_params(d->tt),
+                       ev->step);
+      drain(c);
+    }
+    c->snap = NULL;
+  }
+  st__conn_release(c);
+}
+
+void st__xchg_sweep(st__daemon_t* d) {
+  uint64_t now = st__dnow(d);
+  st__conn_t* next;
+  for (st__conn_t* c = d->conns; c != NULL; c = next) {
+    next = c->next;
+    if (c->x != NULL && !c->handle_closed && !c->closing) {
+      st_xchg_tick(c->x, now);
+      drain(c);
+    }
+  }
+}
+
+/* A random live member other than this node, with a status record; when
+ * same_model, only one whose fingerprint equals ours. */
+static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
+  size_t n = st_membership_count(d->m);
+  if (n < 2)
+    return false;
+  size_t start = (size_t) st_rng_below(&d->rng, n);
+  for (size_t k = 0; k < n; k++) {
+    const st_member_t* mb = st_membership_at(d->m, (start + k) % n);
+    if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+      continue;
+    if (same_model && memcmp(mb->status.fingerprint, d->local.fingerprint,
+                             sizeof(d->local.fingerprint)) != 0)
+      continue;
+    *out = *mb;
+    return true;
+  }
+  return false;
+}
+
+static void start_exchange(st__daemon_t* d, const st_member_t* peer,
+                           st_xchg_kind_t kind) {
+  st__conn_t* c = st__conn_dial(d, &peer->addr, &peer->id, ST__CONN_XCHG);
+  if (c == NULL)
+    return;
+  c->peer = peer->id;
+  c->xkind = kind;
+  c->counted_active = true;
+  if (kind == ST_XCHG_FETCH)
+    d->fetch_active = true;
+  else
+    d->avg_active++;
+}
+
+void st__xchg_gossip_tick(st__daemon_t* d) {
+  if ((d->state != ST__D_TRAINING && d->state != ST__D_DONE) ||
+      d->avg_active > 0)
+    return;
+  st_member_t peer;
+  if (pick_peer(d, true, &peer))
+    start_exchange(d, &peer, ST_XCHG_AVERAGE);
+}
+
+void st__xchg_sync_tick(st__daemon_t* d) {
+  if (d->state != ST__D_SYNCING || d->fetch_active)
+    return;
+  st_member_t peer;
+  if (!pick_peer(d, false, &peer)) {
+    if (++d->fetch_attempts % SYNC_RETRY_LOG_EVERY == 0)
+      st__dlog(d,
+               "waiting for a live peer to synchronize from (%zu members "
+               "known)",
+               st_membership_count(d->m));
+    return;
+  }
+  d->fetch_attempts++;
+  start_exchange(d, &peer, ST_XCHG_FETCH);
+}

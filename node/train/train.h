@@ -1,0 +1,289 @@
+/* node.h: what one starling node runs on its own: datasets, checkpoints and
+ * the local training loop.
+ *
+ * - Data (node/train/data_idx.c, node/train/data_csv.c, node/train/data.c):
+ * loaders for IDX (the MNIST family, gzip or raw) and numeric CSV,
+ * normalization, a seeded shuffle per epoch and disjoint sharding.
+ * - Checkpoints (node/train/safetensors.c): atomic writes (temporary file,
+ * fsync, rename) in the safetensors format, readable by Python's safetensors
+ * and by NumPy, and a hardened reader.
+ * - Training (node/train/trainer.c): model + optimizer + schedule + data shard,
+ *   stepped one batch at a time, so that `starling train` and the daemon's
+ *   trainer thread run the same loop.
+ *
+ * Errors follow the house rule: 0 or a negative errno. Functions that take
+ * (err, err_len) also write one sentence into err naming the bad input (the
+ * file, the field) and what to do about it; err may be NULL.
+ */
+#ifndef STARLING_NODE_H
+#define STARLING_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+#include "optimizer/optimizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== Data =============================================================== */
+
+/* An in-memory dataset of n examples with dim float features each: the
+ * whole of its source, or one shard of it (st_data_options_t). */
+typedef struct {
+  size_t n;         /* examples held */
+  size_t total;     /* examples in the source (n unless sharded) */
+  uint32_t shard_k; /* held: the examples i of the source with */
+  uint32_t shard_n; /* i % shard_n == shard_k (0/1: all), in order */
+  size_t dim;       /* features per example */
+  size_t n_classes; /* > 0: y holds class indices in [0, n_classes) as
+                       floats; 0: y holds real-valued regression targets */
+  float* x;         /* n x dim, row-major; owned */
+  float* y;         /* n targets; owned */
+  char source[512]; /* where it came from, for messages */
+} st_dataset_t;
+
+void st_dataset_free(st_dataset_t* ds);
+
+/* Loads an IDX image file (magic 0x00000803, unsigned bytes, any number of
+ * dimensions >= 1 after the count) and its IDX label file (0x00000801),
+ * each gzip-compressed or raw (detected from the content, not the name).
+ * Pixels are scaled to [0, 1]; n_classes is max label + 1 (at least 2).
+ * Refuses, naming the file: a missing or unreadable file, a wrong magic, a
+ * truncated body, trailing garbage, zero dimensions, and image and label
+ * counts that differ. */
+int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
+                        const char* labels_path, char* err, size_t err_len);
+
+typedef struct {
+  int label_col;  /* column index of the label/target; -1 means the last */
+  int regression; /* 0: labels are class indices (non-negative integers);
+                     1: the target is any finite real number */
+} st_csv_options_t;
+
+/* Loads a numeric CSV file, one example per line, comma-separated. A first
+ * line that is not numeric is taken as a header and skipped. Empty lines
+ * are skipped. Refuses, naming the file and the line: a field that is not a
+ * finite number, a row with a different number of columns, a label that is
+ * not a non-negative integer (classification), no data rows. */
+int st_dataset_load_csv(st_dataset_t* ds, const char* path,
+                        const st_csv_options_t* opt, char* err, size_t err_len);
+
+/* A training set and an optional test set that share dim and classes. */
+typedef struct {
+  st_dataset_t train;
+  st_dataset_t test; /* test.n == 0 when the spec names no test set */
+  char spec[512];
+} st_data_t;
+
+typedef struct {
+  st_csv_options_t csv;
+  int normalize; /* 1: standardize features with the training set's mean
+                    and standard deviation (one scalar for IDX images,
+                    per feature for CSV); 0: leave them as loaded */
+  uint32_t shard_k, shard_n; /* keep only shard k of n of the training set
+                                (st_shard_indices; 0/0 or 0/1: all of it);
+                                the statistics of normalize still come from
+                                the whole set, so every shard is scaled
+                                alike; the test set is always whole */
+} st_data_options_t;
+
+/* Opens the data named by a spec:
+ *   fashion-mnist                 the Debian package dataset-fashion-mnist
+ *                                 (train + test); says how to install it
+ *                                 when it is missing
+ *   idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]
+ *   csv:TRAIN[,TEST]
+ * On failure writes what was wrong into err. */
+int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
+                 char* err, size_t err_len);
+void st_data_close(st_data_t* d);
+
+/* Where the Debian package keeps Fashion-MNIST. The directory can be
+ * overridden with the environment variable STARLING_FASHION_MNIST_DIR. */
+#define ST_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Parses "K/N" (0 <= K < N) into *k and *n. */
+int st_shard_parse(const char* s, uint32_t* k, uint32_t* n);
+
+/* The indices of shard k of n over `total` examples: every i with
+ * i % n == k, in increasing order (strided, so that every shard sees every
+ * part of a file that is sorted by class). The shards are disjoint and
+ * together cover [0, total). *out is allocated (free with free()); *count
+ * receives its length. */
+int st_shard_indices(size_t total, uint32_t k, uint32_t n, size_t** out,
+                     size_t* count);
+
+/* Writes the order of epoch `epoch` into order[0..count): a permutation of
+ * base[0..count) that depends only on (seed, epoch), so that a resumed run
+ * sees the same batches. */
+void st_epoch_order(const size_t* base, size_t count, uint64_t seed,
+                    uint64_t epoch, size_t* order);
+
+/* Copies the examples idx[0..count) into x (count x dim) and y (count). */
+void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
+                       float* x, float* y);
+
+/* ==== Checkpoints (safetensors) ============================================
+ */
+
+#define ST_SAFETENSORS_MAX_DIMS 4
+/* The reader refuses headers larger than this (the format's own reference
+ * implementation caps them at 100 MB). */
+#define ST_SAFETENSORS_MAX_HEADER_BYTES (100u * 1024u * 1024u)
+
+/* One float32 tensor to write: data is host memory, borrowed for the call. */
+typedef struct {
+  const char* name;
+  const float* data;
+  size_t shape[ST_SAFETENSORS_MAX_DIMS];
+  int ndim; /* 0..4; ndim 0 is a scalar of one element */
+} st_tensor_desc_t;
+
+typedef struct {
+  const char* key;
+  const char* value;
+} st_meta_kv_t;
+
+/* Writes the tensors, in the order given, and the string metadata
+ * ("__metadata__") to path atomically: a temporary file in the same
+ * directory, fsync, rename over path, fsync of the directory. On any
+ * failure (a full disk included) the temporary file is removed, path is
+ * left as it was, and err names the file and the cause. */
+int st_safetensors_write(const char* path, const st_tensor_desc_t* tensors,
+                         size_t n_tensors, const st_meta_kv_t* meta,
+                         size_t n_meta, char* err, size_t err_len);
+
+typedef struct st_safetensors_s st_safetensors_t;
+
+/* Reads and validates a whole safetensors file: the header length against
+ * the file size and the cap above, the JSON header's syntax, every tensor's
+ * dtype (F32 only, for now), shape, and data offsets (in bounds, matching
+ * the shape, non-overlapping). Refuses a corrupt file with an error naming
+ * the file and what is wrong. *out is owned by the caller. */
+int st_safetensors_read(const char* path, st_safetensors_t** out, char* err,
+                        size_t err_len);
+void st_safetensors_free(st_safetensors_t* st);
+
+/* Looks up a tensor by name; NULL when absent. The data is borrowed from st.
+ * n_elems, shape and ndim may be NULL. */
+const float* st_safetensors_tensor(const st_safetensors_t* st, const char* name,
+                                   size_t* n_elems,
+                                   size_t shape[ST_SAFETENSORS_MAX_DIMS],
+                                   int* ndim);
+/* Looks up a metadata value; NULL when absent. Borrowed from st. */
+const char* st_safetensors_meta(const st_safetensors_t* st, const char* key);
+size_t st_safetensors_count(const st_safetensors_t* st);
+
+/* ==== Training
+ * ================================================================ */
+
+typedef struct {
+  st_model_spec_t model;
+  st_opt_config_t opt;
+  st_schedule_t sched;       /* total_steps is filled in by st_trainer_init from
+                                epochs when it is 0 */
+  size_t batch;              /* rows per step */
+  uint32_t epochs;           /* epochs to run (the schedule spans them) */
+  uint64_t seed;             /* parameter initialization and shuffling */
+  uint32_t shard_k, shard_n; /* train on shard k of n (0/1: everything) */
+} st_train_config_t;
+
+/* Sensible defaults: batch 64, 10 epochs, SGD, lr 0.05 constant, seed 1,
+ * shard 0/1. The model must still be set. */
+void st_train_config_default(st_train_config_t* cfg);
+
+/* A model, its optimizer and schedule, and a shard of a dataset, stepped one
+ * batch at a time. An epoch is ceil(shard size / batch) steps over the
+ * shard in the order st_epoch_order gives for (seed, epoch); the last batch
+ * of an epoch may be smaller. */
+typedef struct {
+  st_backend_t* be;          /* borrowed */
+  const st_dataset_t* train; /* borrowed */
+  st_train_config_t cfg;
+  st_model_t model;
+  st_optim_t optim;
+  size_t* shard; /* indices of this node's shard */
+  size_t shard_count;
+  size_t* order; /* this epoch's order of the shard */
+  size_t steps_per_epoch;
+  uint64_t step;  /* updates applied so far */
+  uint64_t epoch; /* current epoch, 0-based */
+  size_t pos;     /* steps done in the current epoch */
+  float* host_x;  /* staging for a batch (non-CPU backends) */
+  float* host_y;
+  double last_lr;
+} st_trainer_t;
+
+/* Checks that the data fits the model (features = inputs; classes within
+ * the outputs; regression data for linear models) and allocates
+ * everything on `be`. On failure err says what does not fit. */
+int st_trainer_init(st_trainer_t* t, st_backend_t* be,
+                    const st_dataset_t* train, const st_train_config_t* cfg,
+                    char* err, size_t err_len);
+void st_trainer_close(st_trainer_t* t);
+
+/* Runs one SGD step on the next batch. Writes the batch's mean loss into
+ * *loss when loss is non-NULL. Returns -EDOM (and applies nothing more)
+ * when the loss or the gradient is not finite. */
+int st_trainer_step(st_trainer_t* t, double* loss);
+
+/* Moves the trainer to global step `step`, as if it had run `step` steps
+ * from the start: epoch = step / steps_per_epoch, pos = step %
+ * steps_per_epoch, the epoch's order recomputed from (seed, epoch), and the
+ * learning-rate schedule continuing from `step`. The parameters and the
+ * optimizer state are left as they are (the optimizer's own update count
+ * too, so that AdamW's bias correction still matches its moments). For a
+ * node that joins a cluster and adopts the step of the peer it
+ * synchronized from. A step at or past the last epoch leaves the trainer
+ * done. Returns 0, or -EINVAL on an uninitialized trainer. */
+int st_trainer_set_position(st_trainer_t* t, uint64_t step);
+
+/* True when the configured number of epochs has been run. */
+bool st_trainer_done(const st_trainer_t* t);
+
+/* Evaluates the current parameters on a whole dataset: mean loss, and for
+ * classifiers the accuracy (NaN for regression). */
+int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
+                        double* mean_loss, double* accuracy);
+
+/* The same, calling between(arg) after every batch but the last. between
+ * may read the parameters (a snapshot) but must not change them: the
+ * evaluation is of one set of parameters. */
+int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
+                                double* mean_loss, double* accuracy,
+                                void (*between)(void* arg), void* arg);
+
+/* Writes a checkpoint (safetensors): one tensor per layer weight and bias
+ * ("layers.L.weight", "layers.L.bias"), the optimizer state
+ * ("optimizer.momentum.layers.L.weight", ...), and metadata naming the
+ * model, the optimizer, and the position (step, epoch, pos, seed), so that
+ * st_trainer_load continues the same trajectory. `extra` metadata is added
+ * as given. Atomic, like st_safetensors_write. */
+int st_trainer_save(st_trainer_t* t, const char* path,
+                    const st_meta_kv_t* extra, size_t n_extra, char* err,
+                    size_t err_len);
+
+/* Loads a checkpoint written by st_trainer_save into an initialized
+ * trainer: refuses (naming both sides) a checkpoint whose model, batch,
+ * seed, shard or optimizer differ from the trainer's configuration, or
+ * whose tensors are missing, mis-shaped or not finite. */
+int st_trainer_load(st_trainer_t* t, const char* path, char* err,
+                    size_t err_len);
+
+/* ==== Output
+ * ================================================================== */
+
+/* Writes s to f as a JSON string literal (quoted, escaped), for the
+ * commands' --json output. Returns 0 or -EIO. */
+int st_json_write_string(FILE* f, const char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STARLING_NODE_H */

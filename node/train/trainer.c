@@ -1,0 +1,273 @@
+/* trainer.c: the local training loop of one node: a model, its optimizer
+ * and learning-rate schedule, and a shard of the training set, stepped one
+ * batch at a time, plus evaluation and checkpoints that let a run continue
+ * exactly where it stopped.
+ *
+ * `starling train` drives it directly; the daemon's trainer thread will
+ * drive the same calls between its mailbox checks (DESIGN.md, Threads).
+ */
+#include "node/train/train.h"
+#include "node/train/train_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rows per forward pass during evaluation: large enough that the matrix
+ * products run at full speed, small enough to bound the workspace. */
+#define EVAL_BATCH_ROWS 1000
+
+void st_train_config_default(st_train_config_t* cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  st_opt_config_default(&cfg->opt);
+  cfg->sched.kind = ST_SCHED_CONSTANT;
+  cfg->sched.base_lr = 0.05;
+  cfg->sched.gamma = 0.1;
+  cfg->batch = 64;
+  cfg->epochs = 10;
+  cfg->seed = 1;
+  cfg->shard_k = 0;
+  cfg->shard_n = 1;
+}
+
+/* ---- Set-up
+ * ------------------------------------------------------------------ */
+
+static int check_fit(const st_dataset_t* ds, const st_model_spec_t* spec,
+                     char* err, size_t err_len) {
+  char model[256];
+  st_model_spec_format(spec, model, sizeof(model));
+  if (ds->dim != spec->sizes[0]) {
+    st_set_err(err, err_len,
+               "model %s expects %zu inputs but %s has %zu features per "
+               "example; change the first size of --model to %zu",
+               model, spec->sizes[0], ds->source, ds->dim, ds->dim);
+    return -EINVAL;
+  }
+  size_t classes = st_model_spec_classes(spec);
+  if (classes == 0 && ds->n_classes != 0) {
+    st_set_err(err, err_len,
+               "model %s is a regression model but %s holds class labels; "
+               "use softmax:%zu-%zu or an mlp, or load the CSV with "
+               "--regression",
+               model, ds->source, ds->dim, ds->n_classes);
+    return -EINVAL;
+  }
+  if (classes != 0 && ds->n_classes == 0) {
+    st_set_err(err, err_len,
+               "model %s is a classifier but %s holds real-valued targets; use "
+               "linear:%zu-1 for regression",
+               model, ds->source, ds->dim);
+    return -EINVAL;
+  }
+  if (classes != 0 && ds->n_classes > classes) {
+    st_set_err(
+        err, err_len,
+        "model %s has %zu outputs but %s has %zu classes; change the last "
+        "size of --model to %zu",
+        model, classes, ds->source, ds->n_classes, ds->n_classes);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+int st_trainer_init(st_trainer_t* t, st_backend_t* be,
+                    const st_dataset_t* train, const st_train_config_t* cfg,
+                    char* err, size_t err_len) {
+  memset(t, 0, sizeof(*t));
+  if (cfg->batch == 0 || cfg->shard_n == 0 || cfg->shard_k >= cfg->shard_n) {
+    st_set_err(err, err_len,
+               "bad training configuration: batch %zu, shard %u/%u", cfg->batch,
+               cfg->shard_k, cfg->shard_n);
+    return -EINVAL;
+  }
+  int rc = check_fit(train, &cfg->model, err, err_len);
+  if (rc != 0)
+    return rc;
+  t->be = be;
+  t->train = train;
+  t->cfg = *cfg;
+  if (train->shard_n > 1) {
+    /* The data holds our shard already (st_data_options_t), in the order
+     * of the file: its rows are the shard's indices, one for one, so the
+     * epochs see the batches they would over the whole set. */
+    if (train->shard_k != cfg->shard_k || train->shard_n != cfg->shard_n) {
+      st_set_err(err, err_len,
+                 "%s was loaded as shard %u/%u, but training wants shard "
+                 "%u/%u",
+                 train->source, train->shard_k, train->shard_n, cfg->shard_k,
+                 cfg->shard_n);
+      rc = -EINVAL;
+      goto fail;
+    }
+    rc = st_shard_indices(train->n, 0, 1, &t->shard, &t->shard_count);
+  } else {
+    rc = st_shard_indices(train->n, cfg->shard_k, cfg->shard_n, &t->shard,
+                          &t->shard_count);
+  }
+  if (rc != 0)
+    goto fail;
+  if (t->shard_count == 0) {
+    st_set_err(err, err_len, "shard %u/%u of %s is empty (%zu examples)",
+               cfg->shard_k, cfg->shard_n, train->source, train->n);
+    rc = -EINVAL;
+    goto fail;
+  }
+  t->steps_per_epoch = (t->shard_count + cfg->batch - 1) / cfg->batch;
+  if (t->cfg.sched.total_steps == 0)
+    t->cfg.sched.total_steps = (uint64_t) t->steps_per_epoch * cfg->epochs;
+  t->order = malloc(t->shard_count * sizeof(size_t));
+  t->host_x = malloc(cfg->batch * train->dim * sizeof(float));
+  t->host_y = malloc(cfg->batch * sizeof(float));
+  if (t->order == NULL || t->host_x == NULL || t->host_y == NULL) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  st_epoch_order(t->shard, t->shard_count, cfg->seed, 0, t->order);
+  /* Evaluation reuses the model's workspace, so size it for whichever is
+   * larger: a training batch or an evaluation chunk. */
+  size_t rows = cfg->batch > EVAL_BATCH_ROWS ? cfg->batch : EVAL_BATCH_ROWS;
+  rc = st_model_init(&t->model, be, &cfg->model, rows, cfg->seed);
+  if (rc == 0)
+    rc = st_optim_init(&t->optim, be, &cfg->opt, t->model.n_params);
+  if (rc != 0) {
+    st_set_err(
+        err, err_len, "cannot allocate the model on %s: %s",
+        st_backend_describe(be),
+        *st_backend_last_error(be) ? st_backend_last_error(be) : strerror(-rc));
+    goto fail;
+  }
+  return 0;
+fail:
+  st_trainer_close(t);
+  return rc;
+}
+
+void st_trainer_close(st_trainer_t* t) {
+  if (t->be != NULL) {
+    st_optim_close(&t->optim);
+    st_model_close(&t->model);
+  }
+  free(t->shard);
+  free(t->order);
+  free(t->host_x);
+  free(t->host_y);
+  memset(t, 0, sizeof(*t));
+}
+
+/* ---- Stepping
+ * ------------------------------------------------------------------ */
+
+bool st_trainer_done(const st_trainer_t* t) {
+  return t->epoch >= t->cfg.epochs;
+}
+
+/* Copies `rows` examples named by idx into the model's input and target
+ * buffers. The CPU backend's device memory is host memory, so the batch is
+ * gathered straight into it. */
+static int load_batch(st_trainer_t* t, const st_dataset_t* ds,
+                      const size_t* idx, size_t rows, int sequential) {
+  size_t dim = ds->dim;
+  float* in = st_model_input(&t->model);
+  float* tg = st_model_targets(&t->model);
+  if (st_backend_kind(t->be) == ST_BACKEND_CPU) {
+    if (sequential) {
+      memcpy(in, ds->x + idx[0] * dim, rows * dim * sizeof(float));
+      memcpy(tg, ds->y + idx[0], rows * sizeof(float));
+    } else {
+      st_dataset_gather(ds, idx, rows, in, tg);
+    }
+    return 0;
+  }
+  if (sequential) {
+    int rc = st_copy_to_device(t->be, in, ds->x + idx[0] * dim, rows * dim);
+    return rc ? rc : st_copy_to_device(t->be, tg, ds->y + idx[0], rows);
+  }
+  st_dataset_gather(ds, idx, rows, t->host_x, t->host_y);
+  int rc = st_copy_to_device(t->be, in, t->host_x, rows * dim);
+  return rc ? rc : st_copy_to_device(t->be, tg, t->host_y, rows);
+}
+
+int st_trainer_step(st_trainer_t* t, double* loss) {
+  size_t start = t->pos * t->cfg.batch;
+  size_t rows = t->shard_count - start;
+  if (rows > t->cfg.batch)
+    rows = t->cfg.batch;
+  int rc = load_batch(t, t->train, t->order + start, rows, 0);
+  if (rc != 0)
+    return rc;
+
+  double batch_loss = 0;
+  rc = st_model_step(&t->model, rows, loss ? &batch_loss : NULL);
+  if (rc != 0)
+    return rc;
+  if (loss != NULL) {
+    *loss = batch_loss;
+    /* A non-finite loss means the gradient is garbage too: stop before it
+     * reaches the parameters. */
+    if (!isfinite(batch_loss))
+      return -EDOM;
+  }
+  double lr = st_schedule_lr(&t->cfg.sched, t->step);
+  double gnorm = 0;
+  rc = st_optim_step(&t->optim, t->model.params, t->model.grads, (float) lr,
+                     t->cfg.opt.clip_norm > 0 ? &gnorm : NULL);
+  if (rc != 0)
+    return rc;
+  if (t->cfg.opt.clip_norm > 0 && !isfinite(gnorm))
+    return -EDOM;
+  t->last_lr = lr;
+  t->step++;
+  if (++t->pos == t->steps_per_epoch) {
+    t->pos = 0;
+    t->epoch++;
+    st_epoch_order(t->shard, t->shard_count, t->cfg.seed, t->epoch, t->order);
+  }
+  return 0;
+}
+
+int st_trainer_set_position(st_trainer_t* t, uint64_t step) {
+  if (t->steps_per_epoch == 0 || t->order == NULL)
+    return -EINVAL;
+  t->step = step;
+  t->epoch = step / t->steps_per_epoch;
+  t->pos = (size_t) (step % t->steps_per_epoch);
+  /* The rate the last update would have used, for the checkpoint's "lr". */
+  t->last_lr = step > 0 ? st_schedule_lr(&t->cfg.sched, step - 1) : 0;
+  st_epoch_order(t->shard, t->shard_count, t->cfg.seed, t->epoch, t->order);
+  return 0;
+}
+
+int st_trainer_evaluate(st_trainer_t* t, const st_dataset_t* ds,
+                        double* mean_loss, double* accuracy) {
+  return st_trainer_evaluate_between(t, ds, mean_loss, accuracy, NULL, NULL);
+}
+
+int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
+                                double* mean_loss, double* accuracy,
+                                void (*between)(void* arg), void* arg) {
+  if (ds->n == 0 || ds->dim != t->cfg.model.sizes[0])
+    return -EINVAL;
+  double loss_sum = 0;
+  size_t correct = 0;
+  for (size_t start = 0; start < ds->n; start += EVAL_BATCH_ROWS) {
+    size_t rows = ds->n - start;
+    if (rows > EVAL_BATCH_ROWS)
+      rows = EVAL_BATCH_ROWS;
+    int rc = load_batch(t, ds, &start, rows, 1);
+    if (rc == 0)
+      rc = st_model_eval(&t->model, rows, &loss_sum, &correct);
+    if (rc != 0)
+      return rc;
+    if (between != NULL && start + rows < ds->n)
+      between(arg);
+  }
+  *mean_loss = loss_sum / (double) ds->n;
+  *accuracy = st_model_spec_classes(&t->cfg.model)
+                  ? (double) correct / (double) ds->n
+                  : NAN;
+  return 0;
+}

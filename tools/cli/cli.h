@@ -1,0 +1,130 @@
+/* cli.h: the subcommands of the `starling` command and the flag-parsing
+ * helpers they share. Internal to tools/. */
+#ifndef STARLING_CLI_H
+#define STARLING_CLI_H
+
+#include <getopt.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "node/train/train.h"
+
+/* Each subcommand takes argv with argv[0] = the subcommand's name and
+ * returns the process exit status: 0 success, 1 failure at run time,
+ * 2 bad usage, 130 interrupted. */
+int st__cmd_train(int argc, char** argv);
+int st__cmd_keygen(int argc, char** argv);
+int st__cmd_node(int argc, char** argv);
+int st__cmd_status(int argc, char** argv);
+int st__cmd_peers(int argc, char** argv);
+int st__cmd_leave(int argc, char** argv);
+
+/* Parsers for flag values. On bad input they print
+ * "CMD: --FLAG: 'TEXT' is not ..." to stderr and return -EINVAL; CMD is
+ * the whole command as the user typed it ("starling node",
+ * "starling-bench ring"). */
+int st__parse_u64(const char* cmd, const char* flag, const char* text,
+                  uint64_t min, uint64_t max, uint64_t* out);
+int st__parse_double(const char* cmd, const char* flag, const char* text,
+                     double min, double max, double* out);
+
+/* ==== Training flags (cli_train_flags.c) ================================
+ *
+ * The flags that say what to train and how (--model, --data, the optimizer,
+ * the schedule, --device, --threads, ...), parsed in one place so that
+ * every command that trains (`starling train`, `starling node`) accepts the
+ * same flags with the same defaults, ranges and messages.
+ *
+ * A command copies st__train_long_opts into its own getopt_long table,
+ * followed by its own options, and in its loop passes every result it does
+ * not handle itself to st__train_flag:
+ *
+ *   struct option opts[ST__TRAIN_OPT_COUNT + N_OWN + 1];
+ *   memcpy(opts, st__train_long_opts,
+ *          st__train_long_opts_count() * sizeof(opts[0]));
+ *   ... own entries, numbered from ST__TRAIN_OPT_END, then {NULL, 0, 0, 0}
+ *   st__train_flags_init(&f);
+ *   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1)
+ *     switch (c) { own cases; default:
+ *       rc = st__train_flag(CMD, c, optarg, &f);  1: unknown, 2: bad value }
+ *   rc = st__train_flags_finish(CMD, &f);
+ */
+
+/* Option ids 256..(256+ST__TRAIN_OPT_COUNT-1) are reserved for the training
+ * flags; other commands number their own options from ST__TRAIN_OPT_END. */
+enum { ST__TRAIN_OPT_FIRST = 256, ST__TRAIN_OPT_END = 320 };
+
+/* The training flags' ids, in the order of st__train_long_opts. A command
+ * that takes only some of them (starling-bench) names these in its table. */
+enum {
+  ST__TRAIN_OPT_MODEL = ST__TRAIN_OPT_FIRST,
+  ST__TRAIN_OPT_DATA,
+  ST__TRAIN_OPT_LABEL_COL,
+  ST__TRAIN_OPT_REGRESSION,
+  ST__TRAIN_OPT_NO_NORMALIZE,
+  ST__TRAIN_OPT_SHARD,
+  ST__TRAIN_OPT_EPOCHS,
+  ST__TRAIN_OPT_BATCH,
+  ST__TRAIN_OPT_LR,
+  ST__TRAIN_OPT_OPTIMIZER,
+  ST__TRAIN_OPT_MOMENTUM,
+  ST__TRAIN_OPT_BETA1,
+  ST__TRAIN_OPT_BETA2,
+  ST__TRAIN_OPT_EPS,
+  ST__TRAIN_OPT_WEIGHT_DECAY,
+  ST__TRAIN_OPT_CLIP_NORM,
+  ST__TRAIN_OPT_SCHEDULE,
+  ST__TRAIN_OPT_WARMUP,
+  ST__TRAIN_OPT_STEP_EVERY,
+  ST__TRAIN_OPT_GAMMA,
+  ST__TRAIN_OPT_MIN_LR,
+  ST__TRAIN_OPT_SEED,
+  ST__TRAIN_OPT_DEVICE,
+  ST__TRAIN_OPT_THREADS,
+  ST__TRAIN_OPT_COUNT = ST__TRAIN_OPT_THREADS - ST__TRAIN_OPT_FIRST + 1
+};
+_Static_assert(ST__TRAIN_OPT_FIRST + ST__TRAIN_OPT_COUNT <= ST__TRAIN_OPT_END,
+               "the training flags outgrew their range of option ids");
+
+typedef struct {
+  st_train_config_t cfg; /* cfg.model parsed by st__train_flags_finish */
+  const char* model;     /* --model text; borrowed from argv */
+  const char* data;      /* --data text; borrowed from argv */
+  st_data_options_t data_opt;
+  const char* device; /* default "auto"; borrowed from argv */
+  uint64_t threads;   /* 0: OpenBLAS's choice */
+  int optimizer_given, momentum_given;
+} st__train_flags_t;
+
+/* The training flags' struct option entries, NULL-terminated, to be copied
+ * into a command's own long option table. */
+extern const struct option st__train_long_opts[];
+/* Entries before the terminator (ST__TRAIN_OPT_COUNT). */
+size_t st__train_long_opts_count(void);
+
+/* The defaults of `starling train`: st_train_config_default, every CSV
+ * column but the last a feature, features standardized, device "auto". */
+void st__train_flags_init(st__train_flags_t* f);
+
+/* Handles one getopt_long result: returns 0 when opt was a training flag
+ * and its value was good, 2 when the value was bad (message already printed
+ * as "CMD: --flag: ..."), 1 when opt is not a training flag. value
+ * (optarg) is borrowed and must outlive f. */
+int st__train_flag(const char* cmd, int opt, const char* value,
+                   st__train_flags_t* f);
+
+/* After the loop: requires --model and --data (message naming cmd, with an
+ * example), parses the model spec into f->cfg.model, applies "--momentum
+ * alone means momentum SGD", checks that --schedule step has --step-every,
+ * and sets regression targets for linear models. Returns 0 or 2
+ * (reported). */
+int st__train_flags_finish(const char* cmd, st__train_flags_t* f);
+
+/* The help text of these flags, as `starling train --help` prints it: the
+ * sections "Model and data:" and "Optimization:", then "Running:" with
+ * --device and --threads. It ends inside "Running:" (no blank line after),
+ * so that a command prints its own running options next. */
+void st__train_flags_usage(FILE* out);
+
+#endif

@@ -1,0 +1,167 @@
+/* cli_control.c: `starling status`, `starling peers` and `starling leave`:
+ * clients of a running node's control socket (node/daemon/daemon_control.c).
+ * The node renders the answer (a table, or JSON with --json); these commands
+ * send one request line and copy the answer to stdout. */
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/cli/cli.h"
+
+/* A node that does not answer within this long is reported as stuck. */
+#define ANSWER_TIMEOUT_MS 10000
+
+static void usage(FILE* f, const char* cmd) {
+  const char* what = strcmp(cmd, "status") == 0
+                         ? "this node: id, address, state, step, loss, test "
+                           "accuracy,\nsamples/s, exchanges, traffic, "
+                           "rejected packets by reason, peers"
+                     : strcmp(cmd, "peers") == 0
+                         ? "every member this node knows: id, address, "
+                           "state, step, loss,\naccuracy, last heard"
+                         : "asks the node to leave the cluster: it announces "
+                           "its leave, writes a\ncheckpoint and exits";
+  fprintf(f,
+          "usage: starling %s [--data-dir DIR | --control PATH]%s\n"
+          "\n"
+          "Shows %s.\n"
+          "\n"
+          "  --data-dir DIR   the node's data directory (default: "
+          "./starling-data)\n"
+          "  --control PATH   its control socket (default: "
+          "DIR/control.sock)\n"
+          "%s"
+          "  -h, --help       this help\n",
+          cmd, strcmp(cmd, "leave") == 0 ? "" : " [--json]", what,
+          strcmp(cmd, "leave") == 0
+              ? ""
+              : "  --json           one JSON document instead of a table\n");
+}
+
+static int run(const char* cmd, int argc, char** argv) {
+  static const struct option opts[] = {
+      {"data-dir", required_argument, NULL, 'd'},
+      {"control", required_argument, NULL, 'c'},
+      {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  const char* dir = "starling-data";
+  const char* control = NULL;
+  int json = 0;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'd':
+        dir = optarg;
+        break;
+      case 'c':
+        control = optarg;
+        break;
+      case 'j':
+        json = 1;
+        break;
+      case 'h':
+        usage(stdout, cmd);
+        return 0;
+      case ':':
+        fprintf(stderr, "starling %s: %s needs a value\n", cmd,
+                argv[optind - 1]);
+        return 2;
+      default:
+        fprintf(stderr,
+                "starling %s: unknown option '%s'; see 'starling %s "
+                "--help'\n",
+                cmd, argv[optind - 1], cmd);
+        return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "starling %s: unexpected argument '%s'\n", cmd,
+            argv[optind]);
+    return 2;
+  }
+  char path[1024];
+  if (control != NULL)
+    snprintf(path, sizeof(path), "%s", control);
+  else
+    snprintf(path, sizeof(path), "%s/control.sock", dir);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof(sa.sun_path)) {
+    fprintf(stderr, "starling %s: control socket path '%s' is too long\n", cmd,
+            path);
+    return 2;
+  }
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr*) &sa, sizeof(sa)) != 0) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    fprintf(stderr,
+            "starling %s: no node is running at '%s' (%s).\n"
+            "Start one with 'starling node --data-dir %s --listen HOST:PORT "
+            "--cluster-key FILE ...',\n"
+            "or point at a running node with --data-dir DIR or --control "
+            "PATH.\n",
+            cmd, path, strerror(e), control != NULL ? "DIR" : dir);
+    return 1;
+  }
+  char req[64];
+  int n = snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
+  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
+   * EPIPE and the message below, not a SIGPIPE death. */
+  if (send(fd, req, (size_t) n, MSG_NOSIGNAL) != n) {
+    fprintf(stderr, "starling %s: cannot send to '%s': %s\n", cmd, path,
+            strerror(errno));
+    close(fd);
+    return 1;
+  }
+  char buf[65536];
+  int status = 0;
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int pr = poll(&p, 1, ANSWER_TIMEOUT_MS);
+    if (pr == 0) {
+      fprintf(stderr,
+              "starling %s: the node at '%s' did not answer within "
+              "%d s\n",
+              cmd, path, ANSWER_TIMEOUT_MS / 1000);
+      status = 1;
+      break;
+    }
+    ssize_t r = read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    if (strncmp(buf, "error:", 6) == 0)
+      status = 1;
+    fwrite(buf, 1, (size_t) r, stdout);
+  }
+  close(fd);
+  return status;
+}
+
+int st__cmd_status(int argc, char** argv) {
+  return run("status", argc, argv);
+}
+
+int st__cmd_peers(int argc, char** argv) {
+  return run("peers", argc, argv);
+}
+
+int st__cmd_leave(int argc, char** argv) {
+  return run("leave", argc, argv);
+}

@@ -1,0 +1,301 @@
+/* cli_node.c: `starling node`, the daemon (node/daemon/daemon.h): parses the
+ * flags (the training flags are those of `starling train`) and runs it. */
+#include <getopt.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+#include "node/daemon/daemon.h"
+#include "tools/cli/cli.h"
+
+#define CMD "starling node"
+
+enum {
+  OPT_LISTEN = ST__TRAIN_OPT_END,
+  OPT_JOIN,
+  OPT_CLUSTER_KEY,
+  OPT_PREVIOUS_KEY,
+  OPT_IDENTITY,
+  OPT_ALLOW,
+  OPT_DATA_DIR,
+  OPT_CONTROL,
+  OPT_GOSSIP_EVERY,
+  OPT_RING_EVERY,
+  OPT_CHECKPOINT_EVERY,
+  OPT_EVAL_EVERY,
+  OPT_LOG_EVERY,
+  OPT_NORM_MULT,
+  OPT_MIN_NODES,
+  OPT_RING_LANES,
+  OPT_QUIET
+};
+
+static const struct option own_opts[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"join", required_argument, NULL, OPT_JOIN},
+    {"cluster-key", required_argument, NULL, OPT_CLUSTER_KEY},
+    {"previous-key", required_argument, NULL, OPT_PREVIOUS_KEY},
+    {"identity", required_argument, NULL, OPT_IDENTITY},
+    {"allow", required_argument, NULL, OPT_ALLOW},
+    {"data-dir", required_argument, NULL, OPT_DATA_DIR},
+    {"control", required_argument, NULL, OPT_CONTROL},
+    {"gossip-every", required_argument, NULL, OPT_GOSSIP_EVERY},
+    {"ring-every", required_argument, NULL, OPT_RING_EVERY},
+    {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+    {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+    {"log-every", required_argument, NULL, OPT_LOG_EVERY},
+    {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
+    {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
+    {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {"help", no_argument, NULL, 'h'},
+};
+
+static void usage(FILE* f) {
+  fprintf(
+      f,
+      "usage: starling node --listen HOST:PORT --cluster-key FILE "
+      "--data-dir DIR\n"
+      "                     --model SPEC --data SPEC [--join HOST:PORT ...] "
+      "[options]\n"
+      "\n"
+      "Runs a starling node: joins the cluster through a seed, trains its "
+      "shard with\n"
+      "local SGD and keeps its model close to its peers' by gossip "
+      "averaging.\n"
+      "Stop it with Ctrl-C, SIGTERM or 'starling leave': it announces its "
+      "leave and\n"
+      "writes a checkpoint; started again with the same --data-dir it "
+      "resumes.\n"
+      "\n"
+      "Cluster:\n"
+      "  --listen HOST:PORT   UDP and TCP address (port 0: any free port)\n"
+      "  --join HOST:PORT     a seed node (repeat for more); without it this "
+      "node\n"
+      "                       starts a cluster\n"
+      "  --cluster-key FILE   the cluster key (starling keygen --cluster "
+      "--out FILE)\n"
+      "  --previous-key FILE  the key being rotated out (accepted, never "
+      "used to send)\n"
+      "  --identity FILE      this node's identity (default: "
+      "DATA_DIR/identity.key,\n"
+      "                       made on first start)\n"
+      "  --allow FILE         accept only the public keys listed there\n"
+      "  --data-dir DIR       identity, boot epoch, checkpoint, control "
+      "socket\n"
+      "  --control PATH       control socket (default DATA_DIR/control.sock)\n"
+      "  --gossip-every S     average with a random peer every S seconds "
+      "(default 0.5;\n"
+      "                       0: never)\n"
+      "  --ring-every S       propose an exact ring all-reduce with the "
+      "healthy peers\n"
+      "                       every S seconds (default 5; 0: never)\n"
+      "  --ring-lanes L       encrypted connections a ring link uses, each "
+      "sealed and\n"
+      "                       opened on its own thread (1..8; default: a "
+      "quarter of\n"
+      "                       the cores, 1 to 4)\n"
+      "  --min-nodes N        take the first step only once N nodes are "
+      "alive, this one\n"
+      "                       included (default 1: at once); training goes "
+      "on\n"
+      "                       whatever the count does afterwards\n"
+      "  --checkpoint-every S write a checkpoint every S seconds (default "
+      "30)\n"
+      "  --eval-every S       evaluate on the test set every S seconds "
+      "(default 5)\n"
+      "  --log-every S        progress line every S seconds (default 5; 0: "
+      "none)\n"
+      "  --norm-guard X       drop a peer's model whose norm exceeds X times "
+      "ours\n"
+      "                       (default 10; 0: off)\n"
+      "  --quiet              only warnings and errors\n"
+      "\n"
+      "Training (as in 'starling train'):\n");
+  st__train_flags_usage(f);
+  fprintf(f,
+          "\n"
+          "Example (a cluster of two on one machine):\n"
+          "  starling keygen --cluster --out cluster.key\n"
+          "  starling node --listen 127.0.0.1:7946 --cluster-key cluster.key "
+          "--data-dir n0 \\\n"
+          "      --model mlp:784-256-128-10 --data fashion-mnist --shard 0/2 "
+          "&\n"
+          "  starling node --listen 127.0.0.1:7947 --join 127.0.0.1:7946 "
+          "--cluster-key cluster.key \\\n"
+          "      --data-dir n1 --model mlp:784-256-128-10 --data "
+          "fashion-mnist --shard 1/2 &\n"
+          "  starling peers --data-dir n0\n");
+}
+
+/* The node's numeric flags: where each goes and its range. */
+static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  static const struct {
+    int opt;
+    const char* flag;
+    double max;
+    size_t field;
+  } flags[] = {
+      {OPT_GOSSIP_EVERY, "--gossip-every", 86400,
+       offsetof(st_daemon_config_t, gossip_every_s)},
+      {OPT_RING_EVERY, "--ring-every", 86400,
+       offsetof(st_daemon_config_t, ring_every_s)},
+      {OPT_CHECKPOINT_EVERY, "--checkpoint-every", 1e7,
+       offsetof(st_daemon_config_t, checkpoint_every_s)},
+      {OPT_EVAL_EVERY, "--eval-every", 1e7,
+       offsetof(st_daemon_config_t, eval_every_s)},
+      {OPT_LOG_EVERY, "--log-every", 1e7,
+       offsetof(st_daemon_config_t, log_every_s)},
+      {OPT_NORM_MULT, "--norm-guard", 1e12,
+       offsetof(st_daemon_config_t, norm_mult)},
+  };
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+    if (flags[i].opt != opt)
+      continue;
+    double* out = (double*) (void*) ((char*) cfg + flags[i].field);
+    return st__parse_double(CMD, flags[i].flag, v, 0, flags[i].max, out) != 0
+               ? 2
+               : 0;
+  }
+  return 2;
+}
+
+int st__cmd_node(int argc, char** argv) {
+  /* A SIGTERM from here on ends in an orderly leave (daemon.h). */
+  st_daemon_catch_early_signals();
+  size_t nt = st__train_long_opts_count();
+  size_t no = sizeof(own_opts) / sizeof(own_opts[0]);
+  struct option* opts = calloc(nt + no + 1, sizeof(*opts));
+  if (opts == NULL)
+    return 1;
+  memcpy(opts, st__train_long_opts, nt * sizeof(*opts));
+  memcpy(opts + nt, own_opts, no * sizeof(*opts));
+
+  st_daemon_config_t cfg;
+  st_daemon_config_default(&cfg);
+  st__train_flags_t f;
+  st__train_flags_init(&f);
+  optind = 1;
+  opterr = 0;
+  int c, rc = 0;
+  while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    const char* v = optarg;
+    switch (c) {
+      case 'h':
+        usage(stdout);
+        free(opts);
+        return 0;
+      case OPT_LISTEN:
+        cfg.listen = v;
+        break;
+      case OPT_JOIN:
+        if (cfg.n_seeds == ST_DAEMON_MAX_SEEDS) {
+          fprintf(stderr, "starling node: at most %d --join seeds\n",
+                  ST_DAEMON_MAX_SEEDS);
+          rc = 2;
+        } else {
+          cfg.seeds[cfg.n_seeds++] = v;
+        }
+        break;
+      case OPT_CLUSTER_KEY:
+        cfg.cluster_key_path = v;
+        break;
+      case OPT_PREVIOUS_KEY:
+        cfg.previous_key_path = v;
+        break;
+      case OPT_IDENTITY:
+        cfg.identity_path = v;
+        break;
+      case OPT_ALLOW:
+        cfg.allowlist_path = v;
+        break;
+      case OPT_DATA_DIR:
+        cfg.data_dir = v;
+        break;
+      case OPT_CONTROL:
+        cfg.control_path = v;
+        break;
+      case OPT_GOSSIP_EVERY:
+      case OPT_RING_EVERY:
+      case OPT_CHECKPOINT_EVERY:
+      case OPT_EVAL_EVERY:
+      case OPT_LOG_EVERY:
+      case OPT_NORM_MULT:
+        rc = seconds_flag(&cfg, c, v);
+        break;
+      case OPT_RING_LANES: {
+        uint64_t n;
+        if (st__parse_u64(CMD, "--ring-lanes", v, 1, ST_RING_MAX_LANES, &n) !=
+            0)
+          rc = 2;
+        else
+          cfg.ring_lanes = (uint32_t) n;
+        break;
+      }
+      case OPT_MIN_NODES: {
+        uint64_t n;
+        if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)
+          rc = 2;
+        else
+          cfg.min_nodes = (uint32_t) n;
+        break;
+      }
+      case OPT_QUIET:
+        cfg.quiet = true;
+        break;
+      case ':':
+        fprintf(stderr, "starling node: %s needs a value\n", argv[optind - 1]);
+        rc = 2;
+        break;
+      default: {
+        int t = st__train_flag(CMD, c, v, &f);
+        if (t == 1) {
+          fprintf(stderr,
+                  "starling node: unknown option '%s'; see 'starling node "
+                  "--help'\n",
+                  argv[optind - 1]);
+          rc = 2;
+        } else {
+          rc = t;
+        }
+      }
+    }
+  }
+  free(opts);
+  if (rc != 0)
+    return rc;
+  if (optind < argc) {
+    fprintf(stderr,
+            "starling node: unexpected argument '%s'; see 'starling node "
+            "--help'\n",
+            argv[optind]);
+    return 2;
+  }
+  const char* missing = cfg.listen == NULL             ? "--listen HOST:PORT"
+                        : cfg.cluster_key_path == NULL ? "--cluster-key FILE"
+                        : cfg.data_dir == NULL         ? "--data-dir DIR"
+                                                       : NULL;
+  if (missing != NULL) {
+    fprintf(stderr,
+            "starling node: %s is required; see 'starling node --help'\n",
+            missing);
+    return 2;
+  }
+  if ((rc = st__train_flags_finish(CMD, &f)) != 0)
+    return rc;
+  cfg.train = f.cfg;
+  cfg.data_spec = f.data;
+  cfg.data_opt = f.data_opt;
+  cfg.device = f.device;
+  cfg.threads = (uint32_t) f.threads;
+
+  char err[1024] = "";
+  rc = st_daemon_run(&cfg, err, sizeof(err));
+  if (rc != 0) {
+    fprintf(stderr, "starling node: %s\n", err);
+    return 1;
+  }
+  return 0;
+}

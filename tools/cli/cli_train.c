@@ -1,0 +1,450 @@
+/* cli_train.c: `starling train`, local training on one machine.
+ *
+ * Loads the data, opens the device, builds the trainer (node/train/trainer.c)
+ * and steps it for --epochs, printing progress (epoch, step, loss, samples/s)
+ * about once a second and the test accuracy after every epoch. Checkpoints
+ * go to --checkpoint after every epoch (and every --checkpoint-every steps)
+ * and on SIGINT/SIGTERM, atomically; --resume continues the same
+ * trajectory. With --json the progress goes to stderr and one JSON object
+ * with the results goes to stdout at the end.
+ *
+ * The training flags (--model, --data, the optimizer and schedule, --device,
+ * --threads) are parsed by cli_train_flags.c, which `starling node` shares;
+ * this file parses only the options of a local run.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "node/train/train.h"
+#include "tools/cli/cli.h"
+
+#define CMD "starling train"
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) {
+  stop_signal = sig;
+}
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: starling train --model SPEC --data SPEC [options]\n"
+          "\n"
+          "Trains a model on this machine and evaluates it after every "
+          "epoch.\n"
+          "\n");
+  st__train_flags_usage(f);
+  fprintf(
+      f,
+      "  --checkpoint PATH    write a safetensors checkpoint after every "
+      "epoch, at\n"
+      "                       the end and when interrupted\n"
+      "  --checkpoint-every N also every N steps\n"
+      "  --resume PATH        continue from a checkpoint written with the "
+      "same\n"
+      "                       --model, --batch, --seed, --shard and optimizer\n"
+      "  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
+      "                       written; the schedule still spans --epochs)\n"
+      "  --log-every SECONDS  at most this long between progress lines "
+      "(default\n"
+      "                       10; there are also four per epoch; 0: every "
+      "step)\n"
+      "  --json               print the results as one JSON object on stdout\n"
+      "  -h, --help           this help\n"
+      "\n"
+      "Example:\n"
+      "  starling train --model mlp:784-256-128-10 --data fashion-mnist "
+      "--epochs 10 \\\n"
+      "      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n");
+}
+
+/* The options of `starling train` beyond the training flags
+ * (cli_train_flags.c). */
+enum {
+  OPT_CHECKPOINT = ST__TRAIN_OPT_END,
+  OPT_CHECKPOINT_EVERY,
+  OPT_RESUME,
+  OPT_LOG_EVERY,
+  OPT_JSON,
+  OPT_STOP_AFTER
+};
+
+static const struct option own_opts[] = {
+    {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
+    {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+    {"resume", required_argument, NULL, OPT_RESUME},
+    {"log-every", required_argument, NULL, OPT_LOG_EVERY},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"stop-after-steps", required_argument, NULL, OPT_STOP_AFTER},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+#define N_OWN_OPTS (sizeof(own_opts) / sizeof(own_opts[0]))
+
+typedef struct {
+  st__train_flags_t f; /* what to train and how: f.cfg, f.data, f.device */
+  const char* checkpoint;
+  uint64_t checkpoint_every;
+  const char* resume;
+  double log_every;
+  uint64_t stop_after; /* 0: no limit */
+  int json;
+} train_args_t;
+
+/* Parses argv into *a. Returns 0, or 2 (usage error, already reported), or
+ * -1 when --help was printed. */
+static int parse_args(int argc, char** argv, train_args_t* a) {
+  memset(a, 0, sizeof(*a));
+  st__train_flags_init(&a->f);
+  a->log_every = 10.0;
+  /* The training flags, then this command's own (with the terminator). */
+  struct option opts[ST__TRAIN_OPT_COUNT + N_OWN_OPTS];
+  size_t n_train = st__train_long_opts_count();
+  memcpy(opts, st__train_long_opts, n_train * sizeof(opts[0]));
+  memcpy(opts + n_train, own_opts, sizeof(own_opts));
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    const char* v = optarg;
+    int rc = 0;
+    switch (c) {
+      case 'h':
+        usage(stdout);
+        return -1;
+      case OPT_CHECKPOINT:
+        a->checkpoint = v;
+        break;
+      case OPT_CHECKPOINT_EVERY:
+        rc = st__parse_u64(CMD, "--checkpoint-every", v, 1, UINT64_MAX,
+                           &a->checkpoint_every);
+        break;
+      case OPT_RESUME:
+        a->resume = v;
+        break;
+      case OPT_LOG_EVERY:
+        rc = st__parse_double(CMD, "--log-every", v, 0, 1e6, &a->log_every);
+        break;
+      case OPT_JSON:
+        a->json = 1;
+        break;
+      case OPT_STOP_AFTER:
+        rc = st__parse_u64(CMD, "--stop-after-steps", v, 1, UINT64_MAX,
+                           &a->stop_after);
+        break;
+      case ':':
+        fprintf(stderr, "starling train: %s needs a value\n", argv[optind - 1]);
+        return 2;
+      default:
+        rc = st__train_flag(CMD, c, v, &a->f);
+        if (rc == 1) {
+          fprintf(stderr,
+                  "starling train: unknown option '%s'; see "
+                  "'starling train --help'\n",
+                  argv[optind - 1]);
+          return 2;
+        }
+        break;
+    }
+    if (rc != 0)
+      return 2;
+  }
+  if (optind < argc) {
+    fprintf(stderr,
+            "starling train: unexpected argument '%s'; see "
+            "'starling train --help'\n",
+            argv[optind]);
+    return 2;
+  }
+  return st__train_flags_finish(CMD, &a->f);
+}
+
+/* ---- Output
+ * ------------------------------------------------------------------- */
+
+typedef struct {
+  double train_loss; /* running mean over the current epoch */
+  size_t train_loss_n;
+  double test_loss, test_accuracy;
+  int evaluated;
+  double train_seconds; /* time spent stepping, excluding evaluation */
+  uint64_t samples;     /* trained in this process */
+} progress_t;
+
+static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
+                       const st_backend_t* be, const progress_t* p,
+                       const char* eval_name, double wall,
+                       const char* ckpt_written) {
+  char model[256];
+  st_model_spec_format(&t->cfg.model, model, sizeof(model));
+  fprintf(f, "{\"model\": ");
+  st_json_write_string(f, model);
+  fprintf(f, ", \"data\": ");
+  st_json_write_string(f, a->f.data);
+  fprintf(f, ", \"device\": ");
+  st_json_write_string(f, st_backend_describe(be));
+  fprintf(f, ", \"optimizer\": \"%s\", \"schedule\": \"%s\"",
+          st_opt_kind_name(t->cfg.opt.kind),
+          st_sched_kind_name(t->cfg.sched.kind));
+  fprintf(f,
+          ", \"epochs\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"batch\": %zu",
+          t->epoch, t->step, t->cfg.batch);
+  /* Without a test set the evaluation ran on the training set: say so in
+   * the key names rather than pass training accuracy off as test accuracy. */
+  if (strcmp(eval_name, "test") != 0)
+    fprintf(f, ", \"test_accuracy\": null, \"test_loss\": null");
+  if (p->evaluated && isfinite(p->test_accuracy))
+    fprintf(f, ", \"%s_accuracy\": %.6f", eval_name, p->test_accuracy);
+  else
+    fprintf(f, ", \"%s_accuracy\": null", eval_name);
+  const char* loss_key =
+      strcmp(eval_name, "test") == 0 ? "test_loss" : "train_eval_loss";
+  if (p->evaluated)
+    fprintf(f, ", \"%s\": %.6f", loss_key, p->test_loss);
+  else
+    fprintf(f, ", \"%s\": null", loss_key);
+  fprintf(f, ", \"train_loss\": %.6f",
+          p->train_loss_n ? p->train_loss / (double) p->train_loss_n : 0.0);
+  fprintf(f, ", \"samples_per_sec\": %.1f",
+          p->train_seconds > 0 ? (double) p->samples / p->train_seconds : 0.0);
+  fprintf(f, ", \"wall_seconds\": %.3f, \"checkpoint\": ", wall);
+  if (ckpt_written)
+    st_json_write_string(f, ckpt_written);
+  else
+    fprintf(f, "null");
+  fprintf(f, "}\n");
+}
+
+static int save(const train_args_t* a, st_trainer_t* t, FILE* log) {
+  char err[512];
+  st_meta_kv_t extra[] = {{"data", a->f.data}};
+  if (st_trainer_save(t, a->checkpoint, extra, 1, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling train: checkpoint not written: %s\n", err);
+    return -1;
+  }
+  fprintf(log, "checkpoint: %s (step %" PRIu64 ")\n", a->checkpoint, t->step);
+  return 0;
+}
+
+/* Refuses, before any training, a --checkpoint whose directory is missing
+ * or not writable: finding out at the end of the first epoch (or of a long
+ * run) wastes the work. Returns 0 or prints the reason and returns -1. */
+static int check_checkpoint_dir(const char* path) {
+  char dir[4096];
+  const char* slash = strrchr(path, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof(dir), ".");
+  else if (slash == path)
+    snprintf(dir, sizeof(dir), "/");
+  else
+    snprintf(dir, sizeof(dir), "%.*s", (int) (slash - path), path);
+  if (access(dir, W_OK | X_OK) == 0)
+    return 0;
+  if (errno == ENOENT)
+    fprintf(stderr,
+            "starling train: --checkpoint: directory '%s' does not exist; "
+            "create it first (mkdir -p '%s')\n",
+            dir, dir);
+  else
+    fprintf(stderr,
+            "starling train: --checkpoint: cannot write into directory "
+            "'%s': %s\n",
+            dir, strerror(errno));
+  return -1;
+}
+
+/* ---- Main loop
+ * ------------------------------------------------------------------ */
+
+int st__cmd_train(int argc, char** argv) {
+  train_args_t a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
+  if (a.checkpoint != NULL && check_checkpoint_dir(a.checkpoint) != 0)
+    return 1;
+  FILE* log = a.json ? stderr : stdout;
+  setvbuf(log, NULL, _IOLBF, 0);
+  /* Handle SIGINT/SIGTERM from the start, so that an interruption while
+   * the data loads is also an orderly exit. */
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  double t_start = st_now_s();
+  char err[1024];
+
+  st_data_t data;
+  st_data_options_t dopt = a.f.data_opt; /* only our shard is held */
+  dopt.shard_k = a.f.cfg.shard_k;
+  dopt.shard_n = a.f.cfg.shard_n;
+  if (st_data_open(&data, a.f.data, &dopt, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling train: --data: %s\n", err);
+    return 1;
+  }
+  st_backend_t* be = NULL;
+  if (st_backend_open(&be, a.f.device, (int) a.f.threads, err, sizeof(err)) !=
+      0) {
+    fprintf(stderr, "starling train: --device: %s\n", err);
+    st_data_close(&data);
+    return 1;
+  }
+  fprintf(log, "device: %s\n", st_backend_describe(be));
+
+  st_trainer_t t;
+  int status = 1;
+  const char* ckpt_written = NULL;
+  if (st_trainer_init(&t, be, &data.train, &a.f.cfg, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling train: %s\n", err);
+    st_backend_close(be);
+    st_data_close(&data);
+    return 1;
+  }
+  if (a.resume != NULL) {
+    if (st_trainer_load(&t, a.resume, err, sizeof(err)) != 0) {
+      fprintf(stderr, "starling train: --resume: %s\n", err);
+      goto out;
+    }
+    fprintf(log, "resumed from %s at epoch %" PRIu64 ", step %" PRIu64 "\n",
+            a.resume, t.epoch + 1, t.step);
+  }
+  char model[256];
+  st_model_spec_format(&a.f.cfg.model, model, sizeof(model));
+  fprintf(log,
+          "model %s (%zu parameters), %s, %zu training examples (shard "
+          "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
+          model, t.model.n_params, st_opt_kind_name(a.f.cfg.opt.kind),
+          t.shard_count, a.f.cfg.shard_k, a.f.cfg.shard_n, data.train.total,
+          data.test.n, t.steps_per_epoch);
+
+  progress_t p = {0};
+  const st_dataset_t* eval_set = data.test.n ? &data.test : &data.train;
+  const char* eval_name = data.test.n ? "test" : "train";
+  double last_log = st_now_s(), epoch_start = last_log;
+  uint64_t log_samples = 0;
+  double log_loss = 0;
+  size_t log_n = 0;
+  int stopped = 0;
+  while (!st_trainer_done(&t) && !stop_signal && !stopped) {
+    uint64_t epoch_before = t.epoch;
+    size_t rows = t.shard_count - t.pos * t.cfg.batch;
+    if (rows > t.cfg.batch)
+      rows = t.cfg.batch;
+    double loss = 0, t0 = st_now_s();
+    rc = st_trainer_step(&t, &loss);
+    double t1 = st_now_s();
+    if (rc == -EDOM) {
+      fprintf(stderr,
+              "starling train: training diverged at step %" PRIu64
+              ": the loss is %g; lower --lr, add --clip-norm, or check the "
+              "data (nothing was written for this step)\n",
+              t.step, loss);
+      goto out;
+    }
+    if (rc != 0) {
+      fprintf(stderr, "starling train: step %" PRIu64 " failed: %s\n", t.step,
+              *st_backend_last_error(be) ? st_backend_last_error(be)
+                                         : strerror(-rc));
+      goto out;
+    }
+    p.train_seconds += t1 - t0;
+    p.samples += rows;
+    p.train_loss += loss;
+    p.train_loss_n++;
+    log_samples += rows;
+    log_loss += loss;
+    log_n++;
+    /* A progress line every quarter epoch, and at least every --log-every
+     * seconds when epochs are long. */
+    size_t quarter = (t.steps_per_epoch + 3) / 4;
+    if (a.log_every == 0 || t1 - last_log >= a.log_every || log_n >= quarter) {
+      fprintf(log,
+              "epoch %" PRIu64
+              "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
+              "%.0f samples/s\n",
+              epoch_before + 1, a.f.cfg.epochs,
+              t.pos ? t.pos : t.steps_per_epoch, t.steps_per_epoch,
+              log_loss / (double) log_n, t.last_lr,
+              (double) log_samples / (t1 - last_log));
+      last_log = t1;
+      log_samples = 0;
+      log_loss = 0;
+      log_n = 0;
+    }
+    if (a.checkpoint && a.checkpoint_every &&
+        t.step % a.checkpoint_every == 0 && t.epoch == epoch_before) {
+      if (save(&a, &t, log) != 0)
+        goto out;
+      ckpt_written = a.checkpoint;
+    }
+    if (t.epoch != epoch_before) {
+      if (st_trainer_evaluate(&t, eval_set, &p.test_loss, &p.test_accuracy) !=
+          0) {
+        fprintf(stderr, "starling train: evaluation failed: %s\n",
+                st_backend_last_error(be));
+        goto out;
+      }
+      p.evaluated = 1;
+      double now = st_now_s();
+      fprintf(log, "epoch %" PRIu64 "/%u done  train_loss %.4f  %s_loss %.4f",
+              t.epoch, a.f.cfg.epochs,
+              p.train_loss / (double) (p.train_loss_n ? p.train_loss_n : 1),
+              eval_name, p.test_loss);
+      if (isfinite(p.test_accuracy))
+        fprintf(log, "  %s_accuracy %.4f", eval_name, p.test_accuracy);
+      fprintf(log, "  (%.1f s)\n", now - epoch_start);
+      epoch_start = now;
+      if (!st_trainer_done(&t)) {
+        p.train_loss = 0;
+        p.train_loss_n = 0;
+      }
+      if (a.checkpoint) {
+        if (save(&a, &t, log) != 0)
+          goto out;
+        ckpt_written = a.checkpoint;
+      }
+      last_log = st_now_s();
+      log_samples = 0;
+      log_loss = 0;
+      log_n = 0;
+    }
+    if (a.stop_after && t.step >= a.stop_after)
+      stopped = 1;
+  }
+  if (stop_signal || stopped) {
+    int saved = a.checkpoint != NULL && save(&a, &t, log) == 0;
+    fprintf(stderr, "starling train: %s at step %" PRIu64 "%s%s\n",
+            stop_signal ? "interrupted" : "stopped (--stop-after-steps)",
+            t.step, saved ? "; continue with --resume " : "",
+            saved ? a.checkpoint : "");
+    status = stop_signal ? 130 : 0;
+    goto out;
+  }
+  if (!p.evaluated) {
+    /* Resumed from a finished run: report its model as it stands. */
+    if (st_trainer_evaluate(&t, eval_set, &p.test_loss, &p.test_accuracy) == 0)
+      p.evaluated = 1;
+  }
+  double wall = st_now_s() - t_start;
+  fprintf(log,
+          "done: %" PRIu64 " epochs, %" PRIu64
+          " steps, %s_accuracy "
+          "%.4f, %.0f samples/s, %.1f s\n",
+          t.epoch, t.step, eval_name, p.test_accuracy,
+          p.train_seconds > 0 ? (double) p.samples / p.train_seconds : 0.0,
+          wall);
+  if (a.json)
+    print_json(stdout, &a, &t, be, &p, eval_name, wall, ckpt_written);
+  status = 0;
+out:
+  st_trainer_close(&t);
+  st_backend_close(be);
+  st_data_close(&data);
+  return status;
+}

@@ -1,0 +1,366 @@
+/* sim.c: `starling-sim`, the deterministic membership simulator: command
+ * line, main, and the report (a table, or one JSON object with --json).
+ *
+ * The membership machines of gossip/ (SWIM with Lifeguard, sans-IO) run
+ * N to a process on a virtual clock over a modelled network; see sim.h for
+ * the parts and docs/membership.md for what is measured and the figures.
+ * The report is a pure function of the flags: the same seed prints the
+ * same bytes, except the two host measurements wall_seconds and
+ * max_rss_bytes, printed last. */
+#include "tools/sim/sim.h"
+
+#include "tools/cli/cli.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#define CMD "starling-sim"
+
+static void usage(FILE* f) {
+  fprintf(
+      f,
+      "usage: starling-sim [--nodes N] [--seed S] [--duration SECONDS]\n"
+      "                    [--loss FRACTION] [--scenario NAME]\n"
+      "                    [--no-lifeguard] [--json] [options]\n"
+      "\n"
+      "Runs N membership machines (SWIM + Lifeguard) in one process on a\n"
+      "virtual clock over a modelled network and reports failure-detection\n"
+      "times, false alarms and load. The same flags and seed print the same\n"
+      "report, except wall_seconds and max_rss_bytes.\n"
+      "\n"
+      "  --nodes N              simulated nodes, 2..100000 (64)\n"
+      "  --seed S               seed of every random choice (1)\n"
+      "  --duration SECONDS     simulated time, warm-up included (120)\n"
+      "  --loss FRACTION        UDP packets lost, 0..0.9 (0)\n"
+      "  --scenario NAME        crash | join | leave | restart-all | pause |\n"
+      "                         partition | steady (crash)\n"
+      "  --no-lifeguard         turn off awareness, nacks and dynamic\n"
+      "                         suspicion timeouts\n"
+      "  --json                 print one JSON object instead of a table\n"
+      "  --trace                print every membership change as it happens\n"
+      "  --warm                 start converged: every node knows every other\n"
+      "                         alive from t = 0 (not with join; N <= 12000)\n"
+      "\n"
+      "Network:\n"
+      "  --latency-ms MS        fixed one-way latency (1)\n"
+      "  --jitter-ms MS         mean exponential extra latency (1)\n"
+      "  --dup FRACTION         UDP packets delivered twice, 0..1 (0)\n"
+      "\n"
+      "Scenarios:\n"
+      "  --events K             crashes, leaves or timed joins (N/16 in 1..8;\n"
+      "                         join: N/8 in 1..8)\n"
+      "  --crash-at SECONDS     when the main phase starts (converged + 5 s)\n"
+      "  --pause-fraction F     pause: share of nodes that stall (0.1)\n"
+      "  --pause-seconds S      pause: longest stall (5)\n"
+      "  --partition-seconds S  partition: how long the split lasts (30)\n"
+      "  --partition-fraction F partition: share cut off (0.5)\n"
+      "  --one-way              partition: only the cut-off side's packets\n"
+      "                         are lost\n"
+      "  --restart-window S     restart-all: every node restarts within S "
+      "(10)\n"
+      "  --join-wave S          join: seconds between waves of joiners (5)\n");
+}
+
+static int parse_scenario(const char* text, st_sim_scenario_t* out) {
+  for (int k = 0; k < ST_SIM_SCENARIO_COUNT; k++) {
+    if (strcmp(text, st__sim_scenario_name((st_sim_scenario_t) k)) == 0) {
+      *out = (st_sim_scenario_t) k;
+      return 0;
+    }
+  }
+  fprintf(stderr,
+          "starling-sim: --scenario: '%s' is not one of crash, join, leave, "
+          "restart-all, pause, partition, steady\n",
+          text);
+  return -EINVAL;
+}
+
+/* Parses argv into o. Returns 0, 1 for --help (printed), -EINVAL after
+ * printing what was wrong. */
+static int parse_args(int argc, char** argv, st_sim_options_t* o) {
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      return 1;
+    }
+    if (strcmp(a, "--json") == 0) {
+      o->json = true;
+      continue;
+    }
+    if (strcmp(a, "--trace") == 0) {
+      o->trace = true;
+      continue;
+    }
+    if (strcmp(a, "--no-lifeguard") == 0) {
+      o->lifeguard = false;
+      continue;
+    }
+    if (strcmp(a, "--warm") == 0) {
+      o->warm = true;
+      continue;
+    }
+    if (strcmp(a, "--one-way") == 0) {
+      o->one_way = true;
+      continue;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "starling-sim: unexpected argument '%s' (see --help)\n",
+              a);
+      return -EINVAL;
+    }
+    static const char* const valued[] = {"--nodes",
+                                         "--seed",
+                                         "--duration",
+                                         "--loss",
+                                         "--scenario",
+                                         "--latency-ms",
+                                         "--jitter-ms",
+                                         "--dup",
+                                         "--events",
+                                         "--crash-at",
+                                         "--pause-fraction",
+                                         "--pause-seconds",
+                                         "--partition-seconds",
+                                         "--partition-fraction",
+                                         "--restart-window",
+                                         "--join-wave"};
+    bool known = false;
+    for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) {
+      known |= strcmp(a, valued[k]) == 0;
+    }
+    if (!known) {
+      fprintf(stderr, "starling-sim: unknown option '%s' (see --help)\n", a);
+      return -EINVAL;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "starling-sim: %s needs a value (see --help)\n", a);
+      return -EINVAL;
+    }
+    const char* v = argv[++i];
+    uint64_t u = 0;
+    int rc = 0;
+    if (strcmp(a, "--nodes") == 0) {
+      rc = st__parse_u64(CMD, a, v, 2, 100000, &u);
+      o->nodes = (uint32_t) u;
+    } else if (strcmp(a, "--seed") == 0) {
+      rc = st__parse_u64(CMD, a, v, 0, UINT64_MAX, &o->seed);
+    } else if (strcmp(a, "--duration") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.001, 1e6, &o->duration_s);
+    } else if (strcmp(a, "--loss") == 0) {
+      rc = st__parse_double(CMD, a, v, 0, 0.9, &o->loss);
+    } else if (strcmp(a, "--scenario") == 0) {
+      rc = parse_scenario(v, &o->scenario);
+    } else if (strcmp(a, "--latency-ms") == 0) {
+      rc = st__parse_double(CMD, a, v, 0, 10000, &o->latency_ms);
+    } else if (strcmp(a, "--jitter-ms") == 0) {
+      rc = st__parse_double(CMD, a, v, 0, 10000, &o->jitter_ms);
+    } else if (strcmp(a, "--dup") == 0) {
+      rc = st__parse_double(CMD, a, v, 0, 1, &o->dup);
+    } else if (strcmp(a, "--events") == 0) {
+      rc = st__parse_u64(CMD, a, v, 1, 4096, &u);
+      o->events = (uint32_t) u;
+    } else if (strcmp(a, "--crash-at") == 0) {
+      rc = st__parse_double(CMD, a, v, 0, 1e6, &o->crash_at_s);
+    } else if (strcmp(a, "--pause-fraction") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.0001, 1, &o->pause_fraction);
+    } else if (strcmp(a, "--pause-seconds") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->pause_max_s);
+    } else if (strcmp(a, "--partition-seconds") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.001, 1e6, &o->partition_s);
+    } else if (strcmp(a, "--partition-fraction") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.0001, 0.9999, &o->partition_frac);
+    } else if (strcmp(a, "--restart-window") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->restart_window_s);
+    } else if (strcmp(a, "--join-wave") == 0) {
+      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->join_wave_s);
+    }
+    if (rc != 0)
+      return -EINVAL;
+  }
+  if (o->warm && o->scenario == ST_SIM_JOIN) {
+    fprintf(stderr,
+            "starling-sim: --warm starts the cluster converged; the join "
+            "scenario grows its own (drop --warm)\n");
+    return -EINVAL;
+  }
+  if (o->warm && o->nodes > ST_WIRE_PUSH_PULL_MAX_ENTRIES) {
+    fprintf(stderr,
+            "starling-sim: --warm needs --nodes <= %u (one push-pull reply "
+            "holds the whole roster)\n",
+            (unsigned) ST_WIRE_PUSH_PULL_MAX_ENTRIES);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* ==== Report ============================================================ */
+
+typedef enum { F_STR, F_U64, F_DBL, F_BOOL } field_kind_t;
+
+typedef struct {
+  const char* name;
+  field_kind_t kind;
+  const char* s;
+  uint64_t u;
+  double d;
+  const char* unit; /* for the table */
+} field_t;
+
+#define STR(n, v) \
+  { n, F_STR, v, 0, 0, "" }
+#define U64(n, v) \
+  { n, F_U64, NULL, (uint64_t) (v), 0, "" }
+#define DBL(n, v, unit) \
+  { n, F_DBL, NULL, 0, (v), unit }
+#define BOOL(n, v) \
+  { n, F_BOOL, NULL, (v) ? 1u : 0u, 0, "" }
+
+static void print_report(const st_sim_options_t* o, const st_sim_result_t* r) {
+  const field_t f[] = {
+      STR("scenario", st__sim_scenario_name(o->scenario)),
+      U64("nodes", r->nodes),
+      U64("seed", o->seed),
+      DBL("duration_s", o->duration_s, "s"),
+      DBL("loss", o->loss, ""),
+      DBL("dup", o->dup, ""),
+      DBL("latency_ms", o->latency_ms, "ms"),
+      DBL("jitter_ms", o->jitter_ms, "ms"),
+      BOOL("lifeguard", o->lifeguard),
+      BOOL("warm", o->warm),
+      DBL("converged_s", r->converged_s, "s"),
+      DBL("reconverged_s", r->reconverged_s, "s"),
+      U64("running_at_end", r->running_at_end),
+      U64("dead_pairs_at_end", r->dead_pairs_at_end),
+      U64("suspect_pairs_at_end", r->suspect_pairs_at_end),
+      U64("missing_pairs_at_end", r->missing_pairs_at_end),
+      U64("crashes", r->crashes),
+      U64("crashes_suspected", r->crashes_suspected),
+      U64("crashes_dead_everywhere", r->crashes_dead_everywhere),
+      DBL("first_suspect_mean_s", r->first_suspect_mean_s, "s"),
+      DBL("first_suspect_p99_s", r->first_suspect_p99_s, "s"),
+      DBL("first_suspect_mean_probes", r->first_suspect_mean_probes,
+          "probe intervals"),
+      DBL("dead_everywhere_mean_s", r->dead_everywhere_mean_s, "s"),
+      DBL("dead_everywhere_p99_s", r->dead_everywhere_p99_s, "s"),
+      DBL("suspicion_max_s", r->suspicion_max_s, "s"),
+      U64("leaves", r->leaves),
+      U64("leaves_everywhere", r->leaves_everywhere),
+      DBL("leave_everywhere_mean_s", r->leave_everywhere_mean_s, "s"),
+      DBL("leave_everywhere_p99_s", r->leave_everywhere_p99_s, "s"),
+      U64("left_seen_dead", r->left_seen_dead),
+      U64("probe_joins", r->probe_joins),
+      U64("probe_joins_converged", r->probe_joins_converged),
+      DBL("join_converged_s", r->join_converged_s, "s"),
+      DBL("join_converged_p99_s", r->join_converged_p99_s, "s"),
+      DBL("join_rounds", r->join_rounds, "gossip intervals"),
+      U64("suspicions", r->suspicions),
+      U64("false_suspicions", r->false_suspicions),
+      U64("false_suspect_views", r->false_suspect_views),
+      U64("false_deaths", r->false_deaths),
+      DBL("false_deaths_per_hour", r->false_deaths_per_hour, ""),
+      U64("restarts", r->restarts),
+      U64("pauses", r->pauses),
+      U64("join_retries", r->join_retries),
+      DBL("window_s", r->window_s, "s"),
+      DBL("packets_per_member_per_s", r->packets_per_member_per_s, ""),
+      DBL("bytes_per_member_per_s", r->bytes_per_member_per_s, "B"),
+      DBL("stream_bytes_per_member_per_s", r->stream_bytes_per_member_per_s,
+          "B"),
+      U64("packets_sent", r->packets_sent),
+      U64("packets_lost", r->packets_lost),
+      U64("packets_cut", r->packets_cut),
+      U64("packets_duplicated", r->packets_duplicated),
+      U64("streams", r->streams),
+      U64("rejected", r->rejected),
+      U64("timer_stalls", r->timer_stalls),
+      U64("events", r->events),
+      DBL("memory_per_node_bytes", r->memory_per_node_bytes, "B"),
+      /* Host measurements last: excluded from determinism checks. */
+      DBL("wall_seconds", r->wall_seconds, "s"),
+      U64("max_rss_bytes", r->max_rss_bytes),
+  };
+  size_t n = sizeof(f) / sizeof(f[0]);
+  if (o->json) {
+    printf("{");
+    for (size_t i = 0; i < n; i++) {
+      printf("%s\"%s\": ", i ? ", " : "", f[i].name);
+      switch (f[i].kind) {
+        case F_STR:
+          printf("\"%s\"", f[i].s);
+          break;
+        case F_U64:
+          printf("%llu", (unsigned long long) f[i].u);
+          break;
+        case F_BOOL:
+          printf("%s", f[i].u ? "true" : "false");
+          break;
+        case F_DBL:
+          if (isfinite(f[i].d)) {
+            printf("%.6g", f[i].d);
+          } else {
+            printf("null");
+          }
+          break;
+      }
+    }
+    printf("}\n");
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    printf("%-30s ", f[i].name);
+    switch (f[i].kind) {
+      case F_STR:
+        printf("%s\n", f[i].s);
+        break;
+      case F_U64:
+        printf("%llu\n", (unsigned long long) f[i].u);
+        break;
+      case F_BOOL:
+        printf("%s\n", f[i].u ? "on" : "off");
+        break;
+      case F_DBL:
+        if (isfinite(f[i].d)) {
+          printf("%.6g%s%s\n", f[i].d, f[i].unit[0] ? " " : "", f[i].unit);
+        } else {
+          printf("-\n");
+        }
+        break;
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  st_sim_options_t o;
+  st__sim_options_default(&o);
+  int rc = parse_args(argc, argv, &o);
+  if (rc == 1)
+    return 0;
+  if (rc != 0)
+    return 2;
+  /* Thousands of machines grow and shrink their action queues and packet
+   * buffers by megabytes at a time (a warm joiner queues one MEMBER action
+   * per member). Served by mmap, or trimmed back to the system, each such
+   * block is faulted in and zeroed again by the kernel on every reuse: a
+   * third of a 10,000-node warm boot. Kept in the heap, it is reused. */
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT32_MAX);
+  st_sim_result_t r;
+  rc = st__sim_run(&o, &r);
+  if (rc != 0) {
+    fprintf(stderr, "starling-sim: the simulation failed: %s\n", strerror(-rc));
+    return 1;
+  }
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0) {
+    r.max_rss_bytes = (uint64_t) ru.ru_maxrss * 1024u;
+  }
+  fflush(stdout);
+  print_report(&o, &r);
+  return ferror(stdout) ? 1 : 0;
+}
