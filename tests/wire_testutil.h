@@ -4,7 +4,8 @@
  * integers of every encoding width, decoding that expects exactly one
  * drop, an encode-decode round trip, truncations and byte flips, the
  * fuzz seeds of
- * tests/fuzz/fuzz_wire_decode.c, and a suite's main(). Test-only,
+ * tests/fuzz/fuzz_wire_decode.c, hostile inputs under a capped address
+ * space, and a suite's main(). Test-only,
  * header-only (every suite is its own executable). */
 #ifndef STARLING_TESTS_WIRE_TESTUTIL_H
 #define STARLING_TESTS_WIRE_TESTUTIL_H
@@ -15,10 +16,72 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "gossip/gossip.h"
 #include "tests/unit/testutil.h"
 #include "tests/wire_same.h"
+
+/* ==== Hostile inputs under a capped address space ===========================
+ */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TW_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TW_ASAN 1
+#endif
+#endif
+
+/* A suite that feeds hostile counts says TW_ASAN_CAP_ALLOCATIONS() once at
+ * file scope: under ASan any single allocation over 64 MiB then aborts the
+ * suite, since a hostile count that reached msgpack-c would ask for
+ * gigabytes. (ASAN_OPTIONS in the environment still override it.) */
+#ifdef TW_ASAN
+#define TW_ASAN_CAP_ALLOCATIONS()            \
+  const char* __asan_default_options(void);  \
+  const char* __asan_default_options(void) { \
+    return "max_allocation_size_mb=64";      \
+  }
+#else
+#define TW_ASAN_CAP_ALLOCATIONS()
+#endif
+
+/* Runs run() with the address space capped at what the process uses now
+ * plus 64 MiB, so that any large allocation fails (and a decode would then
+ * not report the limit drop it is expected to). ASan reserves terabytes of
+ * shadow up front, so there the cap is TW_ASAN_CAP_ALLOCATIONS instead. */
+static inline void tw_run_address_capped(void (*run)(void)) {
+#ifdef TW_ASAN
+  run();
+#else
+  /* VmSize: the address space the process uses now, in KiB. */
+  FILE* f = fopen("/proc/self/status", "r");
+  unsigned long vm_kib = 0;
+  char line[256];
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "VmSize: %lu kB", &vm_kib) == 1)
+      break;
+  if (f != NULL)
+    fclose(f);
+  if (vm_kib == 0) {
+    run();
+    return;
+  }
+  struct rlimit old, cap;
+  ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+  cap = old;
+  cap.rlim_cur = (rlim_t) vm_kib * 1024u + (64u << 20);
+  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < cap.rlim_cur)
+    cap.rlim_cur = old.rlim_cur;
+  ck_assert_int_eq(setrlimit(RLIMIT_AS, &cap), 0);
+  /* A sanity check that the cap bites. */
+  void* volatile big = malloc((size_t) 1 << 30);
+  ck_assert_msg(big == NULL, "the address space cap does not bite");
+  run();
+  setrlimit(RLIMIT_AS, &old);
+#endif
+}
 
 /* ==== A msgpack writer for hand-made messages ===============================
  */

@@ -29,23 +29,7 @@
 #include "tests/unit/testutil.h"
 #include "tests/wire_testutil.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TW_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TW_ASAN 1
-#endif
-#endif
-
-#ifdef TW_ASAN
-/* Under ASan any single allocation over 64 MiB aborts the suite: a hostile
- * count that reached msgpack-c would ask for gigabytes. (ASAN_OPTIONS in
- * the environment still override these defaults.) */
-const char* __asan_default_options(void);
-const char* __asan_default_options(void) {
-  return "max_allocation_size_mb=64";
-}
-#endif
+TW_ASAN_CAP_ALLOCATIONS()
 
 #define BUF_CAP (ST_WIRE_MAX_MESSAGE_BYTES + 64)
 #define W_CAP (BUF_CAP + ST_WIRE_CHUNK_MAX_BYTES) /* a hand-made message */
@@ -1045,33 +1029,9 @@ END_TEST
  * now plus 64 MiB, so that any large allocation fails (and the decode
  * would then not report the limit drop expected). ASan reserves terabytes
  * of shadow up front, so there the cap is max_allocation_size_mb instead
- * (see __asan_default_options above). */
+ * (TW_ASAN_CAP_ALLOCATIONS above). */
 START_TEST(test_hostile_capped) {
-#ifdef TW_ASAN
-  run_hostile();
-#else
-  FILE* f = fopen("/proc/self/statm", "r");
-  unsigned long pages = 0;
-  if (f == NULL || fscanf(f, "%lu", &pages) != 1) {
-    if (f)
-      fclose(f);
-    run_hostile();
-    return;
-  }
-  fclose(f);
-  struct rlimit old, cap;
-  ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
-  cap = old;
-  cap.rlim_cur = (rlim_t) pages * (rlim_t) sysconf(_SC_PAGESIZE) + (64u << 20);
-  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < cap.rlim_cur)
-    cap.rlim_cur = old.rlim_cur;
-  ck_assert_int_eq(setrlimit(RLIMIT_AS, &cap), 0);
-  /* A sanity check that the cap bites. */
-  void* volatile big = malloc((size_t) 1 << 30);
-  ck_assert_msg(big == NULL, "the address space cap does not bite");
-  run_hostile();
-  setrlimit(RLIMIT_AS, &old);
-#endif
+  tw_run_address_capped(run_hostile);
 }
 END_TEST
 
