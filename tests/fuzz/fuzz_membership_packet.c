@@ -23,26 +23,13 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/member_identity.h"
 #include "gossip/membership_constants.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 #define NKNOWN 5 /* node 0 (the machine) and members 1..4 */
-
-/* The test suites' identities: node i's key is 0x5A then i. */
-static void identity(int i, uint8_t pk[ST_PUBLIC_KEY_BYTES], st_node_id_t* id,
-                     st_wire_addr_t* addr) {
-  memset(pk, 0, ST_PUBLIC_KEY_BYTES);
-  pk[0] = 0x5A;
-  pk[1] = (uint8_t) i;
-  st_node_id_from_public_key(pk, id);
-  memset(addr, 0, sizeof *addr);
-  addr->ip_len = 4;
-  addr->ip[0] = 10;
-  addr->ip[3] = (uint8_t) i;
-  addr->port = 7946;
-}
 
 static uint64_t drain(st_membership_t* m) {
   st_maction_t a;
@@ -70,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     st_push_pull_entry_t e[NKNOWN - 1];
     memset(e, 0, sizeof e);
     for (int i = 0; i < NKNOWN; i++) {
-      identity(i, pk[i], &id[i], &addr[i]);
+      member_identity(i, pk[i], &id[i], &addr[i]);
       if (i > 0) {
         e[i - 1].node = id[i];
         e[i - 1].incarnation = (uint64_t) 1 << 32;

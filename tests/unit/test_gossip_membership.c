@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/member_identity.h"
 #include "gossip/membership_internal.h"
 #include "tests/unit/testutil.h"
 
@@ -70,21 +71,6 @@ typedef struct {
   size_t pp_to[HMAX]; /* push-pulls sent to each member */
   uint64_t suspect_at[HMAX], dead_at[HMAX];
 } h_t;
-
-static void identity(int i, uint8_t pk[ST_PUBLIC_KEY_BYTES], st_node_id_t* id,
-                     st_wire_addr_t* addr) {
-  memset(pk, 0, ST_PUBLIC_KEY_BYTES);
-  pk[0] = 0x5A;
-  pk[1] = (uint8_t) i;
-  pk[2] = (uint8_t) (i >> 8);
-  st_node_id_from_public_key(pk, id);
-  memset(addr, 0, sizeof *addr);
-  addr->ip_len = 4;
-  addr->ip[0] = 10;
-  addr->ip[2] = (uint8_t) (i >> 8);
-  addr->ip[3] = (uint8_t) i;
-  addr->port = 7946;
-}
 
 static int who(const h_t* h, const st_node_id_t* id) {
   for (int j = 0; j < h->n; j++)
@@ -235,7 +221,7 @@ static void h_init(h_t* h, int n, const st_membership_config_t* cfg) {
   h->timer = UINT64_MAX;
   h->now = 1000;
   for (int j = 0; j < n; j++) {
-    identity(j, h->pk[j], &h->id[j], &h->addr[j]);
+    member_identity(j, h->pk[j], &h->id[j], &h->addr[j]);
     h->acks[j] = h->relays[j] = true;
   }
   st_membership_config_t def;
@@ -582,7 +568,7 @@ START_TEST(test_rules) {
   h_t h;
   h_init(&h, 9, NULL);
   h.n = 10; /* member 9 exists but the machine has not heard of it */
-  identity(9, h.pk[9], &h.id[9], &h.addr[9]);
+  member_identity(9, h.pk[9], &h.id[9], &h.addr[9]);
   for (int j = 1; j <= 5; j++) {
     st_msg_t a = alive_msg(&h, j, I);
     feed(&h, j, &a, 1);
@@ -803,7 +789,7 @@ START_TEST(test_admit) {
   h_t h;
   h_init(&h, 3, NULL);
   for (int j = 5; j <= 6; j++)
-    identity(j, h.pk[j], &h.id[j], &h.addr[j]);
+    member_identity(j, h.pk[j], &h.id[j], &h.addr[j]);
   int calls = 0;
   st_membership_set_admit(h.m, refuse_index5, &calls);
   st_msg_t rumour = alive_msg(&h, 5, INC1);
@@ -1017,7 +1003,7 @@ START_TEST(test_packet_size) {
   h_init(&h, 2, NULL);
   h.n = 121;
   for (int j = 2; j < h.n; j++) {
-    identity(j, h.pk[j], &h.id[j], &h.addr[j]);
+    member_identity(j, h.pk[j], &h.id[j], &h.addr[j]);
     h.acks[j] = h.relays[j] = true;
   }
   size_t mark = h.n_sent;

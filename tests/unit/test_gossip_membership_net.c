@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/member_identity.h"
 #include "tests/unit/testutil.h"
 
 #define NMAX 16
@@ -54,22 +55,6 @@ typedef struct {
   const char* corpus;
   int captured;
 } net_t;
-
-/* The identities the fuzz target shares: node i's key is 0x5A then i. */
-static void identity(int i, uint8_t pk[ST_PUBLIC_KEY_BYTES], st_node_id_t* id,
-                     st_wire_addr_t* addr) {
-  memset(pk, 0, ST_PUBLIC_KEY_BYTES);
-  pk[0] = 0x5A;
-  pk[1] = (uint8_t) i;
-  pk[2] = (uint8_t) (i >> 8);
-  st_node_id_from_public_key(pk, id);
-  memset(addr, 0, sizeof *addr);
-  addr->ip_len = 4;
-  addr->ip[0] = 10;
-  addr->ip[2] = (uint8_t) (i >> 8);
-  addr->ip[3] = (uint8_t) i;
-  addr->port = 7946;
-}
 
 static int route(const net_t* net, const st_wire_addr_t* a) {
   int i = a->ip[2] << 8 | a->ip[3];
@@ -172,7 +157,7 @@ static void net_init(net_t* net, int n, uint64_t seed) {
   net->watch = -1;
   net->corpus = getenv("ST_MEMBERSHIP_WRITE_CORPUS");
   for (int i = 0; i < n; i++) {
-    identity(i, net->pk[i], &net->id[i], &net->addr[i]);
+    member_identity(i, net->pk[i], &net->id[i], &net->addr[i]);
     node_start(net, i, 1, seed);
   }
 }
