@@ -27,11 +27,8 @@ PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 S=$build/starling
 
-mkdir -p "$build"
-echo "setup: tools/scripts/setup.sh (log in $build/setup.log)"
-ST_EXTRA_PACKAGES="python3-torch python3-numpy libopenblas0-pthread ${ST_EXTRA_PACKAGES:-}" \
-  ST_BUILD_DIR="$build" tools/scripts/setup.sh >"$build/setup.log" 2>&1 ||
-  { tail -20 "$build/setup.log" >&2; exit 1; }
+source tools/bench/bench_lib.sh
+bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
 
 work=$(mktemp -d)
 pids=()

@@ -26,10 +26,8 @@ build=${ST_BUILD_DIR:-build}
 S=$build/starling
 B=$build/starling-bench
 
-mkdir -p "$build"
-echo "setup: tools/scripts/setup.sh (log in $build/setup.log)"
-ST_BUILD_DIR="$build" tools/scripts/setup.sh >"$build/setup.log" 2>&1 ||
-  { tail -20 "$build/setup.log" >&2; exit 1; }
+source tools/bench/bench_lib.sh
+bench_setup "$build"
 
 work=$(mktemp -d)
 pids=()

@@ -121,10 +121,8 @@ trap 'exit 130' INT TERM
 # ---- Setup ---------------------------------------------------------------------
 mkdir -p "$build"
 if [ "$SETUP" = 1 ]; then
-  echo "setup: tools/scripts/setup.sh (log in $build/setup.log)"
-  ST_EXTRA_PACKAGES="libgloo-dev openmpi-bin libopenmpi-dev iproute2 ${ST_EXTRA_PACKAGES:-}" \
-    ST_BUILD_DIR="$build" tools/scripts/setup.sh >"$build/setup.log" 2>&1 ||
-    { tail -20 "$build/setup.log" >&2; exit 1; }
+  source tools/bench/bench_lib.sh
+  bench_setup "$build" libgloo-dev openmpi-bin libopenmpi-dev iproute2
 fi
 # The comparison programs: built after setup; with SETUP=0 a program already
 # in the build directory is used as it is (a machine without the compilers).

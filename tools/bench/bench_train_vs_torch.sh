@@ -35,10 +35,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$build"
 if [ "${SETUP:-1}" = 1 ]; then # SETUP=0: use the build directory as it is
-  echo "setup: tools/scripts/setup.sh (log in $build/setup.log)"
-  ST_EXTRA_PACKAGES="python3-torch python3-numpy libopenblas0-pthread ${ST_EXTRA_PACKAGES:-}" \
-    ST_BUILD_DIR="$build" tools/scripts/setup.sh >"$build/setup.log" 2>&1 ||
-    { tail -20 "$build/setup.log" >&2; exit 1; }
+  source tools/bench/bench_lib.sh
+  bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
 fi
 
 # ---- The machine ---------------------------------------------------------
