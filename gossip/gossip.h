@@ -993,6 +993,109 @@ void st_ring_progress(const st_ring_t* x, st_ring_progress_t* out);
  * same bits on every member; valid until st_ring_free); else NULL. */
 const float* st_ring_mean(const st_ring_t* x);
 
+/* ==== Lane striping (gossip/lanes.c): one ring stream over L lanes ========
+ *
+ * The ring's transport may carry each stream over L lanes (gossip.h, "Ring
+ * all-reduce": lanes). The striper is the bookkeeping of that, sans-IO and
+ * shared by both drivers (the daemon, node/daemon/daemon_ring.c, and the
+ * benchmark, tools/bench/bench_ring_member.c); it never sees a byte of a
+ * segment: the driver keeps the segments, the striper says what to do
+ * with them.
+ *
+ * Send side: segment i of the send stream goes on lane i % L
+ * (st_lanes_send_lane, then st_lanes_send_done once it is handed on).
+ *
+ * Receive side: lane k of the previous member's L lanes carries segments
+ * k, k + L, k + 2L, ... of the receive stream; the ring machine takes them
+ * in stream order. The driver joins each lane as it learns of it
+ * (RING_LANE, or the order it accepted them in) and says how many segments
+ * the stream carries (st_lanes_expect). Then for each segment that comes
+ * on lane k, st_lanes_accept answers FEED (the next in stream order: give
+ * it to the ring machine now) or HOLD (early: keep it and pause the lane's
+ * reading; a lane holds at most one); after every FEED, st_lanes_next_held
+ * gives, in order, the lanes whose kept segment's turn has come (feed it,
+ * resume the lane). A lane's end (its final frame, or its connection
+ * closing) is st_lanes_end, an error while that lane still owes a segment
+ * of the stream (a kept one not yet fed counts).
+ *
+ * Errors are verdicts, each named by st_lanes_verdict_name, for the driver
+ * to end the round with (the daemon: a lane that ended early is
+ * ST_RING_FAIL_CLOSED, the others ST_RING_FAIL_PROTOCOL or a closed lane).
+ *
+ * The struct is the caller's (embedded by value, no allocation, nothing to
+ * free); st_lanes_init resets it. Its fields are read-only to the caller.
+ */
+
+typedef enum {
+  ST_LANES_FEED = 0,      /* the next segment of the stream: feed it now */
+  ST_LANES_HOLD,          /* early: keep it and pause the lane */
+  ST_LANES_DONE,          /* st_lanes_end: the lane ended owing nothing */
+  ST_LANES_ERR_LANE,      /* no such lane: lane >= L, or not joined */
+  ST_LANES_ERR_COUNT,     /* a lane that disagrees on L with the first */
+  ST_LANES_ERR_TWICE,     /* a lane joined twice */
+  ST_LANES_ERR_OVERRUN,   /* a segment on a lane that already holds one (its
+                             reading should have paused) */
+  ST_LANES_ERR_ENDED,     /* a segment on a lane after its end */
+  ST_LANES_ERR_EXTRA,     /* a segment beyond the stream's expected count */
+  ST_LANES_ERR_EARLY_END, /* a lane ended while it still owed a segment */
+  ST_LANES_VERDICT_COUNT
+} st_lanes_verdict_t;
+
+/* "feed", "hold", "done", "no such lane", "lane count disagrees", "lane joined
+ * twice", "segment on a paused lane", "segment after the lane's end",
+ * "segment beyond the stream", "lane ended early". */
+const char* st_lanes_verdict_name(st_lanes_verdict_t v);
+
+typedef struct {
+  uint32_t send_lanes; /* L of the send stream, 1 .. ST_RING_MAX_LANES */
+  uint64_t sent;       /* send-stream segments handed on */
+  uint32_t recv_lanes; /* L of the receive stream; 0 until a lane joins */
+  uint64_t fed;        /* receive-stream segments fed, in stream order */
+  uint64_t expected;   /* receive-stream segments expected in all */
+  uint32_t joined, held, ended; /* bit k: lane k of the receive stream */
+} st_lanes_t;
+
+/* Resets s for a stream of send_lanes lanes out (no lane in yet, nothing
+ * expected). -EINVAL when send_lanes is 0 or beyond ST_RING_MAX_LANES. */
+int st_lanes_init(st_lanes_t* s, uint32_t send_lanes);
+
+/* Send side: the lane of the next send-stream segment (sent % L), and the
+ * step past it once the driver has taken that segment. */
+uint32_t st_lanes_send_lane(const st_lanes_t* s);
+void st_lanes_send_done(st_lanes_t* s);
+/* Send-stream segments lane k has carried so far (0 for k >= L). */
+uint64_t st_lanes_sent_on(const st_lanes_t* s, uint32_t lane);
+
+/* Receive side. The stream carries `more` segments beyond those expected
+ * so far (a driver that keeps its lanes for several rounds adds each
+ * round's; saturates). */
+void st_lanes_expect(st_lanes_t* s, uint64_t more);
+/* Lane `lane` of `lanes` from the previous member joins. The first fixes
+ * L; holding: a segment already came on it before it joined (the driver
+ * keeps it; it is the lane's first, segment `lane`). FEED when taken;
+ * ERR_LANE (lane >= lanes, or lanes 0 or beyond ST_RING_MAX_LANES),
+ * ERR_COUNT, ERR_TWICE, or ERR_EXTRA (holding a segment the stream does
+ * not have); the lane is not joined then. */
+st_lanes_verdict_t st_lanes_join(st_lanes_t* s, uint32_t lane, uint32_t lanes,
+                                 bool holding);
+/* The lane that carries the next segment of the receive stream (fed % L);
+ * 0 before any lane joins. */
+uint32_t st_lanes_recv_lane(const st_lanes_t* s);
+/* A segment came on lane `lane`: FEED (counted fed), HOLD (the lane now
+ * holds it), or ERR_LANE, ERR_ENDED, ERR_OVERRUN, ERR_EXTRA (nothing
+ * changes). */
+st_lanes_verdict_t st_lanes_accept(st_lanes_t* s, uint32_t lane);
+/* true when the lane of the next segment holds it: *lane names it, its
+ * hold is cleared and the segment counted fed; the driver feeds it and
+ * resumes the lane. Call until false after each FEED. */
+bool st_lanes_next_held(st_lanes_t* s, uint32_t* lane);
+/* Lane `lane` ended (its final frame, or its connection closed); whatever
+ * it held is the driver's to drop. ST_LANES_ERR_EARLY_END when it still
+ * owed a segment of the stream, else ST_LANES_DONE; ERR_LANE
+ * for a lane never joined. The lane is ended either way; ending it again
+ * answers the same. */
+st_lanes_verdict_t st_lanes_end(st_lanes_t* s, uint32_t lane);
+
 #ifdef __cplusplus
 }
 #endif

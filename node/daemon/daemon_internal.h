@@ -199,16 +199,13 @@ struct st__daemon_s {
   uint64_t ring_started_ms;
   int ring_tt_pending;
   double ring_segment_ms; /* measured, smoothed: for the stall timeout */
-  /* The round's lanes (gossip.h, "Ring all-reduce": lanes): send-stream
-   * segment i goes on ring_next[i % ring_lanes]; receive-stream segment i
-   * comes on ring_prev[i % ring_prev_lanes] (learnt from RING_LANE). */
-  uint32_t ring_lanes;
+  /* The round's lanes (gossip.h, "Lane striping"): ring_stripe says which
+   * of ring_next a send-stream segment goes on, and in what order those
+   * coming on ring_prev (learnt from RING_LANE) are fed. */
+  st_lanes_t ring_stripe;
   st__conn_t* ring_next[ST_RING_MAX_LANES];
   bool ring_next_ready[ST_RING_MAX_LANES];
-  uint64_t ring_sent_seq;
   st__conn_t* ring_prev[ST_RING_MAX_LANES];
-  uint32_t ring_prev_lanes;
-  uint64_t ring_recv_seq;
   struct {
     uint8_t* data;
     size_t len;

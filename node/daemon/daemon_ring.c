@@ -98,8 +98,8 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
               (unsigned long long) p.segments_received,
               (unsigned long long) p.segments_to_receive,
               (unsigned long long) p.segments_acked,
-              (unsigned long long) p.segments_to_send, d->ring_lanes,
-              d->ring_prev_lanes);
+              (unsigned long long) p.segments_to_send,
+              d->ring_stripe.send_lanes, d->ring_stripe.recv_lanes);
   }
   d->c.ring_last_ms = ms;
   d->c.ring_last_round = d->ring_round;
@@ -148,39 +148,43 @@ static void ring_maybe_free(st__daemon_t* d) {
   }
 }
 
-static void flush_pending(st__daemon_t* d, uint32_t lane);
+/* A SEND: segment i of the send stream goes on lane i % L (the
+ * striper's), at once when that lane is up and nothing of it waits. */
+static void send_segment(st__daemon_t* d, const st_ract_t* a) {
+  uint32_t lane = st_lanes_send_lane(&d->ring_stripe);
+  st_lanes_send_done(&d->ring_stripe);
+  st__conn_t* c = d->ring_next[lane];
+  bool queued = false; /* an earlier SEND of this lane waits */
+  for (uint32_t i = 0; i < d->ring_pending_n; i++)
+    queued = queued || d->ring_pending[i].lane == lane;
+  if (c != NULL && d->ring_next_ready[lane] && !queued) {
+    if (st__conn_send(c, a->data, a->len, true) != 0)
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
+  } else if (d->ring_pending_n < ST__RING_PENDING) {
+    /* The lane to the next member is not up yet: keep the segment
+     * (the machine holds at most in_flight back). */
+    uint8_t* p = malloc(a->len);
+    if (p == NULL) {
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+      return;
+    }
+    memcpy(p, a->data, a->len);
+    d->ring_pending[d->ring_pending_n].data = p;
+    d->ring_pending[d->ring_pending_n].len = a->len;
+    d->ring_pending[d->ring_pending_n].lane = lane;
+    d->ring_pending_n++;
+  } else {
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
+  }
+}
 
 static void drain_ring(st__daemon_t* d) {
   st_ract_t a;
   while (d->ring != NULL && !d->ring_done && st_ring_next_action(d->ring, &a)) {
     switch (a.kind) {
-      case ST_RACT_SEND: {
-        uint32_t lane = (uint32_t) (d->ring_sent_seq++ % d->ring_lanes);
-        st__conn_t* c = d->ring_next[lane];
-        bool queued = false; /* an earlier SEND of this lane waits */
-        for (uint32_t i = 0; i < d->ring_pending_n; i++)
-          queued = queued || d->ring_pending[i].lane == lane;
-        if (c != NULL && d->ring_next_ready[lane] && !queued) {
-          if (st__conn_send(c, a.data, a.len, true) != 0)
-            st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_CLOSED);
-        } else if (d->ring_pending_n < ST__RING_PENDING) {
-          /* The lane to the next member is not up yet: keep the segment
-           * (the machine holds at most in_flight back). */
-          uint8_t* p = malloc(a.len);
-          if (p == NULL) {
-            st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
-            break;
-          }
-          memcpy(p, a.data, a.len);
-          d->ring_pending[d->ring_pending_n].data = p;
-          d->ring_pending[d->ring_pending_n].len = a.len;
-          d->ring_pending[d->ring_pending_n].lane = lane;
-          d->ring_pending_n++;
-        } else {
-          st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
-        }
+      case ST_RACT_SEND:
+        send_segment(d, &a);
         break;
-      }
       case ST_RACT_WANT_SNAPSHOT: {
         float* buf = st_ring_snapshot_buffer(d->ring);
         if (buf == NULL || st__tt_request_snapshot(
@@ -242,18 +246,19 @@ static void form_timer_cb(uv_timer_t* t) {
 }
 
 /* Feeds the machine every kept segment whose turn has come, in stream
- * order, and lets those lanes read on. */
+ * order (the striper says whose), and lets those lanes read on. A lane
+ * holds in the striper exactly while its conn keeps ring_held. */
 static void feed_held(st__daemon_t* d) {
   bool fed[ST_RING_MAX_LANES] = {false};
-  while (d->ring != NULL && !d->ring_done && d->ring_prev_lanes > 0) {
-    uint32_t lane = (uint32_t) (d->ring_recv_seq % d->ring_prev_lanes);
+  uint32_t lane;
+  while (d->ring != NULL && !d->ring_done &&
+         st_lanes_next_held(&d->ring_stripe, &lane)) {
     st__conn_t* c = d->ring_prev[lane];
     if (c == NULL || c->ring_held == NULL)
       break;
     uint8_t* m = c->ring_held;
     size_t len = c->ring_held_len;
     c->ring_held = NULL;
-    d->ring_recv_seq++;
     st_ring_message(d->ring, st__dnow(d), m, len);
     free(m);
     fed[lane] = true;
@@ -267,16 +272,17 @@ static void feed_held(st__daemon_t* d) {
 /* Takes a lane from the previous member (st_ring_form_lane said TAKE) into
  * the running round. */
 static void attach_prev(st__daemon_t* d, st__conn_t* c) {
-  if (d->ring_prev_lanes == 0)
-    d->ring_prev_lanes = c->ring_lanes;
-  if (c->ring_lanes != d->ring_prev_lanes ||
-      d->ring_prev[c->ring_lane] != NULL) {
+  /* A segment kept before the round ran is the lane's first. */
+  st_lanes_verdict_t v = st_lanes_join(&d->ring_stripe, c->ring_lane,
+                                       c->ring_lanes, c->ring_held != NULL);
+  if (v != ST_LANES_FEED) {
     /* Lanes that disagree on their count, or a lane twice. */
     st__dwarn(d,
               "ring round %016llx: lane %u of %u from the previous member %s",
               (unsigned long long) d->ring_round, c->ring_lane, c->ring_lanes,
-              c->ring_lanes != d->ring_prev_lanes ? "disagrees on the count"
-                                                  : "came twice");
+              v == ST_LANES_ERR_COUNT   ? "disagrees on the count"
+              : v == ST_LANES_ERR_TWICE ? "came twice"
+                                        : st_lanes_verdict_name(v));
     st__conn_close(c);
     st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_PROTOCOL);
     drain_ring(d);
@@ -339,6 +345,42 @@ void st__ring_size_pool(st__daemon_t* d) {
   setenv("UV_THREADPOOL_SIZE", v, 0);
 }
 
+/* The round's machine, its stall timeout from earlier rounds' segment
+ * times; -errno when it cannot be made. */
+static int make_machine(st__daemon_t* d, const st_rfact_t* a, uint32_t lanes,
+                        uint64_t now) {
+  st_ring_config_t rc;
+  st_ring_config_default(&rc);
+  if (rc.in_flight < 2 * lanes)
+    rc.in_flight = 2 * lanes; /* two segments a lane */
+  double stall = d->ring_segment_ms > 0 ? STALL_SEGMENTS * d->ring_segment_ms
+                                        : STALL_MAX_MS;
+  rc.timeout_ms = (uint32_t) fmin(fmax(stall, STALL_MIN_MS), STALL_MAX_MS);
+  return st_ring_new(&rc, a->round_id, a->n_members, a->my_rank,
+                     d->local.n_params, now, &d->ring);
+}
+
+/* Dials the next member once per lane (each checked on its handshake to
+ * be that node); the lanes open with RING_LANE in st__ring_on_ready. */
+static void dial_next(st__daemon_t* d, const st_rfact_t* a, uint32_t lanes,
+                      uint64_t now) {
+  const st_node_id_t* next = &a->members[(a->my_rank + 1) % a->n_members];
+  const st_member_t* mb = st_membership_find(d->m, next);
+  for (uint32_t k = 0; k < lanes && d->ring != NULL; k++) {
+    st__conn_t* c =
+        mb == NULL ? NULL : st__conn_dial(d, &mb->addr, next, ST__CONN_RING);
+    if (c == NULL) {
+      st_ring_abort(d->ring, now,
+                    mb == NULL ? ST_RING_FAIL_ABORTED : ST_RING_FAIL_CLOSED);
+      break;
+    }
+    c->ring_round = a->round_id;
+    c->ring_lane = k;
+    c->ring_lanes = lanes;
+    d->ring_next[k] = c;
+  }
+}
+
 static void start_round(st__daemon_t* d, const st_rfact_t* a) {
   uint64_t now = st__dnow(d);
   if (d->ring != NULL) {
@@ -348,15 +390,7 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
     return;
   }
   uint32_t lanes = lanes_of(d);
-  st_ring_config_t rc;
-  st_ring_config_default(&rc);
-  if (rc.in_flight < 2 * lanes)
-    rc.in_flight = 2 * lanes; /* two segments a lane */
-  double stall = d->ring_segment_ms > 0 ? STALL_SEGMENTS * d->ring_segment_ms
-                                        : STALL_MAX_MS;
-  rc.timeout_ms = (uint32_t) fmin(fmax(stall, STALL_MIN_MS), STALL_MAX_MS);
-  if (st_ring_new(&rc, a->round_id, a->n_members, a->my_rank, d->local.n_params,
-                  now, &d->ring) != 0) {
+  if (make_machine(d, a, lanes, now) != 0) {
     st_ring_form_round_over(d->rf, now, a->round_id, false);
     return;
   }
@@ -367,31 +401,19 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
   d->ring_rank = a->my_rank;
   d->ring_started_ms = now;
   d->ring_done = false;
-  d->ring_lanes = lanes;
-  d->ring_sent_seq = 0;
-  d->ring_prev_lanes = 0;
-  d->ring_recv_seq = 0;
+  /* lanes_of keeps within 1 .. ST_RING_MAX_LANES (daemon.h), so this
+   * cannot fail; the receive stream is the machine's to say. */
+  st_lanes_init(&d->ring_stripe, lanes);
+  st_ring_progress_t p;
+  st_ring_progress(d->ring, &p);
+  st_lanes_expect(&d->ring_stripe, p.segments_to_receive);
   for (uint32_t k = 0; k < ST_RING_MAX_LANES; k++) {
     d->ring_next[k] = NULL;
     d->ring_next_ready[k] = false;
     d->ring_prev[k] = NULL;
   }
   if (a->n_members >= 2) {
-    const st_node_id_t* next = &a->members[(a->my_rank + 1) % a->n_members];
-    const st_member_t* mb = st_membership_find(d->m, next);
-    for (uint32_t k = 0; k < lanes && d->ring != NULL; k++) {
-      st__conn_t* c =
-          mb == NULL ? NULL : st__conn_dial(d, &mb->addr, next, ST__CONN_RING);
-      if (c == NULL) {
-        st_ring_abort(d->ring, now,
-                      mb == NULL ? ST_RING_FAIL_ABORTED : ST_RING_FAIL_CLOSED);
-        break;
-      }
-      c->ring_round = a->round_id;
-      c->ring_lane = k;
-      c->ring_lanes = lanes;
-      d->ring_next[k] = c;
-    }
+    dial_next(d, a, lanes, now);
     sort_lanes(d); /* lanes of the previous member may already be here */
   }
   drain_ring(d);
@@ -483,7 +505,7 @@ void st__ring_on_ready(st__conn_t* c) {
   m.type = ST_MSG_RING_LANE;
   m.u.ring_lane.round_id = d->ring_round;
   m.u.ring_lane.lane = (uint32_t) lane;
-  m.u.ring_lane.lanes = d->ring_lanes;
+  m.u.ring_lane.lanes = d->ring_stripe.send_lanes;
   uint8_t buf[64];
   size_t len = 0;
   if (st_wire_encode(&m, buf, sizeof(buf), &len) != 0 ||
@@ -523,11 +545,19 @@ void st__ring_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     return;
   }
   bool running = d->ring != NULL && !d->ring_done && is_prev_lane(d, c);
-  if (running && d->ring_recv_seq % d->ring_prev_lanes == c->ring_lane) {
+  st_lanes_verdict_t v =
+      running ? st_lanes_accept(&d->ring_stripe, c->ring_lane) : ST_LANES_HOLD;
+  if (v == ST_LANES_FEED) {
     /* Its turn: straight to the machine. */
-    d->ring_recv_seq++;
     st_ring_message(d->ring, st__dnow(d), msg, len);
     feed_held(d);
+    return;
+  }
+  if (v != ST_LANES_HOLD) {
+    /* A segment the stream does not have (ST_LANES_ERR_EXTRA: the ring
+     * machine would refuse it as well); the abort closes the lanes. */
+    st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_PROTOCOL);
+    drain_ring(d);
     return;
   }
   /* Before its turn, or before this node starts the round: keep it. */
@@ -564,11 +594,10 @@ void st__ring_on_closed(st__conn_t* c) {
       owed = p.segments_acked < p.segments_to_send;
       d->ring_next[out] = NULL;
     } else {
-      /* The next segment this lane would carry, and whether there is one
-       * (a kept one, not yet fed, counts). */
-      uint64_t l = d->ring_prev_lanes, k = c->ring_lane;
-      uint64_t first = d->ring_recv_seq + (k + l - d->ring_recv_seq % l) % l;
-      owed = first < p.segments_to_receive;
+      /* Whether the lane would carry another segment (a kept one, not
+       * yet fed, counts). */
+      owed =
+          st_lanes_end(&d->ring_stripe, c->ring_lane) == ST_LANES_ERR_EARLY_END;
       d->ring_prev[c->ring_lane] = NULL;
     }
     if (owed) {

@@ -175,6 +175,120 @@ typedef struct {
   double tail; /* the longest member's tail, mean over measured rounds */
 } cpu_t;
 
+/* The child side of a fork: member r's process, never returns. */
+static void member_child(const opts_t* o, uint32_t r, int up[][2],
+                         int down[][2], char ns[][64], pid_t parent,
+                         const st_keyring_t* keys, const st_identity_t* ids,
+                         const float* ref, uint64_t floats) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent)
+    _exit(1);
+  for (uint32_t q = 0; q < r; q++) {
+    close(up[q][0]);
+    close(down[q][1]);
+  }
+  close(up[r][0]);
+  close(down[r][1]);
+  if (o->netns && st__ring_netns_enter(ns[r]) != 0) {
+    fprintf(stderr, "starling-bench ring: member %u: cannot enter %s\n", r,
+            ns[r]);
+    _exit(1);
+  }
+  st__ring_member_cfg_t c = {
+      .n = (uint32_t) o->n,
+      .rank = r,
+      .floats = floats,
+      .rounds = (uint32_t) o->repeats + 1,
+      .seed = o->seed,
+      .segment_floats = (uint32_t) (o->segment_kib * 256),
+      .in_flight = (uint32_t) o->in_flight,
+      .lanes = (uint32_t) o->lanes,
+      .keys = keys,
+      .identities = ids,
+      .ref = ref,
+      .netns = o->netns ? ns[r] : NULL,
+      .corrupt = o->corrupt,
+      .up_fd = up[r][1],
+      .down_fd = down[r][0]};
+  _exit(st__ring_member(&c));
+}
+
+/* One round from the parent: the barrier ('R' from all, 'G' to all), the
+ * members' reports checked (verified, bit-identical means), the time and
+ * CPU figures of a measured round (k > 0) added. */
+static int parent_round(const opts_t* o, uint32_t k, int up[][2], int down[][2],
+                        double deadline, double* t, cpu_t* cpu) {
+  uint32_t n = (uint32_t) o->n;
+  int rc = 0;
+  uint8_t b;
+  for (uint32_t r = 0; r < n && rc == 0; r++)
+    if ((rc = read_by(up[r][0], &b, 1, deadline)) == 0 && b != 'R')
+      rc = -EPROTO;
+  for (uint32_t r = 0; r < n && rc == 0; r++)
+    rc = write_one(down[r][1], "G", 1);
+  st__ring_report_t rep[MAX_MEMBERS];
+  for (uint32_t r = 0; r < n && rc == 0; r++)
+    rc = read_by(up[r][0], &rep[r], sizeof(rep[r]), deadline);
+  if (rc != 0)
+    return rc;
+  double t0 = INFINITY, t1 = -INFINITY, tail = 0;
+  for (uint32_t r = 0; r < n; r++) {
+    if (!rep[r].verified ||
+        memcmp(rep[r].hash, rep[0].hash, sizeof(rep[0].hash)) != 0) {
+      fprintf(
+          stderr,
+          "starling-bench ring: round %u, member %u: %s (result %s, "
+          "max |mean - reference| %.3g)\n",
+          k, r,
+          rep[r].verified ? "mean differs from member 0's" : "WRONG OR FAILED",
+          rep[r].result < 0 ? "I/O error" : st_ring_result_name(rep[r].result),
+          rep[r].max_err);
+      rc = -EBADMSG;
+    }
+    tail = fmax(tail, rep[r].tail);
+    t0 = fmin(t0, rep[r].t_start);
+    t1 = fmax(t1, rep[r].t_end);
+    if (k > 0) { /* round 0 is the warm-up */
+      cpu->seal += rep[r].cpu_seal / o->repeats;
+      cpu->open += rep[r].cpu_open / o->repeats;
+      cpu->write += rep[r].cpu_write / o->repeats;
+      cpu->read += rep[r].cpu_read / o->repeats;
+      cpu->machine += rep[r].cpu_machine / o->repeats;
+      cpu->copy += rep[r].cpu_copy / o->repeats;
+      cpu->process += rep[r].cpu_process / o->repeats;
+    }
+    cpu->max_err = fmax(cpu->max_err, rep[r].max_err);
+  }
+  if (k > 0) {
+    t[k - 1] = t1 - t0;
+    cpu->tail += tail / o->repeats;
+  }
+  return rc;
+}
+
+/* After the rounds: the members end once their neighbours' final frames
+ * came; each must exit 0 before the deadline. */
+static int reap_members(uint32_t n, double deadline) {
+  int rc = 0;
+  for (uint32_t r = 0; r < n && rc == 0; r++) {
+    int st = 0;
+    while (g_pids[r] > 0 && waitpid(g_pids[r], &st, WNOHANG) == 0) {
+      if (st_now_s() > deadline) {
+        fprintf(stderr, "starling-bench ring: member %u did not exit\n", r);
+        rc = -ETIMEDOUT;
+        break;
+      }
+      usleep(2000);
+    }
+    if (rc == 0) {
+      g_pids[r] = 0;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        rc = -EIO;
+    }
+  }
+  return rc;
+}
+
 /* Forks the members and runs the rounds; fills t[rounds] and cpu. */
 static int run_members(const opts_t* o, const st_keyring_t* keys,
                        const st_identity_t* ids, const float* ref,
@@ -194,39 +308,8 @@ static int run_members(const opts_t* o, const st_keyring_t* keys,
       kill_members(); /* and their pipes close with this process */
       return -EIO;
     }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent)
-        _exit(1);
-      for (uint32_t q = 0; q < r; q++) {
-        close(up[q][0]);
-        close(down[q][1]);
-      }
-      close(up[r][0]);
-      close(down[r][1]);
-      if (o->netns && st__ring_netns_enter(ns[r]) != 0) {
-        fprintf(stderr, "starling-bench ring: member %u: cannot enter %s\n", r,
-                ns[r]);
-        _exit(1);
-      }
-      st__ring_member_cfg_t c = {
-          .n = n,
-          .rank = r,
-          .floats = floats,
-          .rounds = rounds,
-          .seed = o->seed,
-          .segment_floats = (uint32_t) (o->segment_kib * 256),
-          .in_flight = (uint32_t) o->in_flight,
-          .lanes = (uint32_t) o->lanes,
-          .keys = keys,
-          .identities = ids,
-          .ref = ref,
-          .netns = o->netns ? ns[r] : NULL,
-          .corrupt = o->corrupt,
-          .up_fd = up[r][1],
-          .down_fd = down[r][0]};
-      _exit(st__ring_member(&c));
-    }
+    if (pid == 0)
+      member_child(o, r, up, down, ns, parent, keys, ids, ref, floats);
     g_pids[r] = pid;
     close(up[r][1]);
     close(down[r][0]);
@@ -238,52 +321,8 @@ static int run_members(const opts_t* o, const st_keyring_t* keys,
   for (uint32_t r = 0; r < n && rc == 0; r++)
     rc = write_one(down[r][1], &port[(r + 1) % n], sizeof(port[0]));
   memset(cpu, 0, sizeof(*cpu));
-  for (uint32_t k = 0; k < rounds && rc == 0; k++) {
-    uint8_t b;
-    for (uint32_t r = 0; r < n && rc == 0; r++)
-      if ((rc = read_by(up[r][0], &b, 1, deadline)) == 0 && b != 'R')
-        rc = -EPROTO;
-    for (uint32_t r = 0; r < n && rc == 0; r++)
-      rc = write_one(down[r][1], "G", 1);
-    st__ring_report_t rep[MAX_MEMBERS];
-    for (uint32_t r = 0; r < n && rc == 0; r++)
-      rc = read_by(up[r][0], &rep[r], sizeof(rep[r]), deadline);
-    if (rc != 0)
-      break;
-    double t0 = INFINITY, t1 = -INFINITY, tail = 0;
-    for (uint32_t r = 0; r < n; r++) {
-      if (!rep[r].verified ||
-          memcmp(rep[r].hash, rep[0].hash, sizeof(rep[0].hash)) != 0) {
-        fprintf(stderr,
-                "starling-bench ring: round %u, member %u: %s (result %s, "
-                "max |mean - reference| %.3g)\n",
-                k, r,
-                rep[r].verified ? "mean differs from member 0's"
-                                : "WRONG OR FAILED",
-                rep[r].result < 0 ? "I/O error"
-                                  : st_ring_result_name(rep[r].result),
-                rep[r].max_err);
-        rc = -EBADMSG;
-      }
-      tail = fmax(tail, rep[r].tail);
-      t0 = fmin(t0, rep[r].t_start);
-      t1 = fmax(t1, rep[r].t_end);
-      if (k > 0) { /* round 0 is the warm-up */
-        cpu->seal += rep[r].cpu_seal / o->repeats;
-        cpu->open += rep[r].cpu_open / o->repeats;
-        cpu->write += rep[r].cpu_write / o->repeats;
-        cpu->read += rep[r].cpu_read / o->repeats;
-        cpu->machine += rep[r].cpu_machine / o->repeats;
-        cpu->copy += rep[r].cpu_copy / o->repeats;
-        cpu->process += rep[r].cpu_process / o->repeats;
-      }
-      cpu->max_err = fmax(cpu->max_err, rep[r].max_err);
-    }
-    if (k > 0) {
-      t[k - 1] = t1 - t0;
-      cpu->tail += tail / o->repeats;
-    }
-  }
+  for (uint32_t k = 0; k < rounds && rc == 0; k++)
+    rc = parent_round(o, k, up, down, deadline, t, cpu);
   if (rc == -ETIMEDOUT)
     fprintf(stderr, "starling-bench ring: no answer within --timeout %llu s\n",
             (unsigned long long) o->timeout_s);
@@ -293,23 +332,8 @@ static int run_members(const opts_t* o, const st_keyring_t* keys,
     close(up[r][0]);
     close(down[r][1]);
   }
-  /* The members end once their neighbours' final frames came. */
-  for (uint32_t r = 0; r < n && rc == 0; r++) {
-    int st = 0;
-    while (g_pids[r] > 0 && waitpid(g_pids[r], &st, WNOHANG) == 0) {
-      if (st_now_s() > deadline) {
-        fprintf(stderr, "starling-bench ring: member %u did not exit\n", r);
-        rc = -ETIMEDOUT;
-        break;
-      }
-      usleep(2000);
-    }
-    if (rc == 0) {
-      g_pids[r] = 0;
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        rc = -EIO;
-    }
-  }
+  if (rc == 0)
+    rc = reap_members(n, deadline);
   kill_members(); /* whoever is left: a failure or the deadline */
   return rc;
 }
@@ -344,6 +368,89 @@ static void usage(void) {
       ST__BENCH_RING_MAX_LANES);
 }
 
+static void opts_default(opts_t* o) {
+  memset(o, 0, sizeof(*o));
+  o->n = 4;
+  o->mib = 16;
+  o->repeats = 3;
+  o->mtu = 9000; /* bench_ring_netns.c: the payload ceiling per MTU */
+  o->seed = 6;
+  o->timeout_s = 600;
+  o->segment_kib = ST_RING_DEFAULT_SEGMENT_FLOATS / 256;
+  o->in_flight = ST_RING_IN_FLIGHT;
+  o->lanes = 1;
+  o->rate = "1gbit";
+  snprintf(o->tag, sizeof(o->tag), "%d", (int) getpid());
+}
+
+/* One option of getopt_long's (c, optarg); nonzero when it is bad (the
+ * message printed). */
+static int parse_one(int c, const char* arg, opts_t* o) {
+  switch (c) {
+    case 'n':
+      return st__parse_u64(CMD, "--members", arg, 2, MAX_MEMBERS, &o->n);
+    case 'm':
+      return st__parse_u64(CMD, "--mib", arg, 1, 4096, &o->mib);
+    case 'r':
+      return st__parse_u64(CMD, "--repeats", arg, 1, 1000, &o->repeats);
+    case 'M':
+      return st__parse_u64(CMD, "--mtu", arg, 576, 65000, &o->mtu);
+    case 's':
+      return st__parse_u64(CMD, "--seed", arg, 0, UINT64_MAX, &o->seed);
+    case 't':
+      return st__parse_u64(CMD, "--timeout", arg, 1, 86400, &o->timeout_s);
+    case 'S':
+      return st__parse_u64(CMD, "--segment-kib", arg, 4,
+                           ST_RING_SEGMENT_FLOATS / 256, &o->segment_kib);
+    case 'F':
+      o->in_flight_given = true;
+      return st__parse_u64(CMD, "--in-flight", arg, 1,
+                           ST__BENCH_RING_MAX_IN_FLIGHT, &o->in_flight);
+    case 'L':
+      return st__parse_u64(CMD, "--lanes", arg, 1, ST__BENCH_RING_MAX_LANES,
+                           &o->lanes);
+    case 'N':
+      o->netns = true;
+      return 0;
+    case 'R':
+      o->rate = arg;
+      return 0;
+    case 'T':
+      if (strlen(arg) > 12 || strspn(arg,
+                                     "0123456789abcdefghijklmnop"
+                                     "qrstuvwxyz") != strlen(arg))
+        return 1;
+      snprintf(o->tag, sizeof(o->tag), "%s", arg);
+      return 0;
+    case 'j':
+      o->json = true;
+      return 0;
+    case 'C':
+      o->corrupt = true;
+      return 0;
+  }
+  return 1;
+}
+
+/* The checks that need every option: 2 on a refusal, else -1. */
+static int parse_check(opts_t* o) {
+  if (o->netns && (o->rate_bps = parse_rate(o->rate)) <= 0) {
+    fprintf(stderr,
+            "starling-bench ring: --rate: '%s' is not a rate like 1gbit, "
+            "100mbit or 500kbit\n",
+            o->rate);
+    return 2;
+  }
+  if (o->netns && geteuid() != 0) {
+    fprintf(stderr, "starling-bench ring: --netns needs root (ip netns)\n");
+    return 2;
+  }
+  if (!o->in_flight_given && o->in_flight < 2 * o->lanes)
+    o->in_flight = 2 * o->lanes; /* two segments a lane */
+  return -1;                     /* go on */
+}
+
+/* 0 after --help, 2 on a bad option, -1 to go on. */
 static int parse(int argc, char** argv, opts_t* o) {
   static const struct option opts[] = {
       {"members", required_argument, NULL, 'n'},
@@ -363,100 +470,178 @@ static int parse(int argc, char** argv, opts_t* o) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  memset(o, 0, sizeof(*o));
-  o->n = 4;
-  o->mib = 16;
-  o->repeats = 3;
-  o->mtu = 9000; /* bench_ring_netns.c: the payload ceiling per MTU */
-  o->seed = 6;
-  o->timeout_s = 600;
-  o->segment_kib = ST_RING_DEFAULT_SEGMENT_FLOATS / 256;
-  o->in_flight = ST_RING_IN_FLIGHT;
-  o->lanes = 1;
-  o->rate = "1gbit";
-  snprintf(o->tag, sizeof(o->tag), "%d", (int) getpid());
+  opts_default(o);
   int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-    int bad = 0;
-    switch (c) {
-      case 'n':
-        bad = st__parse_u64(CMD, "--members", optarg, 2, MAX_MEMBERS, &o->n);
-        break;
-      case 'm':
-        bad = st__parse_u64(CMD, "--mib", optarg, 1, 4096, &o->mib);
-        break;
-      case 'r':
-        bad = st__parse_u64(CMD, "--repeats", optarg, 1, 1000, &o->repeats);
-        break;
-      case 'M':
-        bad = st__parse_u64(CMD, "--mtu", optarg, 576, 65000, &o->mtu);
-        break;
-      case 's':
-        bad = st__parse_u64(CMD, "--seed", optarg, 0, UINT64_MAX, &o->seed);
-        break;
-      case 't':
-        bad = st__parse_u64(CMD, "--timeout", optarg, 1, 86400, &o->timeout_s);
-        break;
-      case 'S':
-        bad = st__parse_u64(CMD, "--segment-kib", optarg, 4,
-                            ST_RING_SEGMENT_FLOATS / 256, &o->segment_kib);
-        break;
-      case 'F':
-        bad = st__parse_u64(CMD, "--in-flight", optarg, 1,
-                            ST__BENCH_RING_MAX_IN_FLIGHT, &o->in_flight);
-        o->in_flight_given = true;
-        break;
-      case 'L':
-        bad = st__parse_u64(CMD, "--lanes", optarg, 1, ST__BENCH_RING_MAX_LANES,
-                            &o->lanes);
-        break;
-      case 'N':
-        o->netns = true;
-        break;
-      case 'R':
-        o->rate = optarg;
-        break;
-      case 'T':
-        if (strlen(optarg) > 12 || strspn(optarg,
-                                          "0123456789abcdefghijklmnop"
-                                          "qrstuvwxyz") != strlen(optarg))
-          bad = 1;
-        else
-          snprintf(o->tag, sizeof(o->tag), "%s", optarg);
-        break;
-      case 'j':
-        o->json = true;
-        break;
-      case 'C':
-        o->corrupt = true;
-        break;
-      case 'h':
-        usage();
-        return 0;
-      default:
-        fprintf(stderr, "starling-bench ring: bad option '%s'; see --help\n",
-                argv[optind - 1]);
-        return 2;
+    if (c == 'h') {
+      usage();
+      return 0;
     }
-    if (bad)
+    if (strchr("nmrMstSFLNRTjC", c) == NULL) {
+      fprintf(stderr, "starling-bench ring: bad option '%s'; see --help\n",
+              argv[optind - 1]);
+      return 2;
+    }
+    if (parse_one(c, optarg, o) != 0)
       return 2;
   }
-  if (o->netns && (o->rate_bps = parse_rate(o->rate)) <= 0) {
-    fprintf(stderr,
-            "starling-bench ring: --rate: '%s' is not a rate like 1gbit, "
-            "100mbit or 500kbit\n",
-            o->rate);
-    return 2;
+  return parse_check(o);
+}
+
+/* The figures of a run (the file's opening comment defines them). */
+typedef struct {
+  uint32_t n;
+  long cores;
+  double load, seal_bps, open_bps;
+  double med, tmin, tmax, algbw, busbw, per_member, limit, limit_all, other,
+      tol;
+  const char* where;
+} figures_t;
+
+static void figures(const opts_t* o, double* t, const cpu_t* cpu,
+                    figures_t* f) {
+  double bytes = (double) o->mib * 1024 * 1024;
+  uint32_t n = f->n;
+  qsort(t, o->repeats, sizeof(double), cmp_double);
+  f->med = t[o->repeats / 2];
+  f->tmin = t[0];
+  f->tmax = t[o->repeats - 1];
+  f->algbw = bytes * 8 / f->med / 1e9;
+  f->busbw = f->algbw * 2.0 * (n - 1) / n;
+  f->per_member = 2.0 * (n - 1) / n * bytes;      /* B, each way */
+  uint32_t threads = 2 * n * (uint32_t) o->lanes; /* of AEAD, at most */
+  double par =
+      (double) (threads < (uint32_t) f->cores ? threads : (uint32_t) f->cores);
+  double aead = n * f->per_member * (1 / f->seal_bps + 1 / f->open_bps);
+  f->limit = aead / par;
+  f->limit_all = aead / f->cores;
+  f->other = cpu->process - cpu->seal - cpu->open - cpu->write - cpu->read -
+             cpu->machine - cpu->copy;
+  f->tol = (n + 4) * 0x1p-24;
+  f->where = o->netns ? "netns" : "loopback";
+}
+
+static void print_json(const opts_t* o, const figures_t* f, const cpu_t* cpu) {
+  printf(
+      "{\"members\":%u,\"mib\":%llu,\"repeats\":%llu,\"transport\":\"%s\","
+      "\"encrypted\":true,\"cores\":%ld,\"load_1min\":%.2f,"
+      "\"seconds_median\":%.6f,\"seconds_min\":%.6f,\"seconds_max\":%.6f,"
+      "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"segment_kib\":%llu,"
+      "\"in_flight\":%llu,\"lanes\":%llu",
+      f->n, (unsigned long long) o->mib, (unsigned long long) o->repeats,
+      f->where, f->cores, f->load, f->med, f->tmin, f->tmax, f->algbw, f->busbw,
+      (unsigned long long) o->segment_kib, (unsigned long long) o->in_flight,
+      (unsigned long long) o->lanes);
+  if (o->netns)
+    printf(
+        ",\"rate\":\"%s\",\"rate_gbps\":%.4f,\"mtu\":%llu,"
+        "\"busbw_over_rate\":%.4f",
+        o->rate, o->rate_bps / 1e9, (unsigned long long) o->mtu,
+        f->busbw * 1e9 / o->rate_bps);
+  printf(
+      ",\"aead_seal_mbps\":%.0f,\"aead_open_mbps\":%.0f,"
+      "\"crypto_limit_seconds\":%.6f,\"measured_over_limit\":%.3f,"
+      "\"crypto_limit_all_cores_seconds\":%.6f,"
+      "\"measured_over_all_cores_limit\":%.3f,"
+      "\"cpu_seconds\":{\"seal\":%.4f,\"open\":%.4f,\"socket_write\":"
+      "%.4f,\"socket_read\":%.4f,\"ring_machine\":%.4f,\"copy\":%.4f,"
+      "\"other\":%.4f,\"process\":%.4f},\"tail_seconds\":%.6f,"
+      "\"verified\":true,\"max_abs_err\":%.3g,\"tolerance\":%.3g}\n",
+      f->seal_bps / 1e6, f->open_bps / 1e6, f->limit, f->med / f->limit,
+      f->limit_all, f->med / f->limit_all, cpu->seal, cpu->open, cpu->write,
+      cpu->read, cpu->machine, cpu->copy, f->other, cpu->process, cpu->tail,
+      cpu->max_err, f->tol);
+}
+
+static void print_text(const opts_t* o, const figures_t* f, const cpu_t* cpu) {
+  printf(
+      "ring all-reduce (gossip/ring.c, encrypted TCP streams): %u members, "
+      "%llu MiB float32, %s",
+      f->n, (unsigned long long) o->mib, f->where);
+  if (o->netns)
+    printf(" (tbf %s each way, MTU %llu)", o->rate,
+           (unsigned long long) o->mtu);
+  printf("; segments of %llu KiB, %llu in flight, %llu lane%s",
+         (unsigned long long) o->segment_kib, (unsigned long long) o->in_flight,
+         (unsigned long long) o->lanes, o->lanes == 1 ? "" : "s");
+  printf(
+      "\n  %ld cores, load average %.2f before the run; 1 warm-up + %llu "
+      "measured rounds; every mean checked against the float64 mean (max "
+      "|err| %.2g <= %.2g) and bit-identical on all members\n",
+      f->cores, f->load, (unsigned long long) o->repeats, cpu->max_err, f->tol);
+  printf("  time per all-reduce: median %.2f ms (min %.2f, max %.2f)\n",
+         f->med * 1e3, f->tmin * 1e3, f->tmax * 1e3);
+  printf("  algbw %.3f Gbit/s, busbw %.3f Gbit/s", f->algbw, f->busbw);
+  if (o->netns)
+    printf(" = %.3f of the %s link", f->busbw * 1e9 / o->rate_bps, o->rate);
+  printf(
+      "\n  crypto bound: seal %.0f MB/s, open %.0f MB/s on one core; each "
+      "member seals and opens B = 2(N-1)/N*S = %.2f MiB\n"
+      "    limit = N*B*(1/seal + 1/open) / min(2N*lanes, cores) = %.2f ms; "
+      "measured/limit = %.2f\n"
+      "    all cores: N*B*(1/seal + 1/open) / cores = %.2f ms; "
+      "measured/that = %.2f\n",
+      f->seal_bps / 1e6, f->open_bps / 1e6, f->per_member / 1048576.0,
+      f->limit * 1e3, f->med / f->limit, f->limit_all * 1e3,
+      f->med / f->limit_all);
+  printf(
+      "  CPU seconds per all-reduce, all members: seal %.4f, open %.4f, "
+      "socket write %.4f, socket read %.4f, ring machine (decode, add, "
+      "encode) %.4f, copy to sender %.4f, other %.4f; total %.4f of "
+      "%ld cores x %.4f s (%.0f%% busy; crypto %.0f%% of the CPU)\n",
+      cpu->seal, cpu->open, cpu->write, cpu->read, cpu->machine, cpu->copy,
+      f->other, cpu->process, f->cores, f->med,
+      100 * cpu->process / (f->cores * f->med),
+      100 * (cpu->seal + cpu->open) / cpu->process);
+  printf(
+      "  serial tail: %.2f ms from the last segment to DONE (the last "
+      "addition and the delta of the last segment), %.0f%% of the time\n",
+      cpu->tail * 1e3, 100 * cpu->tail / f->med);
+}
+
+/* The keys, the namespaces when asked, the members' run; 0 or -errno. */
+static int run_keyed(const opts_t* o, const float* ref, uint64_t floats,
+                     double* t, cpu_t* cpu) {
+  uint32_t n = (uint32_t) o->n;
+  /* One cluster key; an identity per member, known to all (each checks
+   * its neighbours' ids, as the daemon checks the member it dials). */
+  st_cluster_key_t ck;
+  st_keyring_t keys;
+  st_identity_t* ids = calloc(n, sizeof(*ids));
+  char err[160];
+  if (ids == NULL || st_cluster_key_generate(&ck) != 0 ||
+      st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0) {
+    free(ids);
+    return -ENOMEM;
   }
-  if (o->netns && geteuid() != 0) {
-    fprintf(stderr, "starling-bench ring: --netns needs root (ip netns)\n");
-    return 2;
+  for (uint32_t r = 0; r < n; r++)
+    st_identity_generate(&ids[r]);
+  g_n = n;
+  g_opts = o;
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  signal(SIGHUP, on_signal);
+  /* A member that died must show as an error on its pipe or socket, not
+   * kill the parent before it removes the namespaces. */
+  signal(SIGPIPE, SIG_IGN);
+  int rc = 0;
+  if (o->netns && st__ring_netns_up(o->tag, n, o->rate, (unsigned) o->mtu)) {
+    fprintf(stderr, "starling-bench ring: cannot make the namespaces\n");
+    rc = -EIO;
   }
-  if (!o->in_flight_given && o->in_flight < 2 * o->lanes)
-    o->in_flight = 2 * o->lanes; /* two segments a lane */
-  return -1;                     /* go on */
+  if (rc == 0)
+    rc = run_members(o, &keys, ids, ref, floats, t, cpu);
+  if (o->netns)
+    st__ring_netns_down(o->tag, n);
+  g_opts = NULL;
+  for (uint32_t r = 0; r < n; r++)
+    st_identity_wipe(&ids[r]);
+  st_keyring_wipe(&keys);
+  st_cluster_key_wipe(&ck);
+  free(ids);
+  return rc;
 }
 
 int st__bench_ring(int argc, char** argv) {
@@ -466,146 +651,27 @@ int st__bench_ring(int argc, char** argv) {
     return rc;
   if (st_crypto_init() != 0)
     return 1;
-  uint32_t n = (uint32_t) o.n;
+  figures_t f;
+  memset(&f, 0, sizeof(f));
+  f.n = (uint32_t) o.n;
   uint64_t floats = o.mib * 1024 * 1024 / sizeof(float);
-  double bytes = (double) o.mib * 1024 * 1024;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  double load = 0; /* other processes on these cores skew every figure */
-  getloadavg(&load, 1);
-  double seal_bps, open_bps;
-  st__bench_aead_rates(&seal_bps, &open_bps);
-  /* One cluster key; an identity per member, known to all (each checks
-   * its neighbours' ids, as the daemon checks the member it dials). */
-  st_cluster_key_t ck;
-  st_keyring_t keys;
-  st_identity_t* ids = calloc(n, sizeof(*ids));
-  float* ref = reference(o.seed, n, floats);
+  f.cores = sysconf(_SC_NPROCESSORS_ONLN);
+  getloadavg(&f.load, 1); /* other processes skew every figure */
+  st__bench_aead_rates(&f.seal_bps, &f.open_bps);
+  float* ref = reference(o.seed, f.n, floats);
   double* t = calloc(o.repeats, sizeof(double));
-  char err[160];
-  if (ids == NULL || ref == NULL || t == NULL ||
-      st_cluster_key_generate(&ck) != 0 ||
-      st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0) {
-    free(ids);
-    free(ref);
-    free(t);
-    return 1;
-  }
-  for (uint32_t r = 0; r < n; r++)
-    st_identity_generate(&ids[r]);
-  g_n = n;
-  g_opts = &o;
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
-  signal(SIGHUP, on_signal);
-  /* A member that died must show as an error on its pipe or socket, not
-   * kill the parent before it removes the namespaces. */
-  signal(SIGPIPE, SIG_IGN);
   cpu_t cpu;
-  rc = 0;
-  if (o.netns && st__ring_netns_up(o.tag, n, o.rate, (unsigned) o.mtu) != 0) {
-    fprintf(stderr, "starling-bench ring: cannot make the namespaces\n");
-    rc = -EIO;
-  }
-  if (rc == 0)
-    rc = run_members(&o, &keys, ids, ref, floats, t, &cpu);
-  if (o.netns)
-    st__ring_netns_down(o.tag, n);
-  g_opts = NULL;
-  for (uint32_t r = 0; r < n; r++)
-    st_identity_wipe(&ids[r]);
-  st_keyring_wipe(&keys);
-  st_cluster_key_wipe(&ck);
-  free(ids);
+  rc = ref == NULL || t == NULL ? -ENOMEM : run_keyed(&o, ref, floats, t, &cpu);
   free(ref);
   if (rc != 0) {
     free(t);
     return 1;
   }
-  qsort(t, o.repeats, sizeof(double), cmp_double);
-  double med = t[o.repeats / 2], tmin = t[0], tmax = t[o.repeats - 1];
+  figures(&o, t, &cpu, &f);
   free(t);
-  double algbw = bytes * 8 / med / 1e9;
-  double busbw = algbw * 2.0 * (n - 1) / n;
-  double per_member = 2.0 * (n - 1) / n * bytes; /* B, each way */
-  uint32_t threads = 2 * n * (uint32_t) o.lanes; /* of AEAD, at most */
-  double par =
-      (double) (threads < (uint32_t) cores ? threads : (uint32_t) cores);
-  double limit = n * per_member * (1 / seal_bps + 1 / open_bps) / par;
-  double limit_all = n * per_member * (1 / seal_bps + 1 / open_bps) / cores;
-  double other = cpu.process - cpu.seal - cpu.open - cpu.write - cpu.read -
-                 cpu.machine - cpu.copy;
-  double tol = (n + 4) * 0x1p-24;
-  const char* where = o.netns ? "netns" : "loopback";
-  if (o.json) {
-    printf(
-        "{\"members\":%u,\"mib\":%llu,\"repeats\":%llu,\"transport\":\"%s\","
-        "\"encrypted\":true,\"cores\":%ld,\"load_1min\":%.2f,"
-        "\"seconds_median\":%.6f,\"seconds_min\":%.6f,\"seconds_max\":%.6f,"
-        "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,\"segment_kib\":%llu,"
-        "\"in_flight\":%llu,\"lanes\":%llu",
-        n, (unsigned long long) o.mib, (unsigned long long) o.repeats, where,
-        cores, load, med, tmin, tmax, algbw, busbw,
-        (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight,
-        (unsigned long long) o.lanes);
-    if (o.netns)
-      printf(
-          ",\"rate\":\"%s\",\"rate_gbps\":%.4f,\"mtu\":%llu,"
-          "\"busbw_over_rate\":%.4f",
-          o.rate, o.rate_bps / 1e9, (unsigned long long) o.mtu,
-          busbw * 1e9 / o.rate_bps);
-    printf(
-        ",\"aead_seal_mbps\":%.0f,\"aead_open_mbps\":%.0f,"
-        "\"crypto_limit_seconds\":%.6f,\"measured_over_limit\":%.3f,"
-        "\"crypto_limit_all_cores_seconds\":%.6f,"
-        "\"measured_over_all_cores_limit\":%.3f,"
-        "\"cpu_seconds\":{\"seal\":%.4f,\"open\":%.4f,\"socket_write\":"
-        "%.4f,\"socket_read\":%.4f,\"ring_machine\":%.4f,\"copy\":%.4f,"
-        "\"other\":%.4f,\"process\":%.4f},\"tail_seconds\":%.6f,"
-        "\"verified\":true,\"max_abs_err\":%.3g,\"tolerance\":%.3g}\n",
-        seal_bps / 1e6, open_bps / 1e6, limit, med / limit, limit_all,
-        med / limit_all, cpu.seal, cpu.open, cpu.write, cpu.read, cpu.machine,
-        cpu.copy, other, cpu.process, cpu.tail, cpu.max_err, tol);
-    return 0;
-  }
-  printf(
-      "ring all-reduce (gossip/ring.c, encrypted TCP streams): %u members, "
-      "%llu MiB float32, %s",
-      n, (unsigned long long) o.mib, where);
-  if (o.netns)
-    printf(" (tbf %s each way, MTU %llu)", o.rate, (unsigned long long) o.mtu);
-  printf("; segments of %llu KiB, %llu in flight, %llu lane%s",
-         (unsigned long long) o.segment_kib, (unsigned long long) o.in_flight,
-         (unsigned long long) o.lanes, o.lanes == 1 ? "" : "s");
-  printf(
-      "\n  %ld cores, load average %.2f before the run; 1 warm-up + %llu "
-      "measured rounds; every mean checked against the float64 mean (max "
-      "|err| %.2g <= %.2g) and bit-identical on all members\n",
-      cores, load, (unsigned long long) o.repeats, cpu.max_err, tol);
-  printf("  time per all-reduce: median %.2f ms (min %.2f, max %.2f)\n",
-         med * 1e3, tmin * 1e3, tmax * 1e3);
-  printf("  algbw %.3f Gbit/s, busbw %.3f Gbit/s", algbw, busbw);
-  if (o.netns)
-    printf(" = %.3f of the %s link", busbw * 1e9 / o.rate_bps, o.rate);
-  printf(
-      "\n  crypto bound: seal %.0f MB/s, open %.0f MB/s on one core; each "
-      "member seals and opens B = 2(N-1)/N*S = %.2f MiB\n"
-      "    limit = N*B*(1/seal + 1/open) / min(2N*lanes, cores) = %.2f ms; "
-      "measured/limit = %.2f\n"
-      "    all cores: N*B*(1/seal + 1/open) / cores = %.2f ms; "
-      "measured/that = %.2f\n",
-      seal_bps / 1e6, open_bps / 1e6, per_member / 1048576.0, limit * 1e3,
-      med / limit, limit_all * 1e3, med / limit_all);
-  printf(
-      "  CPU seconds per all-reduce, all members: seal %.4f, open %.4f, "
-      "socket write %.4f, socket read %.4f, ring machine (decode, add, "
-      "encode) %.4f, copy to sender %.4f, other %.4f; total %.4f of "
-      "%ld cores x %.4f s (%.0f%% busy; crypto %.0f%% of the CPU)\n",
-      cpu.seal, cpu.open, cpu.write, cpu.read, cpu.machine, cpu.copy, other,
-      cpu.process, cores, med, 100 * cpu.process / (cores * med),
-      100 * (cpu.seal + cpu.open) / cpu.process);
-  printf(
-      "  serial tail: %.2f ms from the last segment to DONE (the last "
-      "addition and the delta of the last segment), %.0f%% of the time\n",
-      cpu.tail * 1e3, 100 * cpu.tail / med);
+  if (o.json)
+    print_json(&o, &f, &cpu);
+  else
+    print_text(&o, &f, &cpu);
   return 0;
 }

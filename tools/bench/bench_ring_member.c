@@ -9,7 +9,8 @@
  * such connections from a member to the next (dialled one after the other,
  * so the k-th accepted is lane k), each with its own handshake and
  * secretstream: segment i of the member's send stream goes on lane i % L,
- * and the next member takes them back in that order. So L threads seal and
+ * and the next member takes them back in that order (the lane striper,
+ * gossip/lanes.c, as in the daemon). So L threads seal and
  * L open at once, where one secretstream (sequential by construction: each
  * frame's nonce follows from the last) keeps one core per direction.
  *
@@ -100,11 +101,12 @@ struct member_s {
   pthread_cond_t cv_driver, cv_sender, cv_receiver;
   lane_t lanes[MAX_LANES];
   unsigned n_lanes;
-  unsigned dialled, accepted;  /* lanes connected, in lane order */
-  uint64_t send_seq, recv_seq; /* the driver's: segments given, taken */
-  bool quit;                   /* no more rounds: seal the final frames */
-  int err;                     /* the first I/O error */
-  unsigned ready;              /* I/O threads done with their handshake */
+  unsigned dialled, accepted; /* lanes connected, in lane order */
+  st_lanes_t stripe; /* the driver's: which lane a segment goes or comes on;
+                        kept for every round, as the connections are */
+  bool quit;         /* no more rounds: seal the final frames */
+  int err;           /* the first I/O error */
+  unsigned ready;    /* I/O threads done with their handshake */
   double cpu_seal, cpu_write, cpu_read, cpu_open;
 };
 
@@ -345,7 +347,7 @@ static void drain(member_t* m, st_ring_t* x, drive_t* d) {
       return;
     if (a.kind == ST_RACT_SEND) {
       /* Segment i of the send stream goes on lane i % lanes. */
-      lane_t* l = &m->lanes[m->send_seq % m->n_lanes];
+      lane_t* l = &m->lanes[st_lanes_send_lane(&m->stripe)];
       pthread_mutex_lock(&m->mu);
       /* The machine keeps at most in_flight SENDs unwritten. */
       slot_t* s = &l->out[(l->out_head + l->out_count) % OUT_SLOTS];
@@ -361,7 +363,7 @@ static void drain(member_t* m, st_ring_t* x, drive_t* d) {
       d->cpu_copy += thread_cpu() - t1;
       pthread_mutex_lock(&m->mu);
       l->out_count++;
-      m->send_seq++;
+      st_lanes_send_done(&m->stripe);
       pthread_cond_broadcast(&m->cv_sender);
       pthread_mutex_unlock(&m->mu);
     } else if (a.kind == ST_RACT_APPLY) {
@@ -384,8 +386,9 @@ static uint64_t written_total(const member_t* m) { /* under mu */
 
 static void drive(member_t* m, st_ring_t* x, drive_t* d) {
   while (!d->done) {
-    /* The next segment of the receive stream comes on lane recv_seq % L. */
-    lane_t* l = &m->lanes[m->recv_seq % m->n_lanes];
+    /* The next segment of the receive stream comes on lane fed % L. */
+    uint32_t k = st_lanes_recv_lane(&m->stripe);
+    lane_t* l = &m->lanes[k];
     pthread_mutex_lock(&m->mu);
     /* Only the final frame of the lane the next segment comes on matters:
      * the previous member, once done, ends each lane after its own last
@@ -410,20 +413,22 @@ static void drive(member_t* m, st_ring_t* x, drive_t* d) {
     for (uint64_t i = 0; i < newly; i++)
       st_ring_sent(x, now);
     if (s != NULL) {
-      st_ring_message(x, now, s->buf, s->len);
+      /* Taken from the lane whose turn it is: always FEED, but for a
+       * segment beyond the round's (the machine would refuse it too). */
+      if (st_lanes_accept(&m->stripe, k) == ST_LANES_FEED)
+        st_ring_message(x, now, s->buf, s->len);
+      else
+        st_ring_abort(x, now, ST_RING_FAIL_PROTOCOL);
       pthread_mutex_lock(&m->mu);
       l->in_head = (l->in_head + 1) % IN_SLOTS;
       l->in_count--;
-      m->recv_seq++;
       pthread_cond_broadcast(&m->cv_receiver);
       pthread_mutex_unlock(&m->mu);
-    } else if (err != 0 || ended) {
-      /* An I/O error, or the previous member ended its stream while this
-       * round still expects segments from it. */
-      st_ring_progress_t p;
-      st_ring_progress(x, &p);
-      if (err != 0 || p.segments_received < p.segments_to_receive)
-        st_ring_abort(x, now, ST_RING_FAIL_CLOSED);
+    } else if (err != 0 || (ended && st_lanes_end(&m->stripe, k) ==
+                                         ST_LANES_ERR_EARLY_END)) {
+      /* An I/O error, or the previous member ended the lane while this
+       * round still expects segments on it. */
+      st_ring_abort(x, now, ST_RING_FAIL_CLOSED);
     }
     st_ring_tick(x, now);
     d->cpu_machine += thread_cpu() - t0;
@@ -434,36 +439,73 @@ static void drive(member_t* m, st_ring_t* x, drive_t* d) {
 }
 
 /* One round: returns 0 when it completed and matched the reference. */
-static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
-                     uint64_t* acked) {
+/* Checks the round's mean against the parent's reference and fills the
+ * report's verdict. The bound: inputs in [-1, 1), n - 1 float32 additions
+ * along the ring (each off by at most 2^-24 of a partial sum <= k), the
+ * division by n and the reference's own rounding:
+ * |mean - ref| < (n + 4) 2^-24. */
+static void check_mean(const st__ring_member_cfg_t* c, const st_ring_t* x,
+                       const drive_t* d, st__ring_report_t* rep) {
+  const float* mean = st_ring_mean(x);
+  double tol = (c->n + 4) * 0x1p-24, worst = 0;
+  if (d->result == ST_RING_OK && mean != NULL) {
+    for (uint64_t i = 0; i < c->floats; i++) {
+      double e = fabs((double) mean[i] - (double) c->ref[i]);
+      if (!(e <= worst)) /* NaN counts as worst */
+        worst = isnan(e) ? INFINITY : e;
+    }
+    st_hash_once(mean, c->floats * sizeof(float), rep->hash, sizeof(rep->hash));
+  }
+  rep->max_err = worst;
+  rep->verified =
+      d->result == ST_RING_OK && mean != NULL && d->applied && worst <= tol;
+}
+
+/* The round's machine with the member's data in its snapshot buffer (not
+ * timed), the receive stream's segments told to the striper; then 'R' to
+ * the parent and its 'G'. -1 on any failure (x freed). */
+static int round_prepare(member_t* m, uint32_t round, drive_t* d,
+                         st_ring_t** out) {
   const st__ring_member_cfg_t* c = m->cfg;
   st_ring_config_t rc;
   st_ring_config_default(&rc);
   rc.segment_floats = c->segment_floats;
   rc.in_flight = c->in_flight;
   st_ring_t* x = NULL;
+  if (st_ring_new(&rc, round + 1, c->n, c->rank, c->floats, now_ms(), &x) != 0)
+    return -1;
+  st_ring_progress_t p;
+  st_ring_progress(x, &p);
+  st_lanes_expect(&m->stripe, p.segments_to_receive);
+  drain(m, x, d); /* TIMER, WANT_SNAPSHOT */
+  float* own = st_ring_snapshot_buffer(x);
+  uint8_t go = 'R';
+  if (own != NULL) {
+    st__ring_fill(c->seed, c->rank, 0, c->floats, own);
+    if (c->corrupt && c->rank == 0)
+      own[c->floats / 2] += 0.5f; /* the mean moves by 0.5 / n */
+  }
+  if (own == NULL || st__bench_write_all(c->up_fd, &go, 1) != 0 ||
+      st__bench_read_all(c->down_fd, &go, 1) != 0 || go != 'G') {
+    st_ring_free(x);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+/* One round: returns 0 when it completed and matched the reference. */
+static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
+                     uint64_t* acked) {
+  const st__ring_member_cfg_t* c = m->cfg;
+  st_ring_t* x = NULL;
   drive_t d;
   memset(&d, 0, sizeof(d));
   memset(rep, 0, sizeof(*rep));
   rep->result = -1;
   d.acked = *acked;
-  if (st_ring_new(&rc, round + 1, c->n, c->rank, c->floats, now_ms(), &x) != 0)
+  if (round_prepare(m, round, &d, &x) != 0)
     return -1;
-  drain(m, x, &d); /* TIMER, WANT_SNAPSHOT */
-  float* own = st_ring_snapshot_buffer(x);
-  if (own == NULL) {
-    st_ring_free(x);
-    return -1;
-  }
-  st__ring_fill(c->seed, c->rank, 0, c->floats, own);
-  if (c->corrupt && c->rank == 0)
-    own[c->floats / 2] += 0.5f; /* the mean moves by 0.5 / n */
-  uint8_t go = 'R';
-  if (st__bench_write_all(c->up_fd, &go, 1) != 0 ||
-      st__bench_read_all(c->down_fd, &go, 1) != 0 || go != 'G') {
-    st_ring_free(x);
-    return -1;
-  }
   pthread_mutex_lock(&m->mu);
   double s0 = m->cpu_seal, w0 = m->cpu_write, r0 = m->cpu_read,
          o0 = m->cpu_open;
@@ -471,7 +513,7 @@ static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
   double p0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID);
   rep->t_start = st_now_s();
   double t0 = thread_cpu();
-  st_ring_snapshot(x, now_ms(), own, c->floats);
+  st_ring_snapshot(x, now_ms(), st_ring_snapshot_buffer(x), c->floats);
   d.cpu_machine = thread_cpu() - t0;
   drain(m, x, &d);
   drive(m, x, &d);
@@ -488,24 +530,133 @@ static int round_run(member_t* m, uint32_t round, st__ring_report_t* rep,
   rep->tail = d.tail;
   rep->result = (int32_t) d.result;
   *acked = d.acked;
-  /* The bound: inputs in [-1, 1), n - 1 float32 additions along the ring
-   * (each off by at most 2^-24 of a partial sum <= k), the division by n
-   * and the reference's own rounding: |mean - ref| < (n + 4) 2^-24. */
-  const float* mean = st_ring_mean(x);
-  double tol = (c->n + 4) * 0x1p-24, worst = 0;
-  if (d.result == ST_RING_OK && mean != NULL) {
-    for (uint64_t i = 0; i < c->floats; i++) {
-      double e = fabs((double) mean[i] - (double) c->ref[i]);
-      if (!(e <= worst)) /* NaN counts as worst */
-        worst = isnan(e) ? INFINITY : e;
-    }
-    st_hash_once(mean, c->floats * sizeof(float), rep->hash, sizeof(rep->hash));
-  }
-  rep->max_err = worst;
-  rep->verified =
-      d.result == ST_RING_OK && mean != NULL && d.applied && worst <= tol;
+  check_mean(c, x, &d, rep);
   st_ring_free(x);
   return rep->verified ? 0 : -1;
+}
+
+/* ==== The member's life =====================================================
+ */
+
+/* The member's state, its slots, and the striper: lane k of L each way,
+ * the k-th dialled and the k-th accepted (sender_main, receiver_main).
+ * false when a slot could not be allocated. */
+static bool member_init(member_t* m, const st__ring_member_cfg_t* c) {
+  memset(m, 0, sizeof(*m));
+  m->cfg = c;
+  m->listen_fd = -1;
+  m->n_lanes = c->lanes >= 1 && c->lanes <= MAX_LANES ? c->lanes : 1;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->cv_driver, NULL);
+  pthread_cond_init(&m->cv_sender, NULL);
+  pthread_cond_init(&m->cv_receiver, NULL);
+  st_lanes_init(&m->stripe, m->n_lanes); /* n_lanes is within range */
+  bool ok = true;
+  for (unsigned k = 0; k < m->n_lanes; k++) {
+    lane_t* l = &m->lanes[k];
+    l->m = m;
+    l->idx = k;
+    l->next_fd = l->prev_fd = -1;
+    st_lanes_join(&m->stripe, k, m->n_lanes, false);
+    for (unsigned i = 0; i < OUT_SLOTS; i++)
+      ok = ok && (l->out[i].buf = malloc(SLOT_BYTES)) != NULL;
+    for (unsigned i = 0; i < IN_SLOTS; i++)
+      ok = ok && (l->in[i].buf = malloc(SLOT_BYTES)) != NULL;
+  }
+  return ok;
+}
+
+/* Listens, tells the parent the port, learns the next member's. */
+static int member_listen(member_t* m) {
+  const st__ring_member_cfg_t* c = m->cfg;
+  char addr[32];
+  st__ring_addr(c->netns != NULL, c->rank, addr);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, addr, &a.sin_addr);
+  socklen_t al = sizeof(a);
+  m->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (m->listen_fd < 0 ||
+      bind(m->listen_fd, (struct sockaddr*) &a, sizeof(a)) != 0 ||
+      listen(m->listen_fd, (int) MAX_LANES) != 0 ||
+      getsockname(m->listen_fd, (struct sockaddr*) &a, &al) != 0)
+    return -1;
+  uint16_t port = ntohs(a.sin_port);
+  if (st__bench_write_all(c->up_fd, (uint8_t*) &port, sizeof(port)) != 0 ||
+      st__bench_read_all(c->down_fd, (uint8_t*) &m->next_port, sizeof(port)) !=
+          0)
+    return -1;
+  return 0;
+}
+
+/* Starts each lane's receiver and sender and waits for their handshakes;
+ * returns the lanes whose two threads run (0 on an error before any). */
+static unsigned start_lanes(member_t* m, pthread_t* ts, pthread_t* tr) {
+  unsigned started = 0;
+  for (; started < m->n_lanes; started++) {
+    lane_t* l = &m->lanes[started];
+    l->next_fd = socket(AF_INET, SOCK_STREAM, 0); /* connected by the sender */
+    if (pthread_create(&tr[started], NULL, receiver_main, l) != 0)
+      break;
+    if (pthread_create(&ts[started], NULL, sender_main, l) != 0) {
+      fail(m, -EAGAIN);
+      shutdown(m->listen_fd, SHUT_RDWR);
+      pthread_join(tr[started], NULL);
+      break;
+    }
+  }
+  if (started < m->n_lanes)
+    fail(m, -EAGAIN);
+  pthread_mutex_lock(&m->mu);
+  while (m->ready < 2 * started && m->err == 0)
+    pthread_cond_wait(&m->cv_driver, &m->mu);
+  pthread_mutex_unlock(&m->mu);
+  return started;
+}
+
+/* Lets the senders seal their final frames and joins every thread; after
+ * a failure first unblocks them all (the neighbours see the connections
+ * end). */
+static void stop_lanes(member_t* m, unsigned started, const pthread_t* ts,
+                       const pthread_t* tr, bool failed) {
+  pthread_mutex_lock(&m->mu);
+  m->quit = true;
+  pthread_cond_broadcast(&m->cv_sender);
+  pthread_mutex_unlock(&m->mu);
+  if (failed) {
+    fail(m, -ECANCELED);
+    for (unsigned k = 0; k < m->n_lanes; k++) {
+      pthread_mutex_lock(&m->mu);
+      int prev = m->lanes[k].prev_fd;
+      pthread_mutex_unlock(&m->mu);
+      if (m->lanes[k].next_fd >= 0)
+        shutdown(m->lanes[k].next_fd, SHUT_RDWR);
+      if (prev >= 0)
+        shutdown(prev, SHUT_RDWR);
+    }
+    shutdown(m->listen_fd, SHUT_RDWR); /* a receiver still in poll */
+  }
+  for (unsigned k = 0; k < started; k++) {
+    pthread_join(ts[k], NULL);
+    pthread_join(tr[k], NULL);
+  }
+}
+
+static void member_free(member_t* m) {
+  for (unsigned k = 0; k < m->n_lanes; k++) {
+    lane_t* l = &m->lanes[k];
+    for (unsigned i = 0; i < OUT_SLOTS; i++)
+      free(l->out[i].buf);
+    for (unsigned i = 0; i < IN_SLOTS; i++)
+      free(l->in[i].buf);
+    if (l->next_fd >= 0)
+      close(l->next_fd);
+    if (l->prev_fd >= 0)
+      close(l->prev_fd);
+  }
+  if (m->listen_fd >= 0)
+    close(m->listen_fd);
 }
 
 int st__ring_member(const st__ring_member_cfg_t* c) {
@@ -517,67 +668,14 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT32_MAX);
   member_t m;
-  memset(&m, 0, sizeof(m));
-  m.cfg = c;
-  m.n_lanes = c->lanes >= 1 && c->lanes <= MAX_LANES ? c->lanes : 1;
-  pthread_mutex_init(&m.mu, NULL);
-  pthread_cond_init(&m.cv_driver, NULL);
-  pthread_cond_init(&m.cv_sender, NULL);
-  pthread_cond_init(&m.cv_receiver, NULL);
-  int status = 1;
-  bool ok = true;
-  for (unsigned k = 0; k < m.n_lanes; k++) {
-    lane_t* l = &m.lanes[k];
-    l->m = &m;
-    l->idx = k;
-    l->next_fd = l->prev_fd = -1;
-    for (unsigned i = 0; i < OUT_SLOTS; i++)
-      ok = ok && (l->out[i].buf = malloc(SLOT_BYTES)) != NULL;
-    for (unsigned i = 0; i < IN_SLOTS; i++)
-      ok = ok && (l->in[i].buf = malloc(SLOT_BYTES)) != NULL;
-  }
-  /* Listen, tell the parent the port, learn the next member's. */
-  char addr[32];
-  st__ring_addr(c->netns != NULL, c->rank, addr);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, addr, &a.sin_addr);
-  socklen_t al = sizeof(a);
-  m.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-  uint16_t port = 0;
   pthread_t ts[MAX_LANES], tr[MAX_LANES];
-  unsigned started = 0; /* lanes whose two threads run */
-  if (!ok || m.listen_fd < 0 ||
-      bind(m.listen_fd, (struct sockaddr*) &a, sizeof(a)) != 0 ||
-      listen(m.listen_fd, (int) MAX_LANES) != 0 ||
-      getsockname(m.listen_fd, (struct sockaddr*) &a, &al) != 0)
+  int status = 1;
+  if (!member_init(&m, c) || member_listen(&m) != 0)
     goto out;
-  port = ntohs(a.sin_port);
-  if (st__bench_write_all(c->up_fd, (uint8_t*) &port, sizeof(port)) != 0 ||
-      st__bench_read_all(c->down_fd, (uint8_t*) &m.next_port, sizeof(port)) !=
-          0)
-    goto out;
-  for (; started < m.n_lanes; started++) {
-    lane_t* l = &m.lanes[started];
-    l->next_fd = socket(AF_INET, SOCK_STREAM, 0); /* connected by the sender */
-    if (pthread_create(&tr[started], NULL, receiver_main, l) != 0)
-      break;
-    if (pthread_create(&ts[started], NULL, sender_main, l) != 0) {
-      fail(&m, -EAGAIN);
-      shutdown(m.listen_fd, SHUT_RDWR);
-      pthread_join(tr[started], NULL);
-      break;
-    }
-  }
-  if (started < m.n_lanes)
-    fail(&m, -EAGAIN);
+  unsigned started = start_lanes(&m, ts, tr);
   pthread_mutex_lock(&m.mu);
-  while (m.ready < 2 * started && m.err == 0)
-    pthread_cond_wait(&m.cv_driver, &m.mu);
-  int err = m.err;
+  status = m.err == 0 ? 0 : 1;
   pthread_mutex_unlock(&m.mu);
-  status = err == 0 ? 0 : 1;
   uint64_t acked = 0;
   for (uint32_t r = 0; r < c->rounds && status == 0; r++) {
     st__ring_report_t rep;
@@ -586,43 +684,10 @@ int st__ring_member(const st__ring_member_cfg_t* c) {
         rc != 0)
       status = 1;
   }
-  pthread_mutex_lock(&m.mu);
-  m.quit = true;
-  pthread_cond_broadcast(&m.cv_sender);
-  pthread_mutex_unlock(&m.mu);
-  if (status != 0) {
-    /* Unblock every thread; the neighbours see the connections end. */
-    fail(&m, -ECANCELED);
-    for (unsigned k = 0; k < m.n_lanes; k++) {
-      pthread_mutex_lock(&m.mu);
-      int prev = m.lanes[k].prev_fd;
-      pthread_mutex_unlock(&m.mu);
-      if (m.lanes[k].next_fd >= 0)
-        shutdown(m.lanes[k].next_fd, SHUT_RDWR);
-      if (prev >= 0)
-        shutdown(prev, SHUT_RDWR);
-    }
-    shutdown(m.listen_fd, SHUT_RDWR); /* a receiver still in poll */
-  }
-  for (unsigned k = 0; k < started; k++) {
-    pthread_join(ts[k], NULL);
-    pthread_join(tr[k], NULL);
-  }
+  stop_lanes(&m, started, ts, tr, status != 0);
   if (m.err != 0)
     status = 1;
 out:
-  for (unsigned k = 0; k < m.n_lanes; k++) {
-    lane_t* l = &m.lanes[k];
-    for (unsigned i = 0; i < OUT_SLOTS; i++)
-      free(l->out[i].buf);
-    for (unsigned i = 0; i < IN_SLOTS; i++)
-      free(l->in[i].buf);
-    if (l->next_fd >= 0)
-      close(l->next_fd);
-    if (l->prev_fd >= 0)
-      close(l->prev_fd);
-  }
-  if (m.listen_fd >= 0)
-    close(m.listen_fd);
+  member_free(&m);
   return status;
 }
