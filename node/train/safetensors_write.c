@@ -143,7 +143,6 @@ static int check_meta(const char* path, const st_meta_kv_t* meta, size_t n_meta,
       return -EINVAL;
     }
   }
-
   return 0;
 }
 
@@ -183,7 +182,6 @@ static int check_duplicates(const char* path, const st_tensor_desc_t* tensors,
     if (dup != NULL)
       return -EINVAL;
   }
-
   return 0;
 }
 
