@@ -34,7 +34,7 @@ node tools under the source tree that holds this script.
 
 Exits 1, printing `file:line name length` (line: where the signature starts)
 for each function over the limit without a `Long:` reason; exits 0 with a
-one-line summary otherwise. With --list, prints every function over the limit,
+one-line summary otherwise; exits 2 when a PATH does not exist. With --list, prints every function over the limit,
 with its reason when it has one, and exits 0.
 """
 import argparse
@@ -182,13 +182,14 @@ def main(argv):
         rel = root
     else:
         rel = None
+    for path in paths:
+        if not os.path.exists(path):
+            print(f"{path}: no such file or folder", file=sys.stderr)
+            return 2
     offenders = []
     excused = []
     count = 0
     for path in source_files(paths):
-        if not os.path.exists(path):
-            print(f"{path}: no such file", file=sys.stderr)
-            return 2
         shown = os.path.relpath(path, rel) if rel else path
         for line, name, length, reason in functions(path):
             count += 1
