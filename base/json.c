@@ -224,6 +224,38 @@ static int hex4(parser_t* p, uint32_t* out) {
   return 0;
 }
 
+/* Decodes the hex digits of a \u escape at p->pos (its backslash and u
+ * already passed), with the low half of a surrogate pair when the first is a
+ * high one, into the code point *cp; end: the closing quote. 0 or -1. */
+static int unicode_escape(parser_t* p, size_t end, uint32_t* cp) {
+  if (hex4(p, cp) != 0)
+    return -1;
+  if (*cp >= 0xDC00 && *cp <= 0xDFFF) {
+    fail(p, -EBADMSG, "lone low surrogate in \\u escape");
+    return -1;
+  }
+  if (*cp >= 0xD800 && *cp <= 0xDBFF) {
+    uint32_t lo;
+    if (end - p->pos < 6 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
+      fail(p, -EBADMSG, "high surrogate without a low one");
+      return -1;
+    }
+    p->pos += 2;
+    if (hex4(p, &lo) != 0)
+      return -1;
+    if (lo < 0xDC00 || lo > 0xDFFF) {
+      fail(p, -EBADMSG, "high surrogate without a low one");
+      return -1;
+    }
+    *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
+  }
+  if (*cp == 0) {
+    fail(p, -EBADMSG, "\\u0000 is not allowed in strings");
+    return -1;
+  }
+  return 0;
+}
+
 /* Decodes the string whose opening quote is at p->pos into the arena. The
  * decoded form is never longer than the source (an escape of 2, 6 or 12
  * bytes yields at most 1, 3 or 4), so the source length bounds the
@@ -280,31 +312,8 @@ static const char* parse_string(parser_t* p, size_t* out_len) {
       return NULL;
     }
     uint32_t cp;
-    if (hex4(p, &cp) != 0)
+    if (unicode_escape(p, end, &cp) != 0)
       return NULL;
-    if (cp >= 0xDC00 && cp <= 0xDFFF) {
-      fail(p, -EBADMSG, "lone low surrogate in \\u escape");
-      return NULL;
-    }
-    if (cp >= 0xD800 && cp <= 0xDBFF) {
-      uint32_t lo;
-      if (end - p->pos < 6 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
-        fail(p, -EBADMSG, "high surrogate without a low one");
-        return NULL;
-      }
-      p->pos += 2;
-      if (hex4(p, &lo) != 0)
-        return NULL;
-      if (lo < 0xDC00 || lo > 0xDFFF) {
-        fail(p, -EBADMSG, "high surrogate without a low one");
-        return NULL;
-      }
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-    }
-    if (cp == 0) {
-      fail(p, -EBADMSG, "\\u0000 is not allowed in strings");
-      return NULL;
-    }
     n += utf8_put(out + n, cp);
   }
   p->pos = end + 1; /* the closing quote */

@@ -134,16 +134,10 @@ static int parse_line(char* line, size_t len, uint8_t pk[ST_PUBLIC_KEY_BYTES],
   return 1;
 }
 
-int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
-                      size_t err_len) {
-  char line[ALLOW_LINE_MAX_BYTES];
-  char why[256];
-  st_allowlist_t* list = NULL;
-  size_t cap = 0;
-  size_t lineno = 0;
+/* Opens the allow-list and checks that only its owner may write it. */
+static int open_allowlist(const char* path, FILE** out, char* err,
+                          size_t err_len) {
   int rc = 0;
-  *out = NULL;
-
   FILE* f = fopen(path, "rb");
   if (f == NULL) {
     rc = -errno;
@@ -156,17 +150,73 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
     rc = -errno;
     st_set_err(err, err_len, "%s: cannot stat the allow-list: %s", path,
                strerror(-rc));
-    goto out;
+    fclose(f);
+    return rc;
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    rc = -EACCES;
     st_set_err(err, err_len,
                "%s: writable by group or others (mode %04o); anyone "
                "who can write the allow-list decides who may join; "
                "run: chmod go-w %s",
                path, (unsigned) (st.st_mode & 07777), path);
-    goto out;
+    fclose(f);
+    return -EACCES;
   }
+  *out = f;
+  return 0;
+}
+
+/* Appends pk to list, growing it (cap: its room, in keys) up to
+ * ALLOW_MAX_KEYS. lineno: for the message. */
+static int add_key(st_allowlist_t* list, size_t* cap,
+                   const uint8_t pk[ST_PUBLIC_KEY_BYTES], const char* path,
+                   size_t lineno, char* err, size_t err_len) {
+  if (list->count == *cap) {
+    if (*cap >= ALLOW_MAX_KEYS) {
+      st_set_err(err, err_len,
+                 "%s:%zu: more than %u keys; is this the right "
+                 "file?",
+                 path, lineno, ALLOW_MAX_KEYS);
+      return -EMSGSIZE;
+    }
+    size_t ncap = *cap == 0 ? 16 : *cap * 2;
+    void* p = realloc(list->keys, ncap * ST_PUBLIC_KEY_BYTES);
+    if (p == NULL) {
+      st_set_err(err, err_len, "%s: out of memory", path);
+      return -ENOMEM;
+    }
+    list->keys = p;
+    *cap = ncap;
+  }
+  memcpy(list->keys[list->count++], pk, ST_PUBLIC_KEY_BYTES);
+  return 0;
+}
+
+/* Sort, then keep each key once. */
+static void sort_unique(st_allowlist_t* list) {
+  if (list->count == 0)
+    return;
+  qsort(list->keys, list->count, ST_PUBLIC_KEY_BYTES, key_cmp);
+  size_t n = 1;
+  for (size_t i = 1; i < list->count; i++)
+    if (memcmp(list->keys[i], list->keys[n - 1], ST_PUBLIC_KEY_BYTES) != 0)
+      memmove(list->keys[n++], list->keys[i], ST_PUBLIC_KEY_BYTES);
+  list->count = n;
+}
+
+int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
+                      size_t err_len) {
+  char line[ALLOW_LINE_MAX_BYTES];
+  char why[256];
+  st_allowlist_t* list = NULL;
+  size_t cap = 0;
+  size_t lineno = 0;
+  *out = NULL;
+
+  FILE* f = NULL;
+  int rc = open_allowlist(path, &f, err, err_len);
+  if (rc != 0)
+    return rc;
   list = calloc(1, sizeof(*list));
   if (list == NULL) {
     rc = -ENOMEM;
@@ -202,37 +252,11 @@ int st_allowlist_load(const char* path, st_allowlist_t** out, char* err,
     }
     if (r == 0)
       continue;
-    if (list->count == cap) {
-      if (cap >= ALLOW_MAX_KEYS) {
-        rc = -EMSGSIZE;
-        st_set_err(err, err_len,
-                   "%s:%zu: more than %u keys; is this the right "
-                   "file?",
-                   path, lineno, ALLOW_MAX_KEYS);
-        goto out;
-      }
-      size_t ncap = cap == 0 ? 16 : cap * 2;
-      void* p = realloc(list->keys, ncap * ST_PUBLIC_KEY_BYTES);
-      if (p == NULL) {
-        rc = -ENOMEM;
-        st_set_err(err, err_len, "%s: out of memory", path);
-        goto out;
-      }
-      list->keys = p;
-      cap = ncap;
-    }
-    memcpy(list->keys[list->count++], pk, ST_PUBLIC_KEY_BYTES);
+    rc = add_key(list, &cap, pk, path, lineno, err, err_len);
+    if (rc != 0)
+      goto out;
   }
-
-  /* Sort, then keep each key once. */
-  if (list->count > 0) {
-    qsort(list->keys, list->count, ST_PUBLIC_KEY_BYTES, key_cmp);
-    size_t n = 1;
-    for (size_t i = 1; i < list->count; i++)
-      if (memcmp(list->keys[i], list->keys[n - 1], ST_PUBLIC_KEY_BYTES) != 0)
-        memmove(list->keys[n++], list->keys[i], ST_PUBLIC_KEY_BYTES);
-    list->count = n;
-  }
+  sort_unique(list);
   *out = list;
   list = NULL;
 

@@ -239,6 +239,70 @@ out:
   return rc;
 }
 
+/* Checks that the first word of a key file (buf, len bytes) is the kind's
+ * header, and sets *word_end to where it ends. 0 or -EBADMSG. */
+static int check_header(const char* path, const kind_t* kind, const char* buf,
+                        size_t len, size_t* word_end, char* err,
+                        size_t err_len) {
+  size_t i = 0;
+  while (i < len && !is_space(buf[i]))
+    i++;
+  *word_end = i;
+  size_t hlen = strlen(kind->header);
+  size_t olen = strlen(kind->other);
+  if (len == 0) {
+    st_set_err(err, err_len,
+               "%s: is empty; not a starling %s file (expected a "
+               "first word '%s')",
+               path, kind->what, kind->header);
+    return -EBADMSG;
+  }
+  if (i != hlen || memcmp(buf, kind->header, hlen) != 0) {
+    int other = i == olen && memcmp(buf, kind->other, olen) == 0;
+    st_set_err(err, err_len,
+               "%s: not a starling %s file (expected a first word "
+               "'%s')%s%s",
+               path, kind->what, kind->header, other ? "; " : "",
+               other ? kind->mixup : "");
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* Finds the base64 token after the header (which ends at word_end):
+ * [*start, *end) of buf. 0 or -EBADMSG. */
+static int find_key_token(const char* path, const kind_t* kind, const char* buf,
+                          size_t len, size_t word_end, size_t* start,
+                          size_t* end, char* err, size_t err_len) {
+  /* One or more blanks, then the base64 token. */
+  size_t key_start = word_end;
+  while (key_start < len && (buf[key_start] == ' ' || buf[key_start] == '\t'))
+    key_start++;
+  size_t key_end = key_start;
+  while (key_end < len && !is_space(buf[key_end]))
+    key_end++;
+  if (key_end == key_start || key_start == word_end) {
+    st_set_err(err, err_len,
+               "%s: no key after the header '%s'; the file is "
+               "damaged or truncated",
+               path, kind->header);
+    return -EBADMSG;
+  }
+  /* Then only whitespace: a newline, a CRLF, trailing blanks. */
+  for (size_t j = key_end; j < len; j++) {
+    if (!is_space(buf[j])) {
+      st_set_err(err, err_len,
+                 "%s: unexpected text after the key; a %s file holds "
+                 "one line, '%s KEY'",
+                 path, kind->what, kind->header);
+      return -EBADMSG;
+    }
+  }
+  *start = key_start;
+  *end = key_end;
+  return 0;
+}
+
 /* Loads the 32 secret bytes of a key file of the given kind. */
 static int load_key_file(const char* path, const kind_t* kind,
                          uint8_t secret[ST_KEY_BYTES], char* err,
@@ -257,28 +321,9 @@ static int load_key_file(const char* path, const kind_t* kind,
 
   /* The header: the first word, exactly. */
   size_t i = 0;
-  while (i < len && !is_space(buf[i]))
-    i++;
-  size_t hlen = strlen(kind->header);
-  size_t olen = strlen(kind->other);
-  if (len == 0) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len,
-               "%s: is empty; not a starling %s file (expected a "
-               "first word '%s')",
-               path, kind->what, kind->header);
+  rc = check_header(path, kind, buf, len, &i, err, err_len);
+  if (rc != 0)
     goto out;
-  }
-  if (i != hlen || memcmp(buf, kind->header, hlen) != 0) {
-    rc = -EBADMSG;
-    int other = i == olen && memcmp(buf, kind->other, olen) == 0;
-    st_set_err(err, err_len,
-               "%s: not a starling %s file (expected a first word "
-               "'%s')%s%s",
-               path, kind->what, kind->header, other ? "; " : "",
-               other ? kind->mixup : "");
-    goto out;
-  }
 
   /* The mode is checked after the header, so that a file that is no key
    * file at all (a wrong path) is not met with advice to chmod it. */
@@ -293,32 +338,11 @@ static int load_key_file(const char* path, const kind_t* kind,
                path, how, (unsigned) (mode & 07777), kind->a_what, path);
     goto out;
   }
-  /* One or more blanks, then the base64 token. */
-  size_t key_start = i;
-  while (key_start < len && (buf[key_start] == ' ' || buf[key_start] == '\t'))
-    key_start++;
-  size_t key_end = key_start;
-  while (key_end < len && !is_space(buf[key_end]))
-    key_end++;
-  if (key_end == key_start || key_start == i) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len,
-               "%s: no key after the header '%s'; the file is "
-               "damaged or truncated",
-               path, kind->header);
+  size_t key_start = 0, key_end = 0;
+  rc = find_key_token(path, kind, buf, len, i, &key_start, &key_end, err,
+                      err_len);
+  if (rc != 0)
     goto out;
-  }
-  /* Then only whitespace: a newline, a CRLF, trailing blanks. */
-  for (size_t j = key_end; j < len; j++) {
-    if (!is_space(buf[j])) {
-      rc = -EBADMSG;
-      st_set_err(err, err_len,
-                 "%s: unexpected text after the key; a %s file holds "
-                 "one line, '%s KEY'",
-                 path, kind->what, kind->header);
-      goto out;
-    }
-  }
   const char* end = NULL;
   if (sodium_base642bin(bin, sizeof(bin), buf + key_start, key_end - key_start,
                         NULL, &bin_len, &end, B64_VARIANT) != 0 ||

@@ -140,15 +140,12 @@ static st_crypto_drop_t replay_reason(int rc) {
   }
 }
 
-int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
-                   const st_allowlist_t* allow, st_replay_table_t* replay,
-                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
-                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
-                   st_packet_header_t* hdr) {
-  if (keys == NULL || self == NULL || replay == NULL || in == NULL ||
-      plain_len == NULL || hdr == NULL)
-    return -EINVAL;
-
+/* Steps 1 to 5 of st_packet_open: the checks that need no decryption.
+ * Sets *slot (the key's) and *sender; 0 or the negative errno to return. */
+static int check_plain_fields(const st_keyring_t* keys, st_crypto_counters_t* c,
+                              const uint8_t* in, size_t len,
+                              const uint8_t* plain, size_t plain_cap, int* slot,
+                              st_node_id_t* sender) {
   /* 1. Sizes: a header and a tag at least, the wire maximum at most. */
   if (len < ST_PACKET_OVERHEAD) {
     st__crypto_count(c, ST_DROP_PACKET_SHORT);
@@ -169,8 +166,7 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
   }
 
   /* 3. Key: looked up by id, so a packet is decrypted at most once. */
-  int slot = 0;
-  if (st__keyring_find(keys, in[ST__PKT_OFF_KEY_ID], &slot) == NULL) {
+  if (st__keyring_find(keys, in[ST__PKT_OFF_KEY_ID], slot) == NULL) {
     st__crypto_count(c, ST_DROP_PACKET_KEY_ID);
     return -ENOKEY;
   }
@@ -185,32 +181,33 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
 
   /* 5. The sender id must be its public key's (the signature, checked
    * last, proves the key): one BLAKE2b of 32 bytes. */
-  st_node_id_t sender, of_key;
-  memcpy(sender.b, in + ST__PKT_OFF_SENDER, ST_NODE_ID_BYTES);
+  st_node_id_t of_key;
+  memcpy(sender->b, in + ST__PKT_OFF_SENDER, ST_NODE_ID_BYTES);
   st_node_id_from_public_key(in + ST__PKT_OFF_SENDER_KEY, &of_key);
-  if (sodium_memcmp(sender.b, of_key.b, ST_NODE_ID_BYTES) != 0) {
+  if (sodium_memcmp(sender->b, of_key.b, ST_NODE_ID_BYTES) != 0) {
     st__crypto_count(c, ST_DROP_PACKET_SIGNATURE);
     return -EBADMSG;
   }
 
-  /* 6. Replay window, checked only: these fields are not authenticated
-   * yet, so nothing may change on their word. */
-  uint64_t epoch = load64_le(in + ST__PKT_OFF_EPOCH);
-  uint64_t counter = load64_le(in + ST__PKT_OFF_COUNTER);
-  int rc = st__replay_check(replay, &sender, epoch, counter);
-  if (rc != 0) {
-    st__crypto_count(c, replay_reason(rc));
-    return rc;
-  }
+  return 0;
+}
 
+/* Steps 7 to 9 of st_packet_open: decrypt into plain (*got bytes), verify
+ * the sender's signature and its place on the allow-list; plain is wiped
+ * when a check after decryption fails. 0 or the negative errno to return. */
+static int open_and_verify(const st_keyring_t* keys, int slot,
+                           const st_node_id_t* self,
+                           const st_allowlist_t* allow, st_crypto_counters_t* c,
+                           const uint8_t* in, size_t len, uint8_t to_kind,
+                           uint8_t* plain, unsigned long long* got) {
   /* 7. Authenticate and decrypt; the associated data is the header and
    * this node's id, so a packet sealed for another node fails here. */
   uint8_t ad[ST__PKT_AD_BYTES];
   make_ad(ad, in, to_kind == ST_PACKET_TO_NODE ? self : NULL);
   size_t body = len - ST_PACKET_SIGNATURE_BYTES;
-  unsigned long long got = 0;
+  *got = 0;
   if (crypto_aead_xchacha20poly1305_ietf_decrypt(
-          plain, &got, NULL, in + ST__PKT_OFF_CIPHERTEXT,
+          plain, got, NULL, in + ST__PKT_OFF_CIPHERTEXT,
           body - ST__PKT_OFF_CIPHERTEXT, ad, sizeof(ad), in + ST__PKT_OFF_NONCE,
           keys->packet_key[slot]) != 0) {
     st__crypto_count(c, ST_DROP_PACKET_AUTH);
@@ -223,7 +220,7 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
   size_t slen = signed_message(m, in, body, ad);
   if (crypto_sign_verify_detached(in + body, m, slen,
                                   in + ST__PKT_OFF_SENDER_KEY) != 0) {
-    sodium_memzero(plain, (size_t) got);
+    sodium_memzero(plain, (size_t) *got);
     st__crypto_count(c, ST_DROP_PACKET_SIGNATURE);
     return -EBADMSG;
   }
@@ -233,10 +230,47 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
    * must not fill it). */
   if (allow != NULL &&
       !st_allowlist_contains(allow, in + ST__PKT_OFF_SENDER_KEY)) {
-    sodium_memzero(plain, (size_t) got);
+    sodium_memzero(plain, (size_t) *got);
     st__crypto_count(c, ST_DROP_PACKET_NOT_ALLOWED);
     return -EACCES;
   }
+
+  return 0;
+}
+
+int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
+                   const st_allowlist_t* allow, st_replay_table_t* replay,
+                   st_crypto_counters_t* c, const uint8_t* in, size_t len,
+                   uint8_t* plain, size_t plain_cap, size_t* plain_len,
+                   st_packet_header_t* hdr) {
+  if (keys == NULL || self == NULL || replay == NULL || in == NULL ||
+      plain_len == NULL || hdr == NULL)
+    return -EINVAL;
+
+  int slot = 0;
+  st_node_id_t sender;
+  int rc =
+      check_plain_fields(keys, c, in, len, plain, plain_cap, &slot, &sender);
+  if (rc != 0)
+    return rc;
+  size_t mlen = len - ST_PACKET_OVERHEAD;
+  uint8_t to_kind = in[ST__PKT_OFF_TO_KIND];
+
+  /* 6. Replay window, checked only: these fields are not authenticated
+   * yet, so nothing may change on their word. */
+  uint64_t epoch = load64_le(in + ST__PKT_OFF_EPOCH);
+  uint64_t counter = load64_le(in + ST__PKT_OFF_COUNTER);
+  rc = st__replay_check(replay, &sender, epoch, counter);
+  if (rc != 0) {
+    st__crypto_count(c, replay_reason(rc));
+    return rc;
+  }
+
+  unsigned long long got = 0;
+  rc = open_and_verify(keys, slot, self, allow, c, in, len, to_kind, plain,
+                       &got);
+  if (rc != 0)
+    return rc;
 
   /* 10. Authentic: now the window may move. It cannot refuse what the
    * check accepted (nothing ran in between), but its answer is checked

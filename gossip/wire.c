@@ -264,12 +264,9 @@ static int pack_xchg_info(msgpack_packer* pk, const uint8_t fingerprint[16],
          msgpack_pack_uint64(pk, n_params) | msgpack_pack_uint64(pk, step);
 }
 
-int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
-  if (msg == NULL || len == NULL || (buf == NULL && cap > 0))
-    return -EINVAL;
-  size_t nfields = field_count((uint64_t) msg->type);
-  if (nfields == 0)
-    return -EINVAL;
+/* The encoder's checks of a message before any byte is packed: the fields
+ * a decoder would refuse. 0 or -EINVAL. */
+static int encode_check(const st_msg_t* msg) {
   st_wire_drop_t why;
   switch (msg->type) {
     case ST_MSG_HS1:
@@ -326,6 +323,210 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
     default:
       break;
   }
+  return 0;
+}
+
+/* The fields of the session handshake's three messages. */
+static int pack_session(msgpack_packer* pk, const st_msg_t* msg) {
+  int r = 0;
+  switch (msg->type) {
+    case ST_MSG_HS1: {
+      const st_hs_msg1_t* m = &msg->u.hs1;
+      r |= msgpack_pack_uint8(pk, m->key_id) |
+           pack_bin(pk, m->ephemeral, sizeof m->ephemeral);
+      break;
+    }
+    case ST_MSG_HS2: {
+      const st_hs_msg2_t* m = &msg->u.hs2;
+      r |= pack_bin(pk, m->ephemeral, sizeof m->ephemeral) |
+           pack_bin(pk, m->sealed, sizeof m->sealed);
+      break;
+    }
+    case ST_MSG_HS3:
+      r |= pack_bin(pk, msg->u.hs3.sealed, sizeof msg->u.hs3.sealed);
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+/* The fields of the membership messages (SWIM, push-pull, status). */
+static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
+  int r = 0;
+  switch (msg->type) {
+    case ST_MSG_PING: {
+      const st_msg_ping_t* m = &msg->u.ping;
+      r |= msgpack_pack_uint32(pk, m->seq) |
+           pack_bin(pk, m->target.b, sizeof m->target.b);
+      break;
+    }
+    case ST_MSG_PING_REQ: {
+      const st_msg_ping_req_t* m = &msg->u.ping_req;
+      r |= msgpack_pack_uint32(pk, m->seq) |
+           pack_bin(pk, m->target.b, sizeof m->target.b) |
+           pack_addr(pk, &m->target_addr) | pack_bool(pk, m->want_nack);
+      break;
+    }
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+      /* ack and nack share one layout (and one union member type). */
+      r |= msgpack_pack_uint32(pk, msg->u.ack.seq);
+      break;
+    case ST_MSG_ALIVE: {
+      const st_msg_alive_t* m = &msg->u.alive;
+      r |= pack_bin(pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(pk, m->incarnation) | pack_addr(pk, &m->addr) |
+           pack_bin(pk, m->public_key, sizeof m->public_key);
+      break;
+    }
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD: {
+      const st_msg_suspect_t* m = &msg->u.suspect;
+      r |= pack_bin(pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(pk, m->incarnation) |
+           pack_bin(pk, m->from.b, sizeof m->from.b);
+      break;
+    }
+    case ST_MSG_STATUS: {
+      const st_msg_status_t* m = &msg->u.status;
+      r |= pack_bin(pk, m->node.b, sizeof m->node.b) |
+           msgpack_pack_uint64(pk, m->seq) | msgpack_pack_uint64(pk, m->step) |
+           msgpack_pack_float(pk, m->loss) |
+           msgpack_pack_float(pk, m->accuracy) |
+           msgpack_pack_float(pk, m->samples_per_sec) |
+           pack_bin(pk, m->fingerprint, sizeof m->fingerprint) |
+           pack_bool(pk, m->ring_capable);
+      break;
+    }
+    case ST_MSG_PUSH_PULL:
+      r |= pack_push_pull(pk, &msg->u.push_pull);
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+/* The fields of a pairwise exchange and its state transfer. */
+static int pack_exchange(msgpack_packer* pk, const st_msg_t* msg) {
+  int r = 0;
+  switch (msg->type) {
+    case ST_MSG_TENSOR_CHUNK: {
+      const st_msg_tensor_chunk_t* m = &msg->u.chunk;
+      r |= msgpack_pack_uint64(pk, m->transfer_id) |
+           msgpack_pack_uint64(pk, m->offset) |
+           msgpack_pack_uint64(pk, m->total) |
+           pack_bin(pk, m->data, m->data_len);
+      break;
+    }
+    case ST_MSG_XCHG_REQ: {
+      const st_msg_xchg_req_t* m = &msg->u.xchg_req;
+      r |= msgpack_pack_uint8(pk, m->kind) |
+           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step);
+      break;
+    }
+    case ST_MSG_XCHG_REPLY: {
+      const st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
+      r |= msgpack_pack_uint8(pk, m->status) |
+           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step);
+      break;
+    }
+    case ST_MSG_XCHG_DONE:
+      r |= pack_bin(pk, msg->u.xchg_done.hash, sizeof msg->u.xchg_done.hash);
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+/* The fields of a ring round: formation, lanes and segments. */
+static int pack_ring(msgpack_packer* pk, const st_msg_t* msg) {
+  int r = 0;
+  switch (msg->type) {
+    case ST_MSG_RING_SEG: {
+      const st_msg_ring_seg_t* m = &msg->u.ring_seg;
+      r |= msgpack_pack_uint64(pk, m->round_id) |
+           msgpack_pack_uint8(pk, m->phase) | msgpack_pack_uint32(pk, m->step) |
+           msgpack_pack_uint32(pk, m->chunk) |
+           msgpack_pack_uint64(pk, m->offset) |
+           pack_bin(pk, m->data, m->data_len);
+      break;
+    }
+    case ST_MSG_RING_PROPOSE: {
+      const st_msg_ring_propose_t* m = &msg->u.ring_propose;
+      r |= msgpack_pack_uint64(pk, m->round_id) |
+           pack_bin(pk, m->proposer.b, sizeof m->proposer.b) |
+           pack_ring_members(pk, m->n_members, m->members);
+      break;
+    }
+    case ST_MSG_RING_ACCEPT:
+      r |= msgpack_pack_uint64(pk, msg->u.ring_accept.round_id) |
+           pack_bool(pk, msg->u.ring_accept.accept);
+      break;
+    case ST_MSG_RING_CONFIRM: {
+      const st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
+      r |= msgpack_pack_uint64(pk, m->round_id) |
+           pack_ring_members(pk, m->n_members, m->members);
+      break;
+    }
+    case ST_MSG_RING_CANCEL:
+      r |= msgpack_pack_uint64(pk, msg->u.ring_cancel.round_id);
+      break;
+    case ST_MSG_RING_LANE:
+      r |= msgpack_pack_uint64(pk, msg->u.ring_lane.round_id) |
+           msgpack_pack_uint32(pk, msg->u.ring_lane.lane) |
+           msgpack_pack_uint32(pk, msg->u.ring_lane.lanes);
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+/* Packs the fields that follow a message's type and version. 0 or -1
+ * (the packer's overflow flag says which). */
+static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
+  switch (msg->type) {
+    case ST_MSG_HS1:
+    case ST_MSG_HS2:
+    case ST_MSG_HS3:
+      return pack_session(pk, msg);
+    case ST_MSG_PING:
+    case ST_MSG_PING_REQ:
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+    case ST_MSG_ALIVE:
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD:
+    case ST_MSG_STATUS:
+    case ST_MSG_PUSH_PULL:
+      return pack_membership(pk, msg);
+    case ST_MSG_TENSOR_CHUNK:
+    case ST_MSG_XCHG_REQ:
+    case ST_MSG_XCHG_REPLY:
+    case ST_MSG_XCHG_DONE:
+      return pack_exchange(pk, msg);
+    case ST_MSG_RING_SEG:
+    case ST_MSG_RING_PROPOSE:
+    case ST_MSG_RING_ACCEPT:
+    case ST_MSG_RING_CONFIRM:
+    case ST_MSG_RING_CANCEL:
+    case ST_MSG_RING_LANE:
+      return pack_ring(pk, msg);
+  }
+  return 0;
+}
+
+int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
+  if (msg == NULL || len == NULL || (buf == NULL && cap > 0))
+    return -EINVAL;
+  size_t nfields = field_count((uint64_t) msg->type);
+  if (nfields == 0)
+    return -EINVAL;
+  if (encode_check(msg) != 0)
+    return -EINVAL;
 
   bounded_t out = {buf, cap, 0, 0};
   msgpack_packer pk;
@@ -333,129 +534,7 @@ int st_wire_encode(const st_msg_t* msg, uint8_t* buf, size_t cap, size_t* len) {
   int r = msgpack_pack_array(&pk, 2 + nfields) |
           msgpack_pack_uint8(&pk, (uint8_t) msg->type) |
           msgpack_pack_uint8(&pk, ST_WIRE_VERSION);
-  switch (msg->type) {
-    case ST_MSG_HS1: {
-      const st_hs_msg1_t* m = &msg->u.hs1;
-      r |= msgpack_pack_uint8(&pk, m->key_id) |
-           pack_bin(&pk, m->ephemeral, sizeof m->ephemeral);
-      break;
-    }
-    case ST_MSG_HS2: {
-      const st_hs_msg2_t* m = &msg->u.hs2;
-      r |= pack_bin(&pk, m->ephemeral, sizeof m->ephemeral) |
-           pack_bin(&pk, m->sealed, sizeof m->sealed);
-      break;
-    }
-    case ST_MSG_HS3:
-      r |= pack_bin(&pk, msg->u.hs3.sealed, sizeof msg->u.hs3.sealed);
-      break;
-    case ST_MSG_PING: {
-      const st_msg_ping_t* m = &msg->u.ping;
-      r |= msgpack_pack_uint32(&pk, m->seq) |
-           pack_bin(&pk, m->target.b, sizeof m->target.b);
-      break;
-    }
-    case ST_MSG_PING_REQ: {
-      const st_msg_ping_req_t* m = &msg->u.ping_req;
-      r |= msgpack_pack_uint32(&pk, m->seq) |
-           pack_bin(&pk, m->target.b, sizeof m->target.b) |
-           pack_addr(&pk, &m->target_addr) | pack_bool(&pk, m->want_nack);
-      break;
-    }
-    case ST_MSG_ACK:
-    case ST_MSG_NACK:
-      /* ack and nack share one layout (and one union member type). */
-      r |= msgpack_pack_uint32(&pk, msg->u.ack.seq);
-      break;
-    case ST_MSG_ALIVE: {
-      const st_msg_alive_t* m = &msg->u.alive;
-      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
-           msgpack_pack_uint64(&pk, m->incarnation) | pack_addr(&pk, &m->addr) |
-           pack_bin(&pk, m->public_key, sizeof m->public_key);
-      break;
-    }
-    case ST_MSG_SUSPECT:
-    case ST_MSG_DEAD: {
-      const st_msg_suspect_t* m = &msg->u.suspect;
-      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
-           msgpack_pack_uint64(&pk, m->incarnation) |
-           pack_bin(&pk, m->from.b, sizeof m->from.b);
-      break;
-    }
-    case ST_MSG_STATUS: {
-      const st_msg_status_t* m = &msg->u.status;
-      r |= pack_bin(&pk, m->node.b, sizeof m->node.b) |
-           msgpack_pack_uint64(&pk, m->seq) |
-           msgpack_pack_uint64(&pk, m->step) |
-           msgpack_pack_float(&pk, m->loss) |
-           msgpack_pack_float(&pk, m->accuracy) |
-           msgpack_pack_float(&pk, m->samples_per_sec) |
-           pack_bin(&pk, m->fingerprint, sizeof m->fingerprint) |
-           pack_bool(&pk, m->ring_capable);
-      break;
-    }
-    case ST_MSG_TENSOR_CHUNK: {
-      const st_msg_tensor_chunk_t* m = &msg->u.chunk;
-      r |= msgpack_pack_uint64(&pk, m->transfer_id) |
-           msgpack_pack_uint64(&pk, m->offset) |
-           msgpack_pack_uint64(&pk, m->total) |
-           pack_bin(&pk, m->data, m->data_len);
-      break;
-    }
-    case ST_MSG_PUSH_PULL:
-      r |= pack_push_pull(&pk, &msg->u.push_pull);
-      break;
-    case ST_MSG_XCHG_REQ: {
-      const st_msg_xchg_req_t* m = &msg->u.xchg_req;
-      r |= msgpack_pack_uint8(&pk, m->kind) |
-           pack_xchg_info(&pk, m->fingerprint, m->model, m->n_params, m->step);
-      break;
-    }
-    case ST_MSG_XCHG_REPLY: {
-      const st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
-      r |= msgpack_pack_uint8(&pk, m->status) |
-           pack_xchg_info(&pk, m->fingerprint, m->model, m->n_params, m->step);
-      break;
-    }
-    case ST_MSG_XCHG_DONE:
-      r |= pack_bin(&pk, msg->u.xchg_done.hash, sizeof msg->u.xchg_done.hash);
-      break;
-    case ST_MSG_RING_SEG: {
-      const st_msg_ring_seg_t* m = &msg->u.ring_seg;
-      r |= msgpack_pack_uint64(&pk, m->round_id) |
-           msgpack_pack_uint8(&pk, m->phase) |
-           msgpack_pack_uint32(&pk, m->step) |
-           msgpack_pack_uint32(&pk, m->chunk) |
-           msgpack_pack_uint64(&pk, m->offset) |
-           pack_bin(&pk, m->data, m->data_len);
-      break;
-    }
-    case ST_MSG_RING_PROPOSE: {
-      const st_msg_ring_propose_t* m = &msg->u.ring_propose;
-      r |= msgpack_pack_uint64(&pk, m->round_id) |
-           pack_bin(&pk, m->proposer.b, sizeof m->proposer.b) |
-           pack_ring_members(&pk, m->n_members, m->members);
-      break;
-    }
-    case ST_MSG_RING_ACCEPT:
-      r |= msgpack_pack_uint64(&pk, msg->u.ring_accept.round_id) |
-           pack_bool(&pk, msg->u.ring_accept.accept);
-      break;
-    case ST_MSG_RING_CONFIRM: {
-      const st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
-      r |= msgpack_pack_uint64(&pk, m->round_id) |
-           pack_ring_members(&pk, m->n_members, m->members);
-      break;
-    }
-    case ST_MSG_RING_CANCEL:
-      r |= msgpack_pack_uint64(&pk, msg->u.ring_cancel.round_id);
-      break;
-    case ST_MSG_RING_LANE:
-      r |= msgpack_pack_uint64(&pk, msg->u.ring_lane.round_id) |
-           msgpack_pack_uint32(&pk, msg->u.ring_lane.lane) |
-           msgpack_pack_uint32(&pk, msg->u.ring_lane.lanes);
-      break;
-  }
+  r |= pack_fields(&pk, msg);
   if (r != 0 || out.overflow)
     return -EMSGSIZE;
   *len = out.len;
@@ -644,13 +723,9 @@ static int get_ring_members(const msgpack_object* o, uint32_t* n_out,
   return 0;
 }
 
-/* f: the fields after [type, version], as many as field_count(type) says.
- * buf, len: the message's bytes, which a chunk's data borrows from.
- * Returns 0, -1 (the reason in *why) or -ENOMEM. */
-static int get_fields(st_msg_type_t type, const msgpack_object* f,
-                      const uint8_t* buf, size_t len, st_msg_t* msg,
-                      st_wire_drop_t* why) {
-  *why = ST_WIRE_DROP_FIELD;
+/* The fields of the session handshake's three messages. */
+static int get_session(st_msg_type_t type, const msgpack_object* f,
+                       st_msg_t* msg) {
   switch (type) {
     case ST_MSG_HS1: {
       st_hs_msg1_t* m = &msg->u.hs1;
@@ -665,6 +740,15 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     }
     case ST_MSG_HS3:
       return get_bin(&f[0], msg->u.hs3.sealed, sizeof msg->u.hs3.sealed);
+    default:
+      return -1;
+  }
+}
+
+/* The fields of the membership messages (SWIM, push-pull, status). */
+static int get_membership(st_msg_type_t type, const msgpack_object* f,
+                          st_msg_t* msg, st_wire_drop_t* why) {
+  switch (type) {
     case ST_MSG_PING: {
       st_msg_ping_t* m = &msg->u.ping;
       return get_u32(&f[0], &m->seq) | get_id(&f[1], &m->target);
@@ -698,6 +782,18 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
              get_bin(&f[6], m->fingerprint, sizeof m->fingerprint) |
              get_bool(&f[7], &m->ring_capable);
     }
+    case ST_MSG_PUSH_PULL:
+      return get_push_pull(f, &msg->u.push_pull, why);
+    default:
+      return -1;
+  }
+}
+
+/* The fields of a pairwise exchange and its state transfer. */
+static int get_exchange(st_msg_type_t type, const msgpack_object* f,
+                        const uint8_t* buf, size_t len, st_msg_t* msg,
+                        st_wire_drop_t* why) {
+  switch (type) {
     case ST_MSG_TENSOR_CHUNK: {
       st_msg_tensor_chunk_t* m = &msg->u.chunk;
       if (get_u64(&f[0], &m->transfer_id) | get_u64(&f[1], &m->offset) |
@@ -717,8 +813,6 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
       assert((const uint8_t*) f[3].via.bin.ptr == m->data || m->data_len == 0);
       return 0;
     }
-    case ST_MSG_PUSH_PULL:
-      return get_push_pull(f, &msg->u.push_pull, why);
     case ST_MSG_XCHG_REQ: {
       st_msg_xchg_req_t* m = &msg->u.xchg_req;
       if (get_u8(&f[0], &m->kind) != 0 || !kind_ok(m->kind))
@@ -737,6 +831,16 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_XCHG_DONE:
       return get_bin(&f[0], msg->u.xchg_done.hash,
                      sizeof msg->u.xchg_done.hash);
+    default:
+      return -1;
+  }
+}
+
+/* The fields of a ring round: formation, lanes and segments. */
+static int get_ring(st_msg_type_t type, const msgpack_object* f,
+                    const uint8_t* buf, size_t len, st_msg_t* msg,
+                    st_wire_drop_t* why) {
+  switch (type) {
     case ST_MSG_RING_SEG: {
       st_msg_ring_seg_t* m = &msg->u.ring_seg;
       if (get_u64(&f[0], &m->round_id) | get_u8(&f[1], &m->phase) |
@@ -778,6 +882,45 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
         return -1;
       return ring_lane_ok(m) ? 0 : -1;
     }
+    default:
+      return -1;
+  }
+}
+
+/* f: the fields after [type, version], as many as field_count(type) says.
+ * buf, len: the message's bytes, which a chunk's data borrows from.
+ * Returns 0, -1 (the reason in *why) or -ENOMEM. */
+static int get_fields(st_msg_type_t type, const msgpack_object* f,
+                      const uint8_t* buf, size_t len, st_msg_t* msg,
+                      st_wire_drop_t* why) {
+  *why = ST_WIRE_DROP_FIELD;
+  switch (type) {
+    case ST_MSG_HS1:
+    case ST_MSG_HS2:
+    case ST_MSG_HS3:
+      return get_session(type, f, msg);
+    case ST_MSG_PING:
+    case ST_MSG_PING_REQ:
+    case ST_MSG_ACK:
+    case ST_MSG_NACK:
+    case ST_MSG_ALIVE:
+    case ST_MSG_SUSPECT:
+    case ST_MSG_DEAD:
+    case ST_MSG_STATUS:
+    case ST_MSG_PUSH_PULL:
+      return get_membership(type, f, msg, why);
+    case ST_MSG_TENSOR_CHUNK:
+    case ST_MSG_XCHG_REQ:
+    case ST_MSG_XCHG_REPLY:
+    case ST_MSG_XCHG_DONE:
+      return get_exchange(type, f, buf, len, msg, why);
+    case ST_MSG_RING_SEG:
+    case ST_MSG_RING_PROPOSE:
+    case ST_MSG_RING_ACCEPT:
+    case ST_MSG_RING_CONFIRM:
+    case ST_MSG_RING_CANCEL:
+    case ST_MSG_RING_LANE:
+      return get_ring(type, f, buf, len, msg, why);
   }
   return -1;
 }
@@ -798,6 +941,55 @@ static int drop(st_wire_counters_t* c, st_wire_drop_t why) {
   }
 }
 
+/* The checks of a message's raw bytes before msgpack-c sees them: the
+ * envelope, version and type, then every count and length against the bytes
+ * left. Sets *type, *nfields and *n (the message's size); returns 0, or -1
+ * with the reason in *why. */
+static int scan_message(const uint8_t* buf, size_t len, int whole,
+                        uint64_t* type, size_t* nfields, size_t* n,
+                        st_wire_drop_t* why) {
+  if (whole && len > ST_WIRE_MAX_MESSAGE_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+
+  /* The envelope, version and type, from the raw bytes. */
+  uint64_t version;
+  if (st__wire_peek_envelope(buf, len, type, &version) != 0) {
+    *why = ST_WIRE_DROP_MALFORMED;
+    return -1;
+  }
+  if (version != ST_WIRE_VERSION) {
+    *why = ST_WIRE_DROP_VERSION;
+    return -1;
+  }
+  *nfields = field_count(*type);
+  if (*nfields == 0) {
+    *why = ST_WIRE_DROP_UNKNOWN_TYPE;
+    return -1;
+  }
+
+  /* Every count and length against the bytes left, before msgpack-c. The
+   * walk stops where the first message ends, and every count it passed was
+   * met by objects before that end, so what msgpack-c is given below is
+   * bounded by the message, however long buf is; the size cap then
+   * applies to the message. */
+  st__wire_rules_t rules;
+  st__wire_rules_for(*type, &rules);
+  *n = 0;
+  if (st__wire_scan(buf, len, &rules, n, why) != 0)
+    return -1;
+  if (*n > ST_WIRE_MAX_MESSAGE_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  if (whole && *n != len) {
+    *why = ST_WIRE_DROP_MALFORMED; /* trailing bytes */
+    return -1;
+  }
+  return 0;
+}
+
 /* Both entry points. whole: the message must fill buf[0..len) (trailing
  * bytes are MALFORMED, found by the walk before msgpack-c runs); else the
  * first message is decoded and its size written to *used. On failure *msg
@@ -808,34 +1000,11 @@ static int decode(const uint8_t* buf, size_t len, st_msg_t* msg, size_t* used,
   *used = 0;
   if (buf == NULL && len > 0)
     return -EINVAL;
-  if (whole && len > ST_WIRE_MAX_MESSAGE_BYTES)
-    return drop(c, ST_WIRE_DROP_LIMIT);
-
-  /* The envelope, version and type, from the raw bytes. */
-  uint64_t type, version;
-  if (st__wire_peek_envelope(buf, len, &type, &version) != 0)
-    return drop(c, ST_WIRE_DROP_MALFORMED);
-  if (version != ST_WIRE_VERSION)
-    return drop(c, ST_WIRE_DROP_VERSION);
-  size_t nfields = field_count(type);
-  if (nfields == 0)
-    return drop(c, ST_WIRE_DROP_UNKNOWN_TYPE);
-
-  /* Every count and length against the bytes left, before msgpack-c. The
-   * walk stops where the first message ends, and every count it passed was
-   * met by objects before that end, so what msgpack-c is given below is
-   * bounded by the message, however long buf is; the size cap then
-   * applies to the message. */
-  st__wire_rules_t rules;
-  st__wire_rules_for(type, &rules);
+  uint64_t type;
+  size_t nfields, n;
   st_wire_drop_t why;
-  size_t n = 0;
-  if (st__wire_scan(buf, len, &rules, &n, &why) != 0)
+  if (scan_message(buf, len, whole, &type, &nfields, &n, &why) != 0)
     return drop(c, why);
-  if (n > ST_WIRE_MAX_MESSAGE_BYTES)
-    return drop(c, ST_WIRE_DROP_LIMIT);
-  if (whole && n != len)
-    return drop(c, ST_WIRE_DROP_MALFORMED); /* trailing bytes */
 
   /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS (a
    * push-pull's entries: at most ST_WIRE_PUSH_PULL_MAX_ENTRIES, each of 63

@@ -25,99 +25,81 @@ static uint64_t be(const uint8_t* p, size_t n) {
 /* ==== One header ============================================================
  */
 
-/* Sizes of the fixed-size values and of the length fields, by type byte. */
-int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h) {
-  if (left == 0)
-    return -EBADMSG;
-  uint8_t b = p[0];
-  size_t extra = 0; /* bytes after the type byte that the header holds */
-  h->n = 0;
-  h->value = 0;
-  if (b <= 0x7f) {
-    h->kind = ST__WK_UINT;
-    h->value = b;
-  } else if (b <= 0x8f) {
-    h->kind = ST__WK_MAP;
-    h->n = b & 0x0f;
-  } else if (b <= 0x9f) {
-    h->kind = ST__WK_ARRAY;
-    h->n = b & 0x0f;
-  } else if (b <= 0xbf) {
-    h->kind = ST__WK_STR;
-    h->n = b & 0x1f;
-  } else if (b >= 0xe0) {
-    h->kind = ST__WK_NINT;
-  } else {
-    switch (b) {
-      case 0xc0:
-        h->kind = ST__WK_NIL;
-        break;
-      case 0xc2:
-      case 0xc3:
-        h->kind = ST__WK_BOOL;
-        break;
-      case 0xc4: /* bin 8, 16, 32 */
-      case 0xc5:
-      case 0xc6:
-        h->kind = ST__WK_BIN;
-        extra = (size_t) 1 << (b - 0xc4);
-        break;
-      case 0xc7: /* ext 8, 16, 32: length, then the ext type byte */
-      case 0xc8:
-      case 0xc9:
-        h->kind = ST__WK_EXT;
-        extra = ((size_t) 1 << (b - 0xc7)) + 1;
-        break;
-      case 0xca:
-      case 0xcb:
-        h->kind = ST__WK_FLOAT;
-        extra = b == 0xca ? 4 : 8;
-        break;
-      case 0xcc: /* uint 8, 16, 32, 64 */
-      case 0xcd:
-      case 0xce:
-      case 0xcf:
-        h->kind = ST__WK_UINT;
-        extra = (size_t) 1 << (b - 0xcc);
-        break;
-      case 0xd0: /* int 8, 16, 32, 64 */
-      case 0xd1:
-      case 0xd2:
-      case 0xd3:
-        extra = (size_t) 1 << (b - 0xd0);
-        break;
-      case 0xd4: /* fixext 1, 2, 4, 8, 16: ext type byte, then the data */
-      case 0xd5:
-      case 0xd6:
-      case 0xd7:
-      case 0xd8:
-        h->kind = ST__WK_EXT;
-        extra = 1 + ((size_t) 1 << (b - 0xd4));
-        break;
-      case 0xd9: /* str 8, 16, 32 */
-      case 0xda:
-      case 0xdb:
-        h->kind = ST__WK_STR;
-        extra = (size_t) 1 << (b - 0xd9);
-        break;
-      case 0xdc: /* array 16, 32 */
-      case 0xdd:
-        h->kind = ST__WK_ARRAY;
-        extra = b == 0xdc ? 2 : 4;
-        break;
-      case 0xde: /* map 16, 32 */
-      case 0xdf:
-        h->kind = ST__WK_MAP;
-        extra = b == 0xde ? 2 : 4;
-        break;
-      default: /* 0xc1: never used */
-        return -EBADMSG;
-    }
+/* The kind of a type byte from 0xc0 to 0xdf (those whose header has bytes
+ * after the type byte), and how many bytes follow it in the header. */
+static int head_kind_typed(uint8_t b, st__wire_head_t* h, size_t* extra) {
+  switch (b) {
+    case 0xc0:
+      h->kind = ST__WK_NIL;
+      break;
+    case 0xc2:
+    case 0xc3:
+      h->kind = ST__WK_BOOL;
+      break;
+    case 0xc4: /* bin 8, 16, 32 */
+    case 0xc5:
+    case 0xc6:
+      h->kind = ST__WK_BIN;
+      *extra = (size_t) 1 << (b - 0xc4);
+      break;
+    case 0xc7: /* ext 8, 16, 32: length, then the ext type byte */
+    case 0xc8:
+    case 0xc9:
+      h->kind = ST__WK_EXT;
+      *extra = ((size_t) 1 << (b - 0xc7)) + 1;
+      break;
+    case 0xca:
+    case 0xcb:
+      h->kind = ST__WK_FLOAT;
+      *extra = b == 0xca ? 4 : 8;
+      break;
+    case 0xcc: /* uint 8, 16, 32, 64 */
+    case 0xcd:
+    case 0xce:
+    case 0xcf:
+      h->kind = ST__WK_UINT;
+      *extra = (size_t) 1 << (b - 0xcc);
+      break;
+    case 0xd0: /* int 8, 16, 32, 64 */
+    case 0xd1:
+    case 0xd2:
+    case 0xd3:
+      *extra = (size_t) 1 << (b - 0xd0);
+      break;
+    case 0xd4: /* fixext 1, 2, 4, 8, 16: ext type byte, then the data */
+    case 0xd5:
+    case 0xd6:
+    case 0xd7:
+    case 0xd8:
+      h->kind = ST__WK_EXT;
+      *extra = 1 + ((size_t) 1 << (b - 0xd4));
+      break;
+    case 0xd9: /* str 8, 16, 32 */
+    case 0xda:
+    case 0xdb:
+      h->kind = ST__WK_STR;
+      *extra = (size_t) 1 << (b - 0xd9);
+      break;
+    case 0xdc: /* array 16, 32 */
+    case 0xdd:
+      h->kind = ST__WK_ARRAY;
+      *extra = b == 0xdc ? 2 : 4;
+      break;
+    case 0xde: /* map 16, 32 */
+    case 0xdf:
+      h->kind = ST__WK_MAP;
+      *extra = b == 0xde ? 2 : 4;
+      break;
+    default: /* 0xc1: never used */
+      return -EBADMSG;
   }
-  if (extra > left - 1)
-    return -EBADMSG; /* cut short */
-  h->head = 1 + extra;
-  const uint8_t* q = p + 1;
+  return 0;
+}
+
+/* The length, count or value a header holds after its type byte: q, the
+ * extra bytes after it (checked to be there). */
+static void head_fields(uint8_t b, const uint8_t* q, size_t extra,
+                        st__wire_head_t* h) {
   switch (b) {
     case 0xc4:
     case 0xc5:
@@ -154,6 +136,37 @@ int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h) {
     default:
       break;
   }
+}
+
+/* Sizes of the fixed-size values and of the length fields, by type byte. */
+int st__wire_read_head(const uint8_t* p, size_t left, st__wire_head_t* h) {
+  if (left == 0)
+    return -EBADMSG;
+  uint8_t b = p[0];
+  size_t extra = 0; /* bytes after the type byte that the header holds */
+  h->n = 0;
+  h->value = 0;
+  if (b <= 0x7f) {
+    h->kind = ST__WK_UINT;
+    h->value = b;
+  } else if (b <= 0x8f) {
+    h->kind = ST__WK_MAP;
+    h->n = b & 0x0f;
+  } else if (b <= 0x9f) {
+    h->kind = ST__WK_ARRAY;
+    h->n = b & 0x0f;
+  } else if (b <= 0xbf) {
+    h->kind = ST__WK_STR;
+    h->n = b & 0x1f;
+  } else if (b >= 0xe0) {
+    h->kind = ST__WK_NINT;
+  } else if (head_kind_typed(b, h, &extra) != 0) {
+    return -EBADMSG; /* 0xc1: never used */
+  }
+  if (extra > left - 1)
+    return -EBADMSG; /* cut short */
+  h->head = 1 + extra;
+  head_fields(b, p + 1, extra, h);
   return 0;
 }
 

@@ -205,10 +205,9 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_device_count(
   return count;
 }
 
-extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
-    int device, int cpu_threads, st_backend_t** out, char* err,
-    size_t err_len) {
-  (void) cpu_threads; /* OpenBLAS threads do not concern a GPU backend */
+/* Checks that cuda:device exists: 0, or -ENODEV with a message saying
+ * which devices there are. */
+static int check_device(int device, char* err, size_t err_len) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -235,7 +234,17 @@ extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
                device, count, count == 1 ? "" : "s", count - 1);
     return -ENODEV;
   }
+  return 0;
+}
 
+extern "C" __attribute__((visibility("default"))) int st__cuda_backend_open(
+    int device, int cpu_threads, st_backend_t** out, char* err,
+    size_t err_len) {
+  (void) cpu_threads; /* OpenBLAS threads do not concern a GPU backend */
+  int rc = check_device(device, err, err_len);
+  if (rc != 0)
+    return rc;
+  cudaError_t e;
   st_backend_t* be = (st_backend_t*) calloc(1, sizeof(*be));
   st__cuda_t* cu = (st__cuda_t*) calloc(1, sizeof(*cu));
   const char* what = NULL;

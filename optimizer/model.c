@@ -26,35 +26,20 @@
 
 /* ---- Specs --------------------------------------------------------------- */
 
-int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
-                        size_t err_len) {
-  static const char usage[] =
-      "use mlp:IN-H1-...-OUT, softmax:IN-OUT or linear:IN-1, e.g. "
-      "mlp:784-256-128-10";
-  memset(spec, 0, sizeof(*spec));
-  const char* colon = strchr(text, ':');
-  if (colon == NULL) {
-    st_set_err(err, err_len, "model '%s' has no kind: %s", text, usage);
-    return -EINVAL;
-  }
-  size_t kind_len = (size_t) (colon - text);
-  if (kind_len == 3 && strncmp(text, "mlp", 3) == 0)
-    spec->kind = ST_MODEL_MLP;
-  else if (kind_len == 7 && strncmp(text, "softmax", 7) == 0)
-    spec->kind = ST_MODEL_SOFTMAX;
-  else if (kind_len == 6 && strncmp(text, "linear", 6) == 0)
-    spec->kind = ST_MODEL_LINEAR;
-  else {
-    st_set_err(err, err_len, "model '%s': unknown kind; %s", text, usage);
-    return -EINVAL;
-  }
+/* What a model spec looks like, for the messages below. */
+static const char spec_usage[] =
+    "use mlp:IN-H1-...-OUT, softmax:IN-OUT or linear:IN-1, e.g. "
+    "mlp:784-256-128-10";
 
+/* Parses the layer sizes of text, p: after its colon, "IN-H1-...-OUT",
+ * into spec->sizes and spec->n_layers. */
+static int parse_sizes(const char* text, const char* p, st_model_spec_t* spec,
+                       char* err, size_t err_len) {
   size_t count = 0;
-  const char* p = colon + 1;
   for (;;) {
     if (*p < '0' || *p > '9') {
       st_set_err(err, err_len, "model '%s': expected a layer size; %s", text,
-                 usage);
+                 spec_usage);
       return -EINVAL;
     }
     unsigned long long v = 0;
@@ -80,7 +65,7 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
       break;
     if (*p != '-') {
       st_set_err(err, err_len, "model '%s': unexpected character; %s", text,
-                 usage);
+                 spec_usage);
       return -EINVAL;
     }
     p++;
@@ -89,11 +74,17 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
     st_set_err(err, err_len,
                "model '%s' needs at least an input and an output "
                "size; %s",
-               text, usage);
+               text, spec_usage);
     return -EINVAL;
   }
   spec->n_layers = (int) count - 1;
-  size_t out = spec->sizes[count - 1];
+  return 0;
+}
+
+/* Checks that the number of layers and outputs suit spec->kind. */
+static int check_kind_shape(const char* text, const st_model_spec_t* spec,
+                            char* err, size_t err_len) {
+  size_t out = spec->sizes[spec->n_layers];
   switch (spec->kind) {
     case ST_MODEL_MLP:
       if (spec->n_layers < 2 || out < 2) {
@@ -125,6 +116,32 @@ int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
       break;
   }
   return 0;
+}
+
+int st_model_spec_parse(const char* text, st_model_spec_t* spec, char* err,
+                        size_t err_len) {
+  memset(spec, 0, sizeof(*spec));
+  const char* colon = strchr(text, ':');
+  if (colon == NULL) {
+    st_set_err(err, err_len, "model '%s' has no kind: %s", text, spec_usage);
+    return -EINVAL;
+  }
+  size_t kind_len = (size_t) (colon - text);
+  if (kind_len == 3 && strncmp(text, "mlp", 3) == 0)
+    spec->kind = ST_MODEL_MLP;
+  else if (kind_len == 7 && strncmp(text, "softmax", 7) == 0)
+    spec->kind = ST_MODEL_SOFTMAX;
+  else if (kind_len == 6 && strncmp(text, "linear", 6) == 0)
+    spec->kind = ST_MODEL_LINEAR;
+  else {
+    st_set_err(err, err_len, "model '%s': unknown kind; %s", text, spec_usage);
+    return -EINVAL;
+  }
+
+  int rc = parse_sizes(text, colon + 1, spec, err, err_len);
+  if (rc != 0)
+    return rc;
+  return check_kind_shape(text, spec, err, err_len);
 }
 
 int st_model_spec_format(const st_model_spec_t* spec, char* buf, size_t len) {

@@ -197,11 +197,78 @@ static const char spec_help[] =
     "use fashion-mnist, idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] or "
     "csv:TRAIN[,TEST]";
 
+/* Loads the files of an idx: or csv: spec: IDX only the shard's rows of the
+ * training set, CSV all of them. */
+static int open_paths(st_data_t* d, const char* spec,
+                      const st_data_options_t* opt, uint32_t shard_k,
+                      uint32_t shard_n, uint64_t hist[256], char* err,
+                      size_t err_len) {
+  char* parts[4];
+  int rc;
+  int is_idx = spec[0] == 'i';
+  char* buf = strdup(spec + 4);
+  if (buf == NULL) {
+    rc = -ENOMEM;
+    st_set_err(err, err_len, "out of memory");
+    goto out;
+  }
+  int n = split_paths(buf, parts, is_idx ? 4 : 2);
+  if (is_idx && n != 2 && n != 4) {
+    st_set_err(err, err_len,
+               "bad data spec '%s': idx: takes IMAGES,LABELS or "
+               "IMAGES,LABELS,TEST_IMAGES,TEST_LABELS (non-empty paths)",
+               spec);
+    rc = -EINVAL;
+    goto out;
+  }
+  if (!is_idx && n != 1 && n != 2) {
+    st_set_err(err, err_len,
+               "bad data spec '%s': csv: takes TRAIN or TRAIN,TEST "
+               "(non-empty paths)",
+               spec);
+    rc = -EINVAL;
+    goto out;
+  }
+  if (is_idx) {
+    rc = st__dataset_load_idx_shard(&d->train, parts[0], parts[1], shard_k,
+                                    shard_n, hist, err, err_len);
+    if (rc == 0 && n == 4)
+      rc = st_dataset_load_idx(&d->test, parts[2], parts[3], err, err_len);
+  } else {
+    rc = st_dataset_load_csv(&d->train, parts[0], &opt->csv, err, err_len);
+    if (rc == 0 && n == 2)
+      rc = st_dataset_load_csv(&d->test, parts[1], &opt->csv, err, err_len);
+  }
+out:
+  free(buf);
+  return rc;
+}
+
+/* Checks that the test set, when there is one, matches the training set,
+ * and gives both the larger number of classes. */
+static int match_test_set(st_data_t* d, char* err, size_t err_len) {
+  if (d->test.n > 0) {
+    if (d->test.dim != d->train.dim) {
+      st_set_err(err, err_len,
+                 "test set %s has %zu features per example but training set %s "
+                 "has %zu",
+                 d->test.source, d->test.dim, d->train.source, d->train.dim);
+      return -EINVAL;
+    }
+    /* A class that appears only in the test set still needs an output. */
+    if (d->train.n_classes > 0 && d->test.n_classes > 0) {
+      size_t k = d->train.n_classes > d->test.n_classes ? d->train.n_classes
+                                                        : d->test.n_classes;
+      d->train.n_classes = k;
+      d->test.n_classes = k;
+    }
+  }
+  return 0;
+}
+
 int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
                  char* err, size_t err_len) {
   st_data_options_t defaults;
-  char* buf = NULL;
-  char* parts[4];
   int per_feature = 0;
   uint64_t hist[256];
   int rc;
@@ -228,41 +295,8 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
       strcmp(spec, "fashion-mnist:train") == 0) {
     rc = open_fashion_mnist(d, shard_k, shard_n, hist, err, err_len);
   } else if (strncmp(spec, "idx:", 4) == 0 || strncmp(spec, "csv:", 4) == 0) {
-    int is_idx = spec[0] == 'i';
-    buf = strdup(spec + 4);
-    if (buf == NULL) {
-      rc = -ENOMEM;
-      st_set_err(err, err_len, "out of memory");
-      goto out;
-    }
-    int n = split_paths(buf, parts, is_idx ? 4 : 2);
-    if (is_idx && n != 2 && n != 4) {
-      st_set_err(err, err_len,
-                 "bad data spec '%s': idx: takes IMAGES,LABELS or "
-                 "IMAGES,LABELS,TEST_IMAGES,TEST_LABELS (non-empty paths)",
-                 spec);
-      rc = -EINVAL;
-      goto out;
-    }
-    if (!is_idx && n != 1 && n != 2) {
-      st_set_err(err, err_len,
-                 "bad data spec '%s': csv: takes TRAIN or TRAIN,TEST "
-                 "(non-empty paths)",
-                 spec);
-      rc = -EINVAL;
-      goto out;
-    }
-    if (is_idx) {
-      rc = st__dataset_load_idx_shard(&d->train, parts[0], parts[1], shard_k,
-                                      shard_n, hist, err, err_len);
-      if (rc == 0 && n == 4)
-        rc = st_dataset_load_idx(&d->test, parts[2], parts[3], err, err_len);
-    } else {
-      per_feature = 1;
-      rc = st_dataset_load_csv(&d->train, parts[0], &opt->csv, err, err_len);
-      if (rc == 0 && n == 2)
-        rc = st_dataset_load_csv(&d->test, parts[1], &opt->csv, err, err_len);
-    }
+    per_feature = spec[0] == 'c';
+    rc = open_paths(d, spec, opt, shard_k, shard_n, hist, err, err_len);
   } else {
     st_set_err(err, err_len, "unknown data spec '%s': %s", spec, spec_help);
     rc = -EINVAL;
@@ -270,23 +304,9 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
   if (rc != 0)
     goto out;
 
-  if (d->test.n > 0) {
-    if (d->test.dim != d->train.dim) {
-      st_set_err(err, err_len,
-                 "test set %s has %zu features per example but training set %s "
-                 "has %zu",
-                 d->test.source, d->test.dim, d->train.source, d->train.dim);
-      rc = -EINVAL;
-      goto out;
-    }
-    /* A class that appears only in the test set still needs an output. */
-    if (d->train.n_classes > 0 && d->test.n_classes > 0) {
-      size_t k = d->train.n_classes > d->test.n_classes ? d->train.n_classes
-                                                        : d->test.n_classes;
-      d->train.n_classes = k;
-      d->test.n_classes = k;
-    }
-  }
+  rc = match_test_set(d, err, err_len);
+  if (rc != 0)
+    goto out;
 
   if (opt->normalize) {
     if (per_feature) {
@@ -306,7 +326,6 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
     keep_shard(&d->train, shard_k, shard_n);
 
 out:
-  free(buf);
   if (rc != 0) {
     st_dataset_free(&d->train);
     st_dataset_free(&d->test);

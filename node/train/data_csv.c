@@ -101,9 +101,10 @@ nomem:
   return -ENOMEM;
 }
 
-/* Handles one line with its newline removed. lineno is 1-based. */
-static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
-  size_t nf = count_fields(line);
+/* Checks a line's number of fields, nf: on the first line, that there are
+ * a feature and a label column (and allocates the row), else that it has
+ * as many as the first. */
+static int check_columns(csv_t* c, size_t nf, size_t lineno, int first) {
   if (first) {
     c->ncols = nf;
     if (nf < 2) {
@@ -134,6 +135,13 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
     return -EBADMSG;
   }
 
+  return 0;
+}
+
+/* Parses the nf fields of line into c->row. Returns 0, 1 when the first
+ * line is a header, or a negative errno. */
+static int parse_fields(csv_t* c, char* line, size_t nf, size_t lineno,
+                        int first) {
   /* Parse every field. On the first line a text field anywhere makes the
    * line a header (pandas writes an empty first name for the index column,
    * so an empty field there must not be reported before the text is seen);
@@ -149,7 +157,7 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
     char* next = *end ? end + 1 : end;
     field_kind_t k = parse_field(p, end, &c->row[i]);
     if (k == FIELD_TEXT && first)
-      return 0; /* a header */
+      return 1; /* a header */
     if (k != FIELD_OK && bad == NULL) {
       bad = p;
       bad_i = i;
@@ -170,29 +178,49 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
     return -EBADMSG;
   }
 
+  return 0;
+}
+
+/* Checks a classification label: a class index within CSV_MAX_CLASSES. */
+static int check_label(csv_t* c, double label, size_t lineno) {
+  if (label < 0 || label != floor(label)) {
+    st_set_err(c->err, c->err_len,
+               "%s:%zu: label %g in column %d is not a non-negative integer "
+               "class index (load real-valued targets as regression)",
+               c->path, lineno, label, c->label_col);
+    return -EBADMSG;
+  }
+  if (label >= CSV_MAX_CLASSES) {
+    st_set_err(c->err, c->err_len,
+               "%s:%zu: label %g in column %d is too large: at most %u "
+               "classes are supported (load real-valued targets as "
+               "regression)",
+               c->path, lineno, label, c->label_col, CSV_MAX_CLASSES);
+    return -EBADMSG;
+  }
+  if ((unsigned) label > c->max_label)
+    c->max_label = (unsigned) label;
+  return 0;
+}
+
+/* Handles one line with its newline removed. lineno is 1-based. */
+static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
+  size_t nf = count_fields(line);
+  int rc = check_columns(c, nf, lineno, first);
+  if (rc == 0)
+    rc = parse_fields(c, line, nf, lineno, first);
+  if (rc != 0)
+    return rc < 0 ? rc : 0; /* 1: a header */
+
   double label = c->row[c->label_col];
   if (!c->regression) {
-    if (label < 0 || label != floor(label)) {
-      st_set_err(c->err, c->err_len,
-                 "%s:%zu: label %g in column %d is not a non-negative integer "
-                 "class index (load real-valued targets as regression)",
-                 c->path, lineno, label, c->label_col);
-      return -EBADMSG;
-    }
-    if (label >= CSV_MAX_CLASSES) {
-      st_set_err(c->err, c->err_len,
-                 "%s:%zu: label %g in column %d is too large: at most %u "
-                 "classes are supported (load real-valued targets as "
-                 "regression)",
-                 c->path, lineno, label, c->label_col, CSV_MAX_CLASSES);
-      return -EBADMSG;
-    }
-    if ((unsigned) label > c->max_label)
-      c->max_label = (unsigned) label;
+    rc = check_label(c, label, lineno);
+    if (rc != 0)
+      return rc;
   }
 
   if (c->n == c->cap) {
-    int rc = grow(c);
+    rc = grow(c);
     if (rc != 0)
       return rc;
   }
@@ -205,12 +233,79 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
   return 0;
 }
 
+/* Reads f line by line into c, skipping blank lines; *lineno_out: the
+ * number of lines read. */
+static int read_rows(csv_t* c, FILE* f, size_t* lineno_out) {
+  size_t lineno = 0;
+  char* line = NULL;
+  size_t line_cap = 0;
+  int rc = 0;
+  int first = 1;
+  ssize_t len;
+  errno = 0;
+  while ((len = getline(&line, &line_cap, f)) >= 0) {
+    lineno++;
+    char* s = line;
+    /* A UTF-8 byte order mark, as spreadsheet exports write. */
+    if (lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+      s += 3;
+    if ((size_t) len != strlen(line)) {
+      st_set_err(c->err, c->err_len,
+                 "%s:%zu: NUL byte in line: not a text file", c->path, lineno);
+      rc = -EBADMSG;
+      goto out;
+    }
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+      line[--len] = '\0';
+    char* t = s;
+    while (isspace((unsigned char) *t))
+      t++;
+    if (*t == '\0')
+      continue;
+    rc = csv_line(c, s, lineno, first);
+    if (rc != 0)
+      goto out;
+    first = 0;
+  }
+  if (ferror(f)) {
+    rc = errno ? -errno : -EIO;
+    st_set_err(c->err, c->err_len, "%s: read error after line %zu: %s", c->path,
+               lineno, strerror(-rc));
+  }
+out:
+  *lineno_out = lineno;
+  free(line);
+  return rc;
+}
+
+/* Hands the rows read into c over to ds, giving back the unused tail of
+ * the buffers. */
+static void take_rows(st_dataset_t* ds, csv_t* c) {
+  ds->n = c->n;
+  ds->total = ds->n;
+  ds->shard_k = 0;
+  ds->shard_n = 1;
+  ds->dim = c->ncols - 1;
+  ds->n_classes =
+      c->regression ? 0 : (c->max_label + 1 < 2 ? 2 : c->max_label + 1);
+  /* Give back the unused tail of the geometric growth. */
+  float* nx = realloc(c->x, c->n * ds->dim * sizeof(float));
+  if (nx != NULL)
+    c->x = nx;
+  float* ny = realloc(c->y, c->n * sizeof(float));
+  if (ny != NULL)
+    c->y = ny;
+  ds->x = c->x;
+  ds->y = c->y;
+  c->x = NULL;
+  c->y = NULL;
+  snprintf(ds->source, sizeof(ds->source), "%s", c->path);
+}
+
 int st_dataset_load_csv(st_dataset_t* ds, const char* path,
                         const st_csv_options_t* opt, char* err,
                         size_t err_len) {
   csv_t c;
-  char* line = NULL;
-  size_t line_cap = 0;
   FILE* f = NULL;
   int rc = 0;
 
@@ -241,39 +336,9 @@ int st_dataset_load_csv(st_dataset_t* ds, const char* path,
   }
 
   size_t lineno = 0;
-  int first = 1;
-  ssize_t len;
-  errno = 0;
-  while ((len = getline(&line, &line_cap, f)) >= 0) {
-    lineno++;
-    char* s = line;
-    /* A UTF-8 byte order mark, as spreadsheet exports write. */
-    if (lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
-      s += 3;
-    if ((size_t) len != strlen(line)) {
-      st_set_err(err, err_len, "%s:%zu: NUL byte in line: not a text file",
-                 path, lineno);
-      rc = -EBADMSG;
-      goto out;
-    }
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-      line[--len] = '\0';
-    char* t = s;
-    while (isspace((unsigned char) *t))
-      t++;
-    if (*t == '\0')
-      continue;
-    rc = csv_line(&c, s, lineno, first);
-    if (rc != 0)
-      goto out;
-    first = 0;
-  }
-  if (ferror(f)) {
-    rc = errno ? -errno : -EIO;
-    st_set_err(err, err_len, "%s: read error after line %zu: %s", path, lineno,
-               strerror(-rc));
+  rc = read_rows(&c, f, &lineno);
+  if (rc != 0)
     goto out;
-  }
   if (c.n == 0) {
     st_set_err(err, err_len, "%s: no data rows%s", path,
                lineno == 0 ? " (the file is empty)" : "");
@@ -281,33 +346,11 @@ int st_dataset_load_csv(st_dataset_t* ds, const char* path,
     goto out;
   }
 
-  ds->n = c.n;
-
-  ds->total = ds->n;
-
-  ds->shard_k = 0;
-
-  ds->shard_n = 1;
-  ds->dim = c.ncols - 1;
-  ds->n_classes =
-      c.regression ? 0 : (c.max_label + 1 < 2 ? 2 : c.max_label + 1);
-  /* Give back the unused tail of the geometric growth. */
-  float* nx = realloc(c.x, c.n * ds->dim * sizeof(float));
-  if (nx != NULL)
-    c.x = nx;
-  float* ny = realloc(c.y, c.n * sizeof(float));
-  if (ny != NULL)
-    c.y = ny;
-  ds->x = c.x;
-  ds->y = c.y;
-  c.x = NULL;
-  c.y = NULL;
-  snprintf(ds->source, sizeof(ds->source), "%s", path);
+  take_rows(ds, &c);
 
 out:
   if (f != NULL)
     fclose(f);
-  free(line);
   free(c.row);
   free(c.x);
   free(c.y);

@@ -78,42 +78,11 @@ typedef struct {
   char shape[96];    /* "28x28", for messages */
 } idx_file_t;
 
-/* Opens path and checks its header. want_images selects the magic: images
- * (0x0803, >= 2 dimensions) or labels (0x0801). */
-static int idx_open(idx_file_t* f, const char* path, int want_images, char* err,
-                    size_t err_len) {
-  memset(f, 0, sizeof(*f));
-  f->path = path;
-  errno = 0;
-  f->gz = gzopen(path, "rb");
-  if (f->gz == NULL) {
-    int e = errno ? errno : ENOMEM;
-    st_set_err(err, err_len, "%s: cannot open: %s", path, strerror(e));
-    return -e;
-  }
-  gzbuffer(f->gz, 256 * 1024);
-
-  const char* what = want_images ? "image" : "label";
-  unsigned char hdr[4 + 4 * IDX_MAX_DIMS];
-  long long got = read_upto(f->gz, hdr, 4);
-  int trunc = 0;
-  if (got < 0) {
-    st_set_err(err, err_len, "%s: cannot read: %s", path,
-               gz_problem(f->gz, &trunc));
-    return -EIO;
-  }
-  if (got == 0) {
-    st_set_err(err, err_len, "%s: empty file: expected an IDX %s file", path,
-               what);
-    return -EBADMSG;
-  }
-  if (got < 4) {
-    st_set_err(err, err_len,
-               "%s: truncated header: the file ends after %lld bytes, inside "
-               "the 4-byte IDX magic",
-               path, got);
-    return -EBADMSG;
-  }
+/* Checks the 4-byte magic in hdr: unsigned bytes, and the number of
+ * dimensions of an image (>= 2) or label (1) file; sets f->ndims. */
+static int check_magic(idx_file_t* f, const unsigned char* hdr, int want_images,
+                       char* err, size_t err_len) {
+  const char* path = f->path;
   uint32_t magic = be32(hdr);
   if (hdr[0] != 0 || hdr[1] != 0) {
     st_set_err(err, err_len,
@@ -152,9 +121,18 @@ static int idx_open(idx_file_t* f, const char* path, int want_images, char* err,
                path, f->ndims, IDX_MAX_DIMS);
     return -EBADMSG;
   }
+  return 0;
+}
 
+/* Reads the dimensions after the magic (into hdr + 4) and sets the
+ * counts and sizes of f from them. */
+static int read_dims(idx_file_t* f, unsigned char* hdr, char* err,
+                     size_t err_len) {
+  int trunc = 0;
+  uint32_t magic = be32(hdr);
+  const char* path = f->path;
   size_t dim_bytes = 4 * (size_t) f->ndims;
-  got = read_upto(f->gz, hdr + 4, dim_bytes);
+  long long got = read_upto(f->gz, hdr + 4, dim_bytes);
   if (got < 0) {
     st_set_err(err, err_len, "%s: cannot read: %s", path,
                gz_problem(f->gz, &trunc));
@@ -201,11 +179,117 @@ overflow:
   return -EOVERFLOW;
 }
 
+/* Opens path and checks its header. want_images selects the magic: images
+ * (0x0803, >= 2 dimensions) or labels (0x0801). */
+static int idx_open(idx_file_t* f, const char* path, int want_images, char* err,
+                    size_t err_len) {
+  memset(f, 0, sizeof(*f));
+  f->path = path;
+  errno = 0;
+  f->gz = gzopen(path, "rb");
+  if (f->gz == NULL) {
+    int e = errno ? errno : ENOMEM;
+    st_set_err(err, err_len, "%s: cannot open: %s", path, strerror(e));
+    return -e;
+  }
+  gzbuffer(f->gz, 256 * 1024);
+
+  const char* what = want_images ? "image" : "label";
+  int rc;
+  unsigned char hdr[4 + 4 * IDX_MAX_DIMS];
+  long long got = read_upto(f->gz, hdr, 4);
+  int trunc = 0;
+  if (got < 0) {
+    st_set_err(err, err_len, "%s: cannot read: %s", path,
+               gz_problem(f->gz, &trunc));
+    return -EIO;
+  }
+  if (got == 0) {
+    st_set_err(err, err_len, "%s: empty file: expected an IDX %s file", path,
+               what);
+    return -EBADMSG;
+  }
+  if (got < 4) {
+    st_set_err(err, err_len,
+               "%s: truncated header: the file ends after %lld bytes, inside "
+               "the 4-byte IDX magic",
+               path, got);
+    return -EBADMSG;
+  }
+  rc = check_magic(f, hdr, want_images, err, err_len);
+  if (rc == 0)
+    rc = read_dims(f, hdr, err, err_len);
+  return rc;
+}
+
+/* When the body read is short (have of f->body_bytes bytes), says why:
+ * corrupt or truncated. 0 when it is whole. */
+static int check_whole(idx_file_t* f, size_t have, char* err, size_t err_len) {
+  int is_images = f->ndims >= 2;
+  int trunc = 0;
+  const char* problem = gz_problem(f->gz, &trunc);
+  if (have < f->body_bytes) {
+    if (problem != NULL && !trunc) {
+      st_set_err(err, err_len,
+                 "%s: corrupt data after %zu bytes of the body: %s", f->path,
+                 have, problem);
+      return -EBADMSG;
+    }
+    const char* cut = trunc ? " (the gzip stream is cut short)" : "";
+    if (is_images)
+      st_set_err(err, err_len,
+                 "%s: truncated: header declares %zu images of %s (%zu bytes) "
+                 "but the file ends after %zu bytes%s",
+                 f->path, f->count, f->shape, f->body_bytes, have, cut);
+    else
+      st_set_err(
+          err, err_len,
+          "%s: truncated: header declares %zu labels (%zu bytes) but the "
+          "file ends after %zu bytes%s",
+          f->path, f->count, f->body_bytes, have, cut);
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* After the body: checks that the gzip stream ends cleanly and that
+ * nothing follows. */
+static int check_trailing(idx_file_t* f, char* err, size_t err_len) {
+  int is_images = f->ndims >= 2;
+  int trunc = 0;
+  /* Anything after the declared body is garbage: count it for the message. */
+  unsigned char extra[4096];
+  size_t n_extra = 0;
+  long long got;
+  while ((got = read_upto(f->gz, extra, sizeof(extra))) > 0)
+    n_extra += (size_t) got;
+  if (got < 0 && n_extra == 0) {
+    st_set_err(err, err_len, "%s: corrupt data after the body: %s", f->path,
+               gz_problem(f->gz, &trunc));
+    return -EBADMSG;
+  }
+  if (n_extra == 0 && gz_problem(f->gz, &trunc) != NULL && trunc) {
+    st_set_err(err, err_len,
+               "%s: truncated: the gzip stream is cut short after the body "
+               "(its checksum trailer is missing)",
+               f->path);
+    return -EBADMSG;
+  }
+  if (n_extra > 0) {
+    st_set_err(err, err_len,
+               "%s: trailing bytes: header declares %zu %s (%zu bytes) but %zu "
+               "more bytes follow them",
+               f->path, f->count, is_images ? "images" : "labels",
+               f->body_bytes, n_extra);
+    return -EBADMSG;
+  }
+  return 0;
+}
+
 /* Reads exactly f->body_bytes and checks that nothing follows. *out is
  * malloc'd and owned by the caller on success. */
 static int idx_read_body(idx_file_t* f, unsigned char** out, char* err,
                          size_t err_len) {
-  int is_images = f->ndims >= 2;
   size_t cap =
       f->body_bytes < IDX_CHUNK_BYTES ? f->body_bytes : IDX_CHUNK_BYTES;
   size_t have = 0;
@@ -228,61 +312,11 @@ static int idx_read_body(idx_file_t* f, unsigned char** out, char* err,
     cap = ncap;
   }
 
-  int trunc = 0;
-  const char* problem = gz_problem(f->gz, &trunc);
-  if (have < f->body_bytes) {
-    if (problem != NULL && !trunc) {
-      st_set_err(err, err_len,
-                 "%s: corrupt data after %zu bytes of the body: %s", f->path,
-                 have, problem);
-      rc = -EBADMSG;
-      goto out;
-    }
-    const char* cut = trunc ? " (the gzip stream is cut short)" : "";
-    if (is_images)
-      st_set_err(err, err_len,
-                 "%s: truncated: header declares %zu images of %s (%zu bytes) "
-                 "but the file ends after %zu bytes%s",
-                 f->path, f->count, f->shape, f->body_bytes, have, cut);
-    else
-      st_set_err(
-          err, err_len,
-          "%s: truncated: header declares %zu labels (%zu bytes) but the "
-          "file ends after %zu bytes%s",
-          f->path, f->count, f->body_bytes, have, cut);
-    rc = -EBADMSG;
+  rc = check_whole(f, have, err, err_len);
+  if (rc == 0)
+    rc = check_trailing(f, err, err_len);
+  if (rc != 0)
     goto out;
-  }
-
-  /* Anything after the declared body is garbage: count it for the message. */
-  unsigned char extra[4096];
-  size_t n_extra = 0;
-  long long got;
-  while ((got = read_upto(f->gz, extra, sizeof(extra))) > 0)
-    n_extra += (size_t) got;
-  if (got < 0 && n_extra == 0) {
-    st_set_err(err, err_len, "%s: corrupt data after the body: %s", f->path,
-               gz_problem(f->gz, &trunc));
-    rc = -EBADMSG;
-    goto out;
-  }
-  if (n_extra == 0 && gz_problem(f->gz, &trunc) != NULL && trunc) {
-    st_set_err(err, err_len,
-               "%s: truncated: the gzip stream is cut short after the body "
-               "(its checksum trailer is missing)",
-               f->path);
-    rc = -EBADMSG;
-    goto out;
-  }
-  if (n_extra > 0) {
-    st_set_err(err, err_len,
-               "%s: trailing bytes: header declares %zu %s (%zu bytes) but %zu "
-               "more bytes follow them",
-               f->path, f->count, is_images ? "images" : "labels",
-               f->body_bytes, n_extra);
-    rc = -EBADMSG;
-    goto out;
-  }
   *out = buf;
   buf = NULL;
   goto out;
@@ -300,6 +334,44 @@ int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
                         const char* labels_path, char* err, size_t err_len) {
   return st__dataset_load_idx_shard(ds, images_path, labels_path, 0, 1, NULL,
                                     err, err_len);
+}
+
+/* Converts shard k of n of the images (to [0, 1]) and labels into x and y
+ * (malloc'd, the caller frees them whatever the outcome); *kept: the
+ * shard's number of images. */
+static int shard_to_floats(const idx_file_t* im, const unsigned char* pixels,
+                           const unsigned char* labels, uint32_t shard_k,
+                           uint32_t shard_n, float** x, float** y,
+                           size_t* kept_out, char* err, size_t err_len) {
+  /* Shard k of n: images k, k + n, k + 2n, ... (st_shard_indices). */
+  size_t kept =
+      im->count > shard_k ? (im->count - shard_k - 1) / shard_n + 1 : 0;
+  *x = malloc((kept > 0 ? kept : 1) * im->per_item * sizeof(float));
+  *y = malloc((kept > 0 ? kept : 1) * sizeof(float));
+  if (*x == NULL || *y == NULL) {
+    st_set_err(err, err_len, "%s: out of memory for %zu images of %s", im->path,
+               kept, im->shape);
+    return -ENOMEM;
+  }
+  for (size_t j = 0; j < kept; j++) {
+    const unsigned char* src = pixels + (shard_k + j * shard_n) * im->per_item;
+    float* dst = *x + j * im->per_item;
+    for (size_t i = 0; i < im->per_item; i++)
+      dst[i] = src[i] / 255.0f;
+    (*y)[j] = (float) labels[shard_k + j * shard_n];
+  }
+  *kept_out = kept;
+  return 0;
+}
+
+/* Labels are single bytes, so they are always < 256. The classes are
+ * those of the whole file, so that every shard agrees on them. */
+static unsigned largest_label(const unsigned char* labels, size_t count) {
+  unsigned max_label = 0;
+  for (size_t i = 0; i < count; i++)
+    if (labels[i] > max_label)
+      max_label = labels[i];
+  return max_label;
 }
 
 int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
@@ -350,34 +422,17 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
     rc = -EINVAL;
     goto out;
   }
-  /* Shard k of n: images k, k + n, k + 2n, ... (st_shard_indices). */
-  size_t kept = im.count > shard_k ? (im.count - shard_k - 1) / shard_n + 1 : 0;
-  x = malloc((kept > 0 ? kept : 1) * im.per_item * sizeof(float));
-  y = malloc((kept > 0 ? kept : 1) * sizeof(float));
-  if (x == NULL || y == NULL) {
-    st_set_err(err, err_len, "%s: out of memory for %zu images of %s",
-               images_path, kept, im.shape);
-    rc = -ENOMEM;
+  size_t kept = 0;
+  rc = shard_to_floats(&im, pixels, labels, shard_k, shard_n, &x, &y, &kept,
+                       err, err_len);
+  if (rc != 0)
     goto out;
-  }
-  for (size_t j = 0; j < kept; j++) {
-    const unsigned char* src = pixels + (shard_k + j * shard_n) * im.per_item;
-    float* dst = x + j * im.per_item;
-    for (size_t i = 0; i < im.per_item; i++)
-      dst[i] = src[i] / 255.0f;
-    y[j] = (float) labels[shard_k + j * shard_n];
-  }
   if (hist != NULL) {
     memset(hist, 0, 256 * sizeof(uint64_t));
     for (size_t i = 0; i < im.body_bytes; i++)
       hist[pixels[i]]++;
   }
-  /* Labels are single bytes, so they are always < 256. The classes are
-   * those of the whole file, so that every shard agrees on them. */
-  unsigned max_label = 0;
-  for (size_t i = 0; i < lb.count; i++)
-    if (labels[i] > max_label)
-      max_label = labels[i];
+  unsigned max_label = largest_label(labels, lb.count);
 
   ds->n = kept;
   ds->total = im.count;

@@ -108,9 +108,10 @@ static int uint_array(const st_json_t* a, uint64_t* out, size_t max) {
   return (int) i;
 }
 
-/* Checks one tensor entry and fills e (its name is set by the caller). */
-static int check_entry(const char* path, const st_json_t* t, entry_t* e,
-                       uint64_t buf_bytes, char* err, size_t err_len) {
+/* Checks that a tensor entry is an object with exactly the fields dtype,
+ * shape and data_offsets, and that its dtype is F32. */
+static int check_entry_fields(const char* path, const st_json_t* t, char* err,
+                              size_t err_len) {
   const char* name = t->key;
   if (t->type != ST_JSON_OBJECT) {
     st_set_err(err, err_len, "%s: entry \"%s\" is a JSON %s, not an object",
@@ -147,7 +148,15 @@ static int check_entry(const char* path, const st_json_t* t, entry_t* e,
         path, dtype->str, name);
     return -ENOTSUP;
   }
-  uint64_t dims[ST_SAFETENSORS_MAX_DIMS];
+  return 0;
+}
+
+/* Reads an entry's shape into dims; returns its number of dimensions, or a
+ * negative errno. */
+static int entry_shape(const char* path, const st_json_t* t,
+                       uint64_t dims[ST_SAFETENSORS_MAX_DIMS], char* err,
+                       size_t err_len) {
+  const char* name = t->key;
   const st_json_t* shape = st_json_get(t, "shape");
   if (shape->type == ST_JSON_ARRAY && shape->count > ST_SAFETENSORS_MAX_DIMS) {
     st_set_err(
@@ -164,7 +173,14 @@ static int check_entry(const char* path, const st_json_t* t, entry_t* e,
                path, name);
     return -EBADMSG;
   }
-  uint64_t off[2];
+  return ndim;
+}
+
+/* Reads an entry's data_offsets into off and checks them against the
+ * buffer. */
+static int entry_offsets(const char* path, const st_json_t* t, uint64_t off[2],
+                         uint64_t buf_bytes, char* err, size_t err_len) {
+  const char* name = t->key;
   if (uint_array(st_json_get(t, "data_offsets"), off, 2) != 2) {
     st_set_err(err, err_len,
                "%s: data_offsets of tensor \"%s\" is not an array of two "
@@ -181,6 +197,14 @@ static int check_entry(const char* path, const st_json_t* t, entry_t* e,
         (unsigned long long) buf_bytes);
     return -EBADMSG;
   }
+  return 0;
+}
+
+/* Checks that a shape's element count matches its data_offsets' span. */
+static int check_entry_size(const char* path, const char* name,
+                            const uint64_t* dims, int ndim,
+                            const uint64_t off[2], uint64_t buf_bytes,
+                            uint64_t* n_elems, char* err, size_t err_len) {
   /* The element count, capped as it grows so it cannot overflow: anything
    * over the buffer size is a mismatch anyway. */
   uint64_t n = 1, cap = buf_bytes / 4 + 1;
@@ -208,6 +232,29 @@ static int check_entry(const char* path, const st_json_t* t, entry_t* e,
                (unsigned long long) (off[1] - off[0]));
     return -EBADMSG;
   }
+  *n_elems = n;
+  return 0;
+}
+
+/* Checks one tensor entry and fills e (its name is set by the caller). */
+static int check_entry(const char* path, const st_json_t* t, entry_t* e,
+                       uint64_t buf_bytes, char* err, size_t err_len) {
+  int rc = check_entry_fields(path, t, err, err_len);
+  if (rc != 0)
+    return rc;
+  uint64_t dims[ST_SAFETENSORS_MAX_DIMS];
+  int ndim = entry_shape(path, t, dims, err, err_len);
+  if (ndim < 0)
+    return ndim;
+  uint64_t off[2];
+  rc = entry_offsets(path, t, off, buf_bytes, err, err_len);
+  if (rc != 0)
+    return rc;
+  uint64_t n;
+  rc = check_entry_size(path, t->key, dims, ndim, off, buf_bytes, &n, err,
+                        err_len);
+  if (rc != 0)
+    return rc;
   e->ndim = ndim;
   e->n_elems = (size_t) n;
   for (int d = 0; d < ST_SAFETENSORS_MAX_DIMS; d++)
@@ -269,6 +316,200 @@ static int copy_strings(st_safetensors_t* st, const st_json_t* root,
   return 0;
 }
 
+/* Opens path and checks it is a regular file of at least the 8 bytes of
+ * the header length; *fd is set (or -1) whatever the outcome. */
+static int open_file(const char* path, int* fd, uint64_t* file_bytes, char* err,
+                     size_t err_len) {
+  *fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat sb;
+  if (*fd < 0 || fstat(*fd, &sb) != 0) {
+    int rc = -errno;
+    st_set_err(err, err_len, "cannot open %s: %s", path, strerror(errno));
+    return rc;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st_set_err(err, err_len, "%s is not a regular file", path);
+    return -EINVAL;
+  }
+  *file_bytes = (uint64_t) sb.st_size;
+  if (*file_bytes < 8) {
+    st_set_err(err, err_len,
+               "%s: file is %llu bytes, shorter than the 8-byte header length; "
+               "not a safetensors file",
+               path, (unsigned long long) *file_bytes);
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* Reads the header length and the header into *header (the caller frees
+ * it, whatever the outcome). */
+static int read_header(int fd, const char* path, uint64_t file_bytes,
+                       char** header, uint64_t* n_header_out, char* err,
+                       size_t err_len) {
+  /* The header length, checked against the cap and the file before a
+   * single byte of it is allocated. */
+  unsigned char len8[8];
+  int rc = read_exact(fd, len8, 8);
+  uint64_t n_header = 0;
+  for (int i = 7; i >= 0 && rc == 0; i--)
+    n_header = n_header << 8 | len8[i];
+  if (rc == 0 && n_header > ST_SAFETENSORS_MAX_HEADER_BYTES) {
+    st_set_err(err, err_len,
+               "%s: header length %llu is over the %u-byte limit; the file is "
+               "corrupt or not safetensors",
+               path, (unsigned long long) n_header,
+               ST_SAFETENSORS_MAX_HEADER_BYTES);
+    return -EBADMSG;
+  }
+  if (rc == 0 && n_header > file_bytes - 8) {
+    st_set_err(
+        err, err_len,
+        "%s: header length %llu is beyond the end of the %llu-byte file; "
+        "the file is truncated or corrupt",
+        path, (unsigned long long) n_header, (unsigned long long) file_bytes);
+    return -EBADMSG;
+  }
+  if (rc == 0)
+    *header = malloc(n_header > 0 ? (size_t) n_header : 1);
+  if (rc == 0 && *header == NULL)
+    rc = -ENOMEM;
+  if (rc == 0)
+    rc = read_exact(fd, *header, (size_t) n_header);
+  if (rc != 0) {
+    st_set_err(err, err_len, "reading %s: %s", path, strerror(-rc));
+    return rc;
+  }
+  *n_header_out = n_header;
+  return 0;
+}
+
+/* Parses the header into *doc (the caller frees it) and checks that its
+ * root is an object. */
+static int parse_header(const char* path, const char* header, size_t n_header,
+                        st_json_doc_t** doc, char* err, size_t err_len) {
+  char jerr[160];
+  st_json_limits_t lim = {HEADER_MAX_DEPTH, HEADER_MAX_VALUES};
+  int rc = st_json_parse(header, n_header, &lim, doc, jerr, sizeof(jerr));
+  if (rc != 0) {
+    st_set_err(err, err_len, "%s: the header is not valid JSON (%s)", path,
+               jerr);
+    return rc;
+  }
+  const st_json_t* root = st_json_root(*doc);
+  if (root->type != ST_JSON_OBJECT) {
+    st_set_err(err, err_len, "%s: the header is a JSON %s, not an object", path,
+               st_json_type_name(root->type));
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* Checks __metadata__, md (NULL when absent): an object of strings (null is
+ * taken as absent, as the reference implementation does). */
+static int check_metadata(const char* path, const st_json_t* md, char* err,
+                          size_t err_len) {
+  if (md != NULL && md->type == ST_JSON_OBJECT) {
+    for (const st_json_t* m = md->child; m != NULL; m = m->next) {
+      if (m->type != ST_JSON_STRING) {
+        st_set_err(err, err_len,
+                   "%s: metadata value of \"%s\" is a JSON %s, not a string",
+                   path, m->key, st_json_type_name(m->type));
+        return -EBADMSG;
+      }
+    }
+  } else if (md != NULL && md->type != ST_JSON_NULL) {
+    st_set_err(err, err_len, "%s: __metadata__ is a JSON %s, not an object",
+               path, st_json_type_name(md->type));
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* Allocates st's tables and checks every tensor entry of root (all but md)
+ * into st->tensors. */
+static int check_entries(st_safetensors_t* st, const char* path,
+                         const st_json_t* root, const st_json_t* md,
+                         uint64_t buf_bytes, char* err, size_t err_len) {
+  st->n_tensors = root->count - (md != NULL);
+  st->n_meta = md != NULL && md->type == ST_JSON_OBJECT ? md->count : 0;
+  st->tensors = calloc(st->n_tensors + 1, sizeof(*st->tensors));
+  st->meta = calloc(st->n_meta + 1, sizeof(*st->meta));
+  if (st->tensors == NULL || st->meta == NULL) {
+    st_set_err(err, err_len, "reading %s: out of memory", path);
+    return -ENOMEM;
+  }
+  size_t i = 0;
+  for (const st_json_t* t = root->child; t != NULL; t = t->next) {
+    if (t == md)
+      continue;
+    int rc = check_entry(path, t, &st->tensors[i], buf_bytes, err, err_len);
+    if (rc != 0)
+      return rc;
+    st->tensors[i++].name = t->key; /* for messages; copied later */
+  }
+  return 0;
+}
+
+/* The tensors must tile [0, buf_bytes): sorted by offset, each begins
+ * where the previous ended. Every size is a multiple of 4 (F32), so every
+ * tensor also starts 4-byte aligned in the buffer. */
+static int check_tiling(st_safetensors_t* st, const char* path,
+                        uint64_t buf_bytes, char* err, size_t err_len) {
+  qsort(st->tensors, st->n_tensors, sizeof(*st->tensors), cmp_entry_offset);
+  uint64_t at = 0;
+  for (size_t i = 0; i < st->n_tensors; i++) {
+    const entry_t* e = &st->tensors[i];
+    if (e->begin < at) {
+      st_set_err(err, err_len, "%s: tensors \"%s\" and \"%s\" overlap", path,
+                 st->tensors[i - 1].name, e->name);
+      return -EBADMSG;
+    }
+    if (e->begin > at) {
+      st_set_err(err, err_len,
+                 "%s: %llu-byte gap in the data buffer before tensor \"%s\"",
+                 path, (unsigned long long) (e->begin - at), e->name);
+      return -EBADMSG;
+    }
+    at = e->end;
+  }
+  if (at != buf_bytes) {
+    st_set_err(err, err_len,
+               "%s: %llu trailing bytes after the last tensor; the data buffer "
+               "must end where the last tensor ends",
+               path, (unsigned long long) (buf_bytes - at));
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+/* Allocates the aligned data buffer and reads it (in host byte order). */
+static int read_data(st_safetensors_t* st, int fd, const char* path,
+                     uint64_t buf_bytes, char* err, size_t err_len) {
+  if (buf_bytes > SIZE_MAX - DATA_ALIGN_BYTES) {
+    st_set_err(err, err_len, "%s: too large for this machine", path);
+    return -EFBIG;
+  }
+  size_t alloc = ((size_t) buf_bytes + DATA_ALIGN_BYTES) / DATA_ALIGN_BYTES *
+                 DATA_ALIGN_BYTES;
+  st->data = aligned_alloc(DATA_ALIGN_BYTES, alloc);
+  if (st->data == NULL) {
+    st_set_err(err, err_len, "reading %s: out of memory for %llu bytes of data",
+               path, (unsigned long long) buf_bytes);
+    return -ENOMEM;
+  }
+  int rc = read_exact(fd, st->data, (size_t) buf_bytes);
+  if (rc != 0) {
+    st_set_err(
+        err, err_len, "reading %s: %s", path,
+        rc == -ENODATA ? "the file shrank while being read" : strerror(-rc));
+    return rc;
+  }
+  if (host_is_big_endian())
+    bswap32_inplace(st->data, (size_t) buf_bytes / 4);
+  return 0;
+}
+
 int st_safetensors_read(const char* path, st_safetensors_t** out, char* err,
                         size_t err_len) {
   *out = NULL;
@@ -277,182 +518,34 @@ int st_safetensors_read(const char* path, st_safetensors_t** out, char* err,
   st_safetensors_t* st = calloc(1, sizeof(*st));
   char* header = NULL;
   st_json_doc_t* doc = NULL;
+  int fd = -1;
   int rc = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (st == NULL) {
     rc = -ENOMEM;
     st_set_err(err, err_len, "reading %s: out of memory", path);
     goto out;
   }
-  struct stat sb;
-  if (fd < 0 || fstat(fd, &sb) != 0) {
-    rc = -errno;
-    st_set_err(err, err_len, "cannot open %s: %s", path, strerror(errno));
-    goto out;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    rc = -EINVAL;
-    st_set_err(err, err_len, "%s is not a regular file", path);
-    goto out;
-  }
-  uint64_t file_bytes = (uint64_t) sb.st_size;
-  if (file_bytes < 8) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len,
-               "%s: file is %llu bytes, shorter than the 8-byte header length; "
-               "not a safetensors file",
-               path, (unsigned long long) file_bytes);
-    goto out;
-  }
-
-  /* The header length, checked against the cap and the file before a
-   * single byte of it is allocated. */
-  unsigned char len8[8];
-  rc = read_exact(fd, len8, 8);
-  uint64_t n_header = 0;
-  for (int i = 7; i >= 0; i--)
-    n_header = n_header << 8 | len8[i];
-  if (rc == 0 && n_header > ST_SAFETENSORS_MAX_HEADER_BYTES) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len,
-               "%s: header length %llu is over the %u-byte limit; the file is "
-               "corrupt or not safetensors",
-               path, (unsigned long long) n_header,
-               ST_SAFETENSORS_MAX_HEADER_BYTES);
-    goto out;
-  }
-  if (rc == 0 && n_header > file_bytes - 8) {
-    rc = -EBADMSG;
-    st_set_err(
-        err, err_len,
-        "%s: header length %llu is beyond the end of the %llu-byte file; "
-        "the file is truncated or corrupt",
-        path, (unsigned long long) n_header, (unsigned long long) file_bytes);
-    goto out;
-  }
-  header = malloc(n_header > 0 ? (size_t) n_header : 1);
-  if (rc == 0 && header == NULL)
-    rc = -ENOMEM;
+  uint64_t file_bytes = 0, n_header = 0;
+  rc = open_file(path, &fd, &file_bytes, err, err_len);
   if (rc == 0)
-    rc = read_exact(fd, header, (size_t) n_header);
-  if (rc != 0) {
-    st_set_err(err, err_len, "reading %s: %s", path, strerror(-rc));
+    rc = read_header(fd, path, file_bytes, &header, &n_header, err, err_len);
+  if (rc == 0)
+    rc = parse_header(path, header, (size_t) n_header, &doc, err, err_len);
+  if (rc != 0)
     goto out;
-  }
   uint64_t buf_bytes = file_bytes - 8 - n_header;
-
-  char jerr[160];
-  st_json_limits_t lim = {HEADER_MAX_DEPTH, HEADER_MAX_VALUES};
-  rc = st_json_parse(header, (size_t) n_header, &lim, &doc, jerr, sizeof(jerr));
-  if (rc != 0) {
-    st_set_err(err, err_len, "%s: the header is not valid JSON (%s)", path,
-               jerr);
-    goto out;
-  }
   const st_json_t* root = st_json_root(doc);
-  if (root->type != ST_JSON_OBJECT) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len, "%s: the header is a JSON %s, not an object", path,
-               st_json_type_name(root->type));
-    goto out;
-  }
-
-  /* Metadata: an object of strings (null is taken as absent, as the
-   * reference implementation does). */
   const st_json_t* md = st_json_get(root, "__metadata__");
-  const st_json_t* md_obj = NULL;
-  if (md != NULL && md->type == ST_JSON_OBJECT) {
-    md_obj = md;
-    for (const st_json_t* m = md->child; m != NULL; m = m->next) {
-      if (m->type != ST_JSON_STRING) {
-        rc = -EBADMSG;
-        st_set_err(err, err_len,
-                   "%s: metadata value of \"%s\" is a JSON %s, not a string",
-                   path, m->key, st_json_type_name(m->type));
-        goto out;
-      }
-    }
-  } else if (md != NULL && md->type != ST_JSON_NULL) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len, "%s: __metadata__ is a JSON %s, not an object",
-               path, st_json_type_name(md->type));
-    goto out;
-  }
-
-  st->n_tensors = root->count - (md != NULL);
-  st->n_meta = md_obj != NULL ? md_obj->count : 0;
-  st->tensors = calloc(st->n_tensors + 1, sizeof(*st->tensors));
-  st->meta = calloc(st->n_meta + 1, sizeof(*st->meta));
-  if (st->tensors == NULL || st->meta == NULL) {
-    rc = -ENOMEM;
-    st_set_err(err, err_len, "reading %s: out of memory", path);
-    goto out;
-  }
-  size_t i = 0;
-  for (const st_json_t* t = root->child; t != NULL; t = t->next) {
-    if (t == md)
-      continue;
-    rc = check_entry(path, t, &st->tensors[i], buf_bytes, err, err_len);
-    if (rc != 0)
-      goto out;
-    st->tensors[i++].name = t->key; /* for messages; copied below */
-  }
-
-  /* The tensors must tile [0, buf_bytes): sorted by offset, each begins
-   * where the previous ended. Every size is a multiple of 4 (F32), so every
-   * tensor also starts 4-byte aligned in the buffer. */
-  qsort(st->tensors, st->n_tensors, sizeof(*st->tensors), cmp_entry_offset);
-  uint64_t at = 0;
-  for (i = 0; i < st->n_tensors; i++) {
-    const entry_t* e = &st->tensors[i];
-    if (e->begin < at) {
-      rc = -EBADMSG;
-      st_set_err(err, err_len, "%s: tensors \"%s\" and \"%s\" overlap", path,
-                 st->tensors[i - 1].name, e->name);
-      goto out;
-    }
-    if (e->begin > at) {
-      rc = -EBADMSG;
-      st_set_err(err, err_len,
-                 "%s: %llu-byte gap in the data buffer before tensor \"%s\"",
-                 path, (unsigned long long) (e->begin - at), e->name);
-      goto out;
-    }
-    at = e->end;
-  }
-  if (at != buf_bytes) {
-    rc = -EBADMSG;
-    st_set_err(err, err_len,
-               "%s: %llu trailing bytes after the last tensor; the data buffer "
-               "must end where the last tensor ends",
-               path, (unsigned long long) (buf_bytes - at));
-    goto out;
-  }
-
+  rc = check_metadata(path, md, err, err_len);
+  if (rc == 0)
+    rc = check_entries(st, path, root, md, buf_bytes, err, err_len);
+  if (rc == 0)
+    rc = check_tiling(st, path, buf_bytes, err, err_len);
   /* Only now, with every check passed, the data buffer. */
-  if (buf_bytes > SIZE_MAX - DATA_ALIGN_BYTES) {
-    rc = -EFBIG;
-    st_set_err(err, err_len, "%s: too large for this machine", path);
+  if (rc == 0)
+    rc = read_data(st, fd, path, buf_bytes, err, err_len);
+  if (rc != 0)
     goto out;
-  }
-  size_t alloc = ((size_t) buf_bytes + DATA_ALIGN_BYTES) / DATA_ALIGN_BYTES *
-                 DATA_ALIGN_BYTES;
-  st->data = aligned_alloc(DATA_ALIGN_BYTES, alloc);
-  if (st->data == NULL) {
-    rc = -ENOMEM;
-    st_set_err(err, err_len, "reading %s: out of memory for %llu bytes of data",
-               path, (unsigned long long) buf_bytes);
-    goto out;
-  }
-  rc = read_exact(fd, st->data, (size_t) buf_bytes);
-  if (rc != 0) {
-    st_set_err(
-        err, err_len, "reading %s: %s", path,
-        rc == -ENODATA ? "the file shrank while being read" : strerror(-rc));
-    goto out;
-  }
-  if (host_is_big_endian())
-    bswap32_inplace(st->data, (size_t) buf_bytes / 4);
   rc = copy_strings(st, root, md);
   if (rc != 0) {
     st_set_err(err, err_len, "reading %s: out of memory", path);

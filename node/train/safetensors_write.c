@@ -79,11 +79,10 @@ static int cmp_meta_kv(const void* a, const void* b) {
   return strcmp(x->key, y->key);
 }
 
-/* Checks the caller's tensors and metadata and builds the padded header. */
-static int build_header(const char* path, const st_tensor_desc_t* tensors,
-                        size_t n_tensors, const st_meta_kv_t* meta,
-                        size_t n_meta, st_json_buf_t* h, char* err,
-                        size_t err_len) {
+/* Checks every tensor's name, rank, size and data, and that all of them
+ * fit the offsets a JSON reader holds exactly. */
+static int check_tensors(const char* path, const st_tensor_desc_t* tensors,
+                         size_t n_tensors, char* err, size_t err_len) {
   uint64_t offset = 0;
   for (size_t i = 0; i < n_tensors; i++) {
     const st_tensor_desc_t* t = &tensors[i];
@@ -126,6 +125,12 @@ static int build_header(const char* path, const st_tensor_desc_t* tensors,
     }
     offset += n * 4;
   }
+  return 0;
+}
+
+/* Checks that every metadata key and value is a valid UTF-8 string. */
+static int check_meta(const char* path, const st_meta_kv_t* meta, size_t n_meta,
+                      char* err, size_t err_len) {
   for (size_t i = 0; i < n_meta; i++) {
     const char* k = meta[i].key;
     const char* v = meta[i].value;
@@ -138,7 +143,13 @@ static int build_header(const char* path, const st_tensor_desc_t* tensors,
       return -EINVAL;
     }
   }
+  return 0;
+}
 
+/* Refuses a tensor name or a metadata key given twice. */
+static int check_duplicates(const char* path, const st_tensor_desc_t* tensors,
+                            size_t n_tensors, const st_meta_kv_t* meta,
+                            size_t n_meta, char* err, size_t err_len) {
   /* Duplicates, found by sorting pointers (O(n log n) for big models). */
   size_t n_sort = n_tensors > n_meta ? n_tensors : n_meta;
   if (n_sort > 1) {
@@ -171,7 +182,15 @@ static int build_header(const char* path, const st_tensor_desc_t* tensors,
     if (dup != NULL)
       return -EINVAL;
   }
+  return 0;
+}
 
+/* Writes the header into h, padded to a multiple of 8 bytes, and checks its
+ * size. */
+static int emit_header(const char* path, const st_tensor_desc_t* tensors,
+                       size_t n_tensors, const st_meta_kv_t* meta,
+                       size_t n_meta, st_json_buf_t* h, char* err,
+                       size_t err_len) {
   /* The header, in the layout Python's safetensors writes: metadata first,
    * then the tensors in buffer order. */
   st_json_buf_puts(h, "{");
@@ -186,7 +205,7 @@ static int build_header(const char* path, const st_tensor_desc_t* tensors,
     }
     st_json_buf_puts(h, n_tensors > 0 ? "}," : "}");
   }
-  offset = 0;
+  uint64_t offset = 0;
   for (size_t i = 0; i < n_tensors; i++) {
     const st_tensor_desc_t* t = &tensors[i];
     uint64_t n = 1;
@@ -225,6 +244,21 @@ static int build_header(const char* path, const st_tensor_desc_t* tensors,
   return 0;
 }
 
+/* Checks the caller's tensors and metadata and builds the padded header. */
+static int build_header(const char* path, const st_tensor_desc_t* tensors,
+                        size_t n_tensors, const st_meta_kv_t* meta,
+                        size_t n_meta, st_json_buf_t* h, char* err,
+                        size_t err_len) {
+  int rc = check_tensors(path, tensors, n_tensors, err, err_len);
+  if (rc == 0)
+    rc = check_meta(path, meta, n_meta, err, err_len);
+  if (rc == 0)
+    rc = check_duplicates(path, tensors, n_tensors, meta, n_meta, err, err_len);
+  if (rc == 0)
+    rc = emit_header(path, tensors, n_tensors, meta, n_meta, h, err, err_len);
+  return rc;
+}
+
 /* fsyncs the directory holding path, so that the rename is durable. */
 static int fsync_dir_of(const char* path) {
   const char* slash = strrchr(path, '/');
@@ -253,6 +287,61 @@ static int fsync_dir_of(const char* path) {
   return rc;
 }
 
+/* Creates the temporary file beside path (*tmp_out, its name, malloc'd;
+ * *fd_out, open) with the mode the checkpoint will have. On failure,
+ * *step names what failed; what was created is the caller's to remove. */
+static int create_temp(const char* path, char** tmp_out, int* fd_out,
+                       const char** step) {
+  size_t tmp_len = strlen(path) + sizeof(".tmp.XXXXXX");
+  char* tmp = malloc(tmp_len);
+  *tmp_out = tmp;
+  if (tmp == NULL) {
+    *step = "allocating";
+    return -ENOMEM;
+  }
+  snprintf(tmp, tmp_len, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    int rc = -errno;
+    free(tmp);
+    *tmp_out = NULL; /* nothing to unlink */
+    *step = "creating a temporary file for";
+    return rc;
+  }
+  *fd_out = fd;
+  (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  /* mkstemp creates 0600; a replaced checkpoint keeps its mode, a new one
+   * gets the usual 0644. */
+  struct stat old;
+  mode_t mode = 0644;
+  if (stat(path, &old) == 0 && S_ISREG(old.st_mode))
+    mode = old.st_mode & 0777;
+  if (fchmod(fd, mode) != 0) {
+    *step = "setting the mode of";
+    return -errno;
+  }
+  return 0;
+}
+
+/* Writes the header length, the header and the tensors' data to fd. */
+static int write_contents(int fd, const st_json_buf_t* h,
+                          const st_tensor_desc_t* tensors, size_t n_tensors) {
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++)
+    len8[i] = (unsigned char) ((uint64_t) h->len >> (8 * i));
+  int rc = write_all(fd, len8, sizeof(len8));
+  if (rc == 0)
+    rc = write_all(fd, h->p, h->len);
+  for (size_t i = 0; i < n_tensors && rc == 0; i++) {
+    size_t n = 1;
+    for (int d = 0; d < tensors[i].ndim; d++)
+      n *= tensors[i].shape[d];
+    if (n > 0)
+      rc = write_floats(fd, tensors[i].data, n);
+  }
+  return rc;
+}
+
 int st_safetensors_write(const char* path, const st_tensor_desc_t* tensors,
                          size_t n_tensors, const st_meta_kv_t* meta,
                          size_t n_meta, char* err, size_t err_len) {
@@ -275,49 +364,12 @@ int st_safetensors_write(const char* path, const st_tensor_desc_t* tensors,
   if (rc != 0)
     goto out;
 
-  size_t tmp_len = strlen(path) + sizeof(".tmp.XXXXXX");
-  tmp = malloc(tmp_len);
-  if (tmp == NULL) {
-    rc = -ENOMEM;
-    step = "allocating";
+  rc = create_temp(path, &tmp, &fd, &step);
+  if (rc != 0)
     goto fail;
-  }
-  snprintf(tmp, tmp_len, "%s.tmp.XXXXXX", path);
-  fd = mkstemp(tmp);
-  if (fd < 0) {
-    rc = -errno;
-    free(tmp);
-    tmp = NULL; /* nothing to unlink */
-    step = "creating a temporary file for";
-    goto fail;
-  }
-  (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
-  /* mkstemp creates 0600; a replaced checkpoint keeps its mode, a new one
-   * gets the usual 0644. */
-  struct stat old;
-  mode_t mode = 0644;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode))
-    mode = old.st_mode & 0777;
-  if (fchmod(fd, mode) != 0) {
-    rc = -errno;
-    step = "setting the mode of";
-    goto fail;
-  }
 
   step = "writing";
-  unsigned char len8[8];
-  for (int i = 0; i < 8; i++)
-    len8[i] = (unsigned char) ((uint64_t) h.len >> (8 * i));
-  rc = write_all(fd, len8, sizeof(len8));
-  if (rc == 0)
-    rc = write_all(fd, h.p, h.len);
-  for (size_t i = 0; i < n_tensors && rc == 0; i++) {
-    size_t n = 1;
-    for (int d = 0; d < tensors[i].ndim; d++)
-      n *= tensors[i].shape[d];
-    if (n > 0)
-      rc = write_floats(fd, tensors[i].data, n);
-  }
+  rc = write_contents(fd, &h, tensors, n_tensors);
   if (rc != 0)
     goto fail;
   step = "syncing";

@@ -170,16 +170,14 @@ static int expect_meta(const st_safetensors_t* st, const char* path,
   return 0;
 }
 
-int st_trainer_load(st_trainer_t* t, const char* path, char* err,
-                    size_t err_len) {
-  st_safetensors_t* st = NULL;
-  float* host = NULL;
-  int rc = st_safetensors_read(path, &st, err, err_len);
-  if (rc != 0)
-    return rc;
-
-  char model[256], shard[48], batch[32], seed[32];
-  st_model_spec_format(&t->cfg.model, model, sizeof(model));
+/* Checks that the checkpoint was written by a run of this configuration:
+ * format, model, optimizer, batch, seed and shard. model: the formatted
+ * model spec. */
+static int check_run_meta(const st_trainer_t* t, const st_safetensors_t* st,
+                          const char* path, const char* model, char* err,
+                          size_t err_len) {
+  char shard[48], batch[32], seed[32];
+  int rc;
   shard_text(&t->cfg, shard, sizeof(shard));
   snprintf(batch, sizeof(batch), "%zu", t->cfg.batch);
   snprintf(seed, sizeof(seed), "%" PRIu64, t->cfg.seed);
@@ -192,6 +190,62 @@ int st_trainer_load(st_trainer_t* t, const char* path, char* err,
       (rc = expect_meta(st, path, "batch", batch, "--batch", err, err_len)) ||
       (rc = expect_meta(st, path, "seed", seed, "--seed", err, err_len)) ||
       (rc = expect_meta(st, path, "shard", shard, "--shard", err, err_len)))
+    return rc;
+  return 0;
+}
+
+/* Checks the tensors of one state buffer (names starting with prefix)
+ * and copies them into host, laid out as the flat buffer. */
+static int load_buffer(const st_trainer_t* t, const st_safetensors_t* st,
+                       const char* path, const char* prefix, const char* model,
+                       float* host, char* err, size_t err_len) {
+  for (int l = 0; l < t->cfg.model.n_layers; l++) {
+    size_t in = t->cfg.model.sizes[l], out = t->cfg.model.sizes[l + 1];
+    for (int is_bias = 0; is_bias < 2; is_bias++) {
+      char name[NAME_LEN];
+      snprintf(name, sizeof(name), "%slayers.%d.%s", prefix, l,
+               is_bias ? "bias" : "weight");
+      size_t shape[ST_SAFETENSORS_MAX_DIMS], count;
+      int ndim;
+      const float* data = st_safetensors_tensor(st, name, &count, shape, &ndim);
+      int ok = data != NULL &&
+               (is_bias ? (ndim == 1 && shape[0] == out)
+                        : (ndim == 2 && shape[0] == out && shape[1] == in));
+      if (!ok) {
+        st_set_err(err, err_len,
+                   "%s: tensor %s is missing or has the wrong "
+                   "shape for model %s",
+                   path, name, model);
+        return -EINVAL;
+      }
+      float* dst = host + (is_bias ? t->model.b_off[l] : t->model.w_off[l]);
+      for (size_t i = 0; i < count; i++) {
+        if (!isfinite(data[i])) {
+          st_set_err(err, err_len,
+                     "%s: tensor %s holds a NaN or infinite "
+                     "value at index %zu; the checkpoint is unusable",
+                     path, name, i);
+          return -EINVAL;
+        }
+      }
+      memcpy(dst, data, count * sizeof(float));
+    }
+  }
+  return 0;
+}
+
+int st_trainer_load(st_trainer_t* t, const char* path, char* err,
+                    size_t err_len) {
+  st_safetensors_t* st = NULL;
+  float* host = NULL;
+  int rc = st_safetensors_read(path, &st, err, err_len);
+  if (rc != 0)
+    return rc;
+
+  char model[256];
+  st_model_spec_format(&t->cfg.model, model, sizeof(model));
+  rc = check_run_meta(t, st, path, model, err, err_len);
+  if (rc != 0)
     goto done;
 
   uint64_t step, epoch, pos, opt_t;
@@ -218,41 +272,9 @@ int st_trainer_load(st_trainer_t* t, const char* path, char* err,
    * only after every tensor has passed (one buffer at a time, but a failure
    * in buffer b leaves the trainer in need of a reset: report it). */
   for (int b = 0; b < nbufs; b++) {
-    for (int l = 0; l < t->cfg.model.n_layers; l++) {
-      size_t in = t->cfg.model.sizes[l], out = t->cfg.model.sizes[l + 1];
-      for (int is_bias = 0; is_bias < 2; is_bias++) {
-        char name[NAME_LEN];
-        snprintf(name, sizeof(name), "%slayers.%d.%s", bufs[b].prefix, l,
-                 is_bias ? "bias" : "weight");
-        size_t shape[ST_SAFETENSORS_MAX_DIMS], count;
-        int ndim;
-        const float* data =
-            st_safetensors_tensor(st, name, &count, shape, &ndim);
-        int ok = data != NULL &&
-                 (is_bias ? (ndim == 1 && shape[0] == out)
-                          : (ndim == 2 && shape[0] == out && shape[1] == in));
-        if (!ok) {
-          st_set_err(err, err_len,
-                     "%s: tensor %s is missing or has the wrong "
-                     "shape for model %s",
-                     path, name, model);
-          rc = -EINVAL;
-          goto done;
-        }
-        float* dst = host + (is_bias ? t->model.b_off[l] : t->model.w_off[l]);
-        for (size_t i = 0; i < count; i++) {
-          if (!isfinite(data[i])) {
-            st_set_err(err, err_len,
-                       "%s: tensor %s holds a NaN or infinite "
-                       "value at index %zu; the checkpoint is unusable",
-                       path, name, i);
-            rc = -EINVAL;
-            goto done;
-          }
-        }
-        memcpy(dst, data, count * sizeof(float));
-      }
-    }
+    rc = load_buffer(t, st, path, bufs[b].prefix, model, host, err, err_len);
+    if (rc != 0)
+      goto done;
     rc = st_copy_to_device(t->be, bufs[b].device, host, n);
     if (rc != 0) {
       st_set_err(err, err_len, "%s: cannot copy the checkpoint to %s: %s", path,

@@ -312,139 +312,66 @@ static int parse(int argc, char** argv, crypto_args_t* a) {
   return 0;
 }
 
-int st__bench_crypto(int argc, char** argv) {
-  crypto_args_t a;
-  int rc = parse(argc, argv, &a);
-  if (rc != 0)
-    return rc < 0 ? 0 : rc;
-  if (st_crypto_init() != 0) {
-    fprintf(stderr, "starling-bench crypto: libsodium failed to start\n");
-    return 1;
-  }
-  result_t res[10];
-  int nres = 0, status = 1;
-  const size_t n_packets = 1u << 16, n_frames = 64;
+/* Round r of every measurement, into vals[k][r]: raw AEAD and packets at
+ * packet size, raw AEAD and stream frames at chunk size, the handshake,
+ * and AES-256-GCM when the CPU has it. 0, or -1 when an operation failed. */
+static int measure_round(raw_ctx_t* raw, packet_ctx_t* pk, stream_ctx_t* st,
+                         hs_ctx_t* hs, const uint8_t* key, uint8_t* header,
+                         double seconds, bool aes, int r,
+                         double vals[][MAX_ROUNDS]) {
+  int k = 0;
+  /* Raw AEAD, packet-sized, over the packets' slots. */
+  raw->len = PACKET_PLAINTEXT;
+  raw->slots = pk->packets;
+  raw->slot_cap = ST_PACKET_MAX_BYTES;
+  raw->n = pk->n;
+  if (measure_aead(raw_seal, raw_open, raw, seconds, &vals[k][r],
+                   &vals[k + 1][r]) != 0)
+    return -1;
+  k += 2;
+  /* Packets: seal n (the measured loop overwrites them), then open
+   * exactly the n sealed last, in order. */
+  vals[k++][r] = measure(packet_seal, pk, seconds, SIZE_MAX);
+  for (size_t i = 0; i < pk->n; i++)
+    if (packet_seal(pk, i) != 0)
+      return -1;
+  vals[k++][r] = measure(packet_open, pk, seconds, pk->n);
+  /* Raw AEAD, chunk-sized, over the frames' slots. */
+  raw->len = CHUNK_BYTES;
+  raw->slots = st->frames;
+  raw->slot_cap = st->frame_cap;
+  raw->n = st->n;
+  if (measure_aead(raw_seal, raw_open, raw, seconds, &vals[k][r],
+                   &vals[k + 1][r]) != 0)
+    return -1;
+  k += 2;
+  /* Stream frames: a fresh pair for the open measurement, so that the
+   * receiver sees frames 0..n-1 of its stream in order. */
+  if (st_stream_tx_init(&st->tx, key, header) != 0)
+    return -1;
+  vals[k++][r] = measure(stream_seal, st, seconds, SIZE_MAX);
+  if (st_stream_tx_init(&st->tx, key, header) != 0 ||
+      st_stream_rx_init(&st->rx, key, header) != 0)
+    return -1;
+  for (size_t i = 0; i < st->n; i++)
+    if (stream_seal(st, i) != 0)
+      return -1;
+  vals[k++][r] = measure(stream_open, st, seconds, st->n);
+  vals[k++][r] = measure(handshake, hs, seconds, SIZE_MAX);
+  /* AES-256-GCM, chunk-sized, over the frames' slots again (raw is
+   * still set up for them). */
+  if (aes && measure_aead(aes_seal, aes_open, raw, seconds, &vals[k][r],
+                          &vals[k + 1][r]) != 0)
+    return -1;
+  return 0;
+}
 
-  raw_ctx_t raw = {0};
-  packet_ctx_t pk = {0};
-  stream_ctx_t st = {0};
-  hs_ctx_t hs;
-  st_identity_t self, peer; /* the packets' sender and receiver */
-  st_cluster_key_t ck;
-  memset(&hs, 0, sizeof(hs));
-  memset(&self, 0, sizeof(self));
-  memset(&peer, 0, sizeof(peer));
-  st_cluster_key_generate(&ck);
-  randombytes_buf(raw.key, sizeof(raw.key));
-  raw.in = calloc(1, CHUNK_BYTES + 64);
-  pk.plain = calloc(1, PACKET_PLAINTEXT);
-  pk.packets = malloc(n_packets * ST_PACKET_MAX_BYTES);
-  pk.lens = calloc(n_packets, sizeof(size_t));
-  st.frame_cap = CHUNK_BYTES + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
-  st.msg = calloc(1, CHUNK_BYTES);
-  st.out = malloc(CHUNK_BYTES);
-  st.frames = malloc(n_frames * st.frame_cap);
-  st.lens = calloc(n_frames, sizeof(size_t));
-  st.n = n_frames;
-  if (!raw.in || !pk.plain || !pk.packets || !pk.lens || !st.msg || !st.out ||
-      !st.frames || !st.lens) {
-    fprintf(stderr, "starling-bench crypto: out of memory\n");
-    goto done;
-  }
-
-  st_keyring_init(&pk.ring, &ck, NULL, NULL, 0);
-  st_identity_generate(&self);
-  pk.sealer = (st_packet_sealer_t){&pk.ring, &self, 1, 0};
-  st_identity_generate(&peer);
-  pk.to = peer.id;
-  pk.n = n_packets;
-  if (st_replay_table_new(16, &pk.replay) != 0)
-    goto done;
-  st_identity_generate(&hs.a);
-  st_identity_generate(&hs.b);
-  st_keyring_init(&hs.ring, &ck, NULL, NULL, 0);
-  uint8_t key[ST_KEY_BYTES], header[ST_STREAM_HEADER_BYTES];
-  randombytes_buf(key, sizeof(key));
-
-  /* R rounds of every measurement, interleaved, so that a burst of other
-   * load on the machine hits raw and framed alike; medians reported. */
-  double vals[11][MAX_ROUNDS];
-  const bool aes = crypto_aead_aes256gcm_is_available() != 0;
-  for (int r = 0; r < a.rounds; r++) {
-    int k = 0;
-    /* Raw AEAD, packet-sized, over the packets' slots. */
-    raw.len = PACKET_PLAINTEXT;
-    raw.slots = pk.packets;
-    raw.slot_cap = ST_PACKET_MAX_BYTES;
-    raw.n = n_packets;
-    if (measure_aead(raw_seal, raw_open, &raw, a.seconds, &vals[k][r],
-                     &vals[k + 1][r]) != 0)
-      goto done;
-    k += 2;
-    /* Packets: seal n (the measured loop overwrites them), then open
-     * exactly the n sealed last, in order. */
-    vals[k++][r] = measure(packet_seal, &pk, a.seconds, SIZE_MAX);
-    for (size_t i = 0; i < n_packets; i++)
-      if (packet_seal(&pk, i) != 0)
-        goto done;
-    vals[k++][r] = measure(packet_open, &pk, a.seconds, n_packets);
-    /* Raw AEAD, chunk-sized, over the frames' slots. */
-    raw.len = CHUNK_BYTES;
-    raw.slots = st.frames;
-    raw.slot_cap = st.frame_cap;
-    raw.n = n_frames;
-    if (measure_aead(raw_seal, raw_open, &raw, a.seconds, &vals[k][r],
-                     &vals[k + 1][r]) != 0)
-      goto done;
-    k += 2;
-    /* Stream frames: a fresh pair for the open measurement, so that the
-     * receiver sees frames 0..n-1 of its stream in order. */
-    if (st_stream_tx_init(&st.tx, key, header) != 0)
-      goto done;
-    vals[k++][r] = measure(stream_seal, &st, a.seconds, SIZE_MAX);
-    if (st_stream_tx_init(&st.tx, key, header) != 0 ||
-        st_stream_rx_init(&st.rx, key, header) != 0)
-      goto done;
-    for (size_t i = 0; i < n_frames; i++)
-      if (stream_seal(&st, i) != 0)
-        goto done;
-    vals[k++][r] = measure(stream_open, &st, a.seconds, n_frames);
-    vals[k++][r] = measure(handshake, &hs, a.seconds, SIZE_MAX);
-    /* AES-256-GCM, chunk-sized, over the frames' slots again (raw is
-     * still set up for them). */
-    if (aes && measure_aead(aes_seal, aes_open, &raw, a.seconds, &vals[k][r],
-                            &vals[k + 1][r]) != 0)
-      goto done;
-  }
-  static const char* const names[8] = {
-      "raw aead seal", "raw aead open", "packet seal", "packet open",
-      "raw aead seal", "raw aead open", "stream seal", "stream open"};
-  for (int k = 0; k < 8; k++)
-    res[nres++] = (result_t){names[k], k < 4 ? PACKET_PLAINTEXT : CHUNK_BYTES,
-                             median(vals[k], a.rounds)};
-  double hps = median(vals[8], a.rounds);
-  if (aes) {
-    res[nres++] =
-        (result_t){"aes256gcm seal", CHUNK_BYTES, median(vals[9], a.rounds)};
-    res[nres++] =
-        (result_t){"aes256gcm open", CHUNK_BYTES, median(vals[10], a.rounds)};
-  }
-  for (int i = 0; i < nres; i++)
-    if (res[i].ops_per_sec < 0) {
-      fprintf(stderr, "starling-bench crypto: %s failed\n", res[i].name);
-      goto done;
-    }
-  if (hps < 0) {
-    fprintf(stderr, "starling-bench crypto: handshake failed\n");
-    goto done;
-  }
-
-  /* Ratios: each starling operation against the raw AEAD of its size. */
-  double ratio[4] = {res[2].ops_per_sec / res[0].ops_per_sec,
-                     res[3].ops_per_sec / res[1].ops_per_sec,
-                     res[6].ops_per_sec / res[4].ops_per_sec,
-                     res[7].ops_per_sec / res[5].ops_per_sec};
-  if (a.json) {
+/* Prints the results, as a table or as --json's document. ratio: packet
+ * seal and open, stream seal and open, against raw AEAD of their size;
+ * hps: handshakes a second. */
+static void print_results(bool json, const result_t* res, int nres,
+                          const double ratio[4], double hps) {
+  if (json) {
     printf("{\"benchmark\": \"crypto\", \"results\": [");
     for (int i = 0; i < nres; i++)
       printf(
@@ -471,23 +398,144 @@ int st__bench_crypto(int argc, char** argv) {
     }
     printf("%-16s %9s %14.0f  (both sides, one core)\n", "handshake", "-", hps);
   }
+}
+
+/* Allocates the buffers of the measurements: n_packets packet slots,
+ * n_frames frame slots and the plaintexts. The caller frees them, whatever
+ * the outcome. 0, or -1 with the reason printed. */
+static int alloc_buffers(raw_ctx_t* raw, packet_ctx_t* pk, stream_ctx_t* st,
+                         size_t n_packets, size_t n_frames) {
+  raw->in = calloc(1, CHUNK_BYTES + 64);
+  pk->plain = calloc(1, PACKET_PLAINTEXT);
+  pk->packets = malloc(n_packets * ST_PACKET_MAX_BYTES);
+  pk->lens = calloc(n_packets, sizeof(size_t));
+  st->frame_cap = CHUNK_BYTES + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
+  st->msg = calloc(1, CHUNK_BYTES);
+  st->out = malloc(CHUNK_BYTES);
+  st->frames = malloc(n_frames * st->frame_cap);
+  st->lens = calloc(n_frames, sizeof(size_t));
+  st->n = n_frames;
+  if (!raw->in || !pk->plain || !pk->packets || !pk->lens || !st->msg ||
+      !st->out || !st->frames || !st->lens) {
+    fprintf(stderr, "starling-bench crypto: out of memory\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* The median of each measurement over the rounds, into res (returns how
+ * many) and *hps (handshakes a second). */
+static int collect_results(double vals[][MAX_ROUNDS], int rounds, bool aes,
+                           result_t* res, double* hps) {
+  int n = 0;
+  static const char* const names[8] = {
+      "raw aead seal", "raw aead open", "packet seal", "packet open",
+      "raw aead seal", "raw aead open", "stream seal", "stream open"};
+  for (int k = 0; k < 8; k++)
+    res[n++] = (result_t){names[k], k < 4 ? PACKET_PLAINTEXT : CHUNK_BYTES,
+                          median(vals[k], rounds)};
+  *hps = median(vals[8], rounds);
+  if (aes) {
+    res[n++] =
+        (result_t){"aes256gcm seal", CHUNK_BYTES, median(vals[9], rounds)};
+    res[n++] =
+        (result_t){"aes256gcm open", CHUNK_BYTES, median(vals[10], rounds)};
+  }
+  return n;
+}
+
+/* Wipes the keys and identities and frees the buffers of a run. */
+static void wipe_and_free(raw_ctx_t* raw, packet_ctx_t* pk, stream_ctx_t* st,
+                          hs_ctx_t* hs, st_identity_t* self,
+                          st_identity_t* peer, st_cluster_key_t* ck) {
+  st_identity_wipe(self);
+  st_identity_wipe(peer);
+  st_identity_wipe(&hs->a);
+  st_identity_wipe(&hs->b);
+  st_keyring_wipe(&hs->ring);
+  st_keyring_wipe(&pk->ring);
+  st_cluster_key_wipe(ck);
+  free(raw->in);
+  free(pk->plain);
+  free(pk->packets);
+  free(pk->lens);
+  st_replay_table_free(pk->replay);
+  free(st->msg);
+  free(st->out);
+  free(st->frames);
+  free(st->lens);
+}
+
+int st__bench_crypto(int argc, char** argv) {
+  crypto_args_t a;
+  int rc = parse(argc, argv, &a);
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
+  if (st_crypto_init() != 0) {
+    fprintf(stderr, "starling-bench crypto: libsodium failed to start\n");
+    return 1;
+  }
+  result_t res[10];
+  int nres = 0, status = 1;
+  const size_t n_packets = 1u << 16, n_frames = 64;
+
+  raw_ctx_t raw = {0};
+  packet_ctx_t pk = {0};
+  stream_ctx_t st = {0};
+  hs_ctx_t hs;
+  st_identity_t self, peer; /* the packets' sender and receiver */
+  st_cluster_key_t ck;
+  memset(&hs, 0, sizeof(hs));
+  memset(&self, 0, sizeof(self));
+  memset(&peer, 0, sizeof(peer));
+  st_cluster_key_generate(&ck);
+  randombytes_buf(raw.key, sizeof(raw.key));
+  if (alloc_buffers(&raw, &pk, &st, n_packets, n_frames) != 0)
+    goto done;
+
+  st_keyring_init(&pk.ring, &ck, NULL, NULL, 0);
+  st_identity_generate(&self);
+  pk.sealer = (st_packet_sealer_t){&pk.ring, &self, 1, 0};
+  st_identity_generate(&peer);
+  pk.to = peer.id;
+  pk.n = n_packets;
+  if (st_replay_table_new(16, &pk.replay) != 0)
+    goto done;
+  st_identity_generate(&hs.a);
+  st_identity_generate(&hs.b);
+  st_keyring_init(&hs.ring, &ck, NULL, NULL, 0);
+  uint8_t key[ST_KEY_BYTES], header[ST_STREAM_HEADER_BYTES];
+  randombytes_buf(key, sizeof(key));
+
+  /* R rounds of every measurement, interleaved, so that a burst of other
+   * load on the machine hits raw and framed alike; medians reported. */
+  double vals[11][MAX_ROUNDS];
+  const bool aes = crypto_aead_aes256gcm_is_available() != 0;
+  for (int r = 0; r < a.rounds; r++) {
+    if (measure_round(&raw, &pk, &st, &hs, key, header, a.seconds, aes, r,
+                      vals) != 0)
+      goto done;
+  }
+  double hps = 0;
+  nres = collect_results(vals, a.rounds, aes, res, &hps);
+  for (int i = 0; i < nres; i++)
+    if (res[i].ops_per_sec < 0) {
+      fprintf(stderr, "starling-bench crypto: %s failed\n", res[i].name);
+      goto done;
+    }
+  if (hps < 0) {
+    fprintf(stderr, "starling-bench crypto: handshake failed\n");
+    goto done;
+  }
+
+  /* Ratios: each starling operation against the raw AEAD of its size. */
+  double ratio[4] = {res[2].ops_per_sec / res[0].ops_per_sec,
+                     res[3].ops_per_sec / res[1].ops_per_sec,
+                     res[6].ops_per_sec / res[4].ops_per_sec,
+                     res[7].ops_per_sec / res[5].ops_per_sec};
+  print_results(a.json, res, nres, ratio, hps);
   status = 0;
 done:
-  st_identity_wipe(&self);
-  st_identity_wipe(&peer);
-  st_identity_wipe(&hs.a);
-  st_identity_wipe(&hs.b);
-  st_keyring_wipe(&hs.ring);
-  st_keyring_wipe(&pk.ring);
-  st_cluster_key_wipe(&ck);
-  free(raw.in);
-  free(pk.plain);
-  free(pk.packets);
-  free(pk.lens);
-  st_replay_table_free(pk.replay);
-  free(st.msg);
-  free(st.out);
-  free(st.frames);
-  free(st.lens);
+  wipe_and_free(&raw, &pk, &st, &hs, &self, &peer, &ck);
   return status;
 }

@@ -45,7 +45,10 @@ static void usage(FILE* f, const char* cmd) {
               : "  --json           one JSON document instead of a table\n");
 }
 
-static int run(const char* cmd, int argc, char** argv) {
+/* Parses the flags of `starling CMD`. Returns -1 to go on, or the exit
+ * status (0 after --help, 2 for a bad flag). */
+static int parse_flags(const char* cmd, int argc, char** argv, const char** dir,
+                       const char** control, int* json) {
   static const struct option opts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"control", required_argument, NULL, 'c'},
@@ -53,22 +56,19 @@ static int run(const char* cmd, int argc, char** argv) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  const char* dir = "starling-data";
-  const char* control = NULL;
-  int json = 0;
   optind = 1;
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
       case 'd':
-        dir = optarg;
+        *dir = optarg;
         break;
       case 'c':
-        control = optarg;
+        *control = optarg;
         break;
       case 'j':
-        json = 1;
+        *json = 1;
         break;
       case 'h':
         usage(stdout, cmd);
@@ -90,18 +90,25 @@ static int run(const char* cmd, int argc, char** argv) {
             argv[optind]);
     return 2;
   }
-  char path[1024];
+  return -1;
+}
+
+/* Connects to the node's control socket (path: --control, or
+ * DIR/control.sock, written into path). Returns the socket, or -2 (a bad
+ * path) or -1 (no node there), the message printed. */
+static int connect_control(const char* cmd, const char* dir,
+                           const char* control, char* path, size_t path_len) {
   if (control != NULL)
-    snprintf(path, sizeof(path), "%s", control);
+    snprintf(path, path_len, "%s", control);
   else
-    snprintf(path, sizeof(path), "%s/control.sock", dir);
+    snprintf(path, path_len, "%s/control.sock", dir);
   struct sockaddr_un sa;
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof(sa.sun_path)) {
     fprintf(stderr, "starling %s: control socket path '%s' is too long\n", cmd,
             path);
-    return 2;
+    return -2;
   }
   memcpy(sa.sun_path, path, strlen(path) + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -116,18 +123,15 @@ static int run(const char* cmd, int argc, char** argv) {
             "or point at a running node with --data-dir DIR or --control "
             "PATH.\n",
             cmd, path, strerror(e), control != NULL ? "DIR" : dir);
-    return 1;
+    return -1;
   }
-  char req[64];
-  int n = snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
-  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
-   * EPIPE and the message below, not a SIGPIPE death. */
-  if (send(fd, req, (size_t) n, MSG_NOSIGNAL) != n) {
-    fprintf(stderr, "starling %s: cannot send to '%s': %s\n", cmd, path,
-            strerror(errno));
-    close(fd);
-    return 1;
-  }
+  return fd;
+}
+
+/* Copies the node's answer on fd to stdout until the node closes the
+ * socket. Returns the exit status: 1 when the answer is an error or the node
+ * does not answer in time. */
+static int relay_answer(const char* cmd, int fd, const char* path) {
   char buf[65536];
   int status = 0;
   for (;;) {
@@ -150,6 +154,31 @@ static int run(const char* cmd, int argc, char** argv) {
       status = 1;
     fwrite(buf, 1, (size_t) r, stdout);
   }
+  return status;
+}
+
+static int run(const char* cmd, int argc, char** argv) {
+  const char* dir = "starling-data";
+  const char* control = NULL;
+  int json = 0;
+  int rc = parse_flags(cmd, argc, argv, &dir, &control, &json);
+  if (rc >= 0)
+    return rc;
+  char path[1024];
+  int fd = connect_control(cmd, dir, control, path, sizeof(path));
+  if (fd < 0)
+    return fd == -2 ? 2 : 1;
+  char req[64];
+  int n = snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
+  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
+   * EPIPE and the message below, not a SIGPIPE death. */
+  if (send(fd, req, (size_t) n, MSG_NOSIGNAL) != n) {
+    fprintf(stderr, "starling %s: cannot send to '%s': %s\n", cmd, path,
+            strerror(errno));
+    close(fd);
+    return 1;
+  }
+  int status = relay_answer(cmd, fd, path);
   close(fd);
   return status;
 }

@@ -162,6 +162,107 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
   return 2;
 }
 
+/* Applies one of the node's own flags (not a training flag) to cfg.
+ * Returns 0, 2 for a bad value, or 1 when opt is not one of them. */
+static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  int rc = 0;
+  switch (opt) {
+    case OPT_LISTEN:
+      cfg->listen = v;
+      break;
+    case OPT_JOIN:
+      if (cfg->n_seeds == ST_DAEMON_MAX_SEEDS) {
+        fprintf(stderr, "starling node: at most %d --join seeds\n",
+                ST_DAEMON_MAX_SEEDS);
+        rc = 2;
+      } else {
+        cfg->seeds[cfg->n_seeds++] = v;
+      }
+      break;
+    case OPT_CLUSTER_KEY:
+      cfg->cluster_key_path = v;
+      break;
+    case OPT_PREVIOUS_KEY:
+      cfg->previous_key_path = v;
+      break;
+    case OPT_IDENTITY:
+      cfg->identity_path = v;
+      break;
+    case OPT_ALLOW:
+      cfg->allowlist_path = v;
+      break;
+    case OPT_DATA_DIR:
+      cfg->data_dir = v;
+      break;
+    case OPT_CONTROL:
+      cfg->control_path = v;
+      break;
+    case OPT_GOSSIP_EVERY:
+    case OPT_RING_EVERY:
+    case OPT_CHECKPOINT_EVERY:
+    case OPT_EVAL_EVERY:
+    case OPT_LOG_EVERY:
+    case OPT_NORM_MULT:
+      rc = seconds_flag(cfg, opt, v);
+      break;
+    case OPT_RING_LANES: {
+      uint64_t n;
+      if (st__parse_u64(CMD, "--ring-lanes", v, 1, ST_RING_MAX_LANES, &n) != 0)
+        rc = 2;
+      else
+        cfg->ring_lanes = (uint32_t) n;
+      break;
+    }
+    case OPT_MIN_NODES: {
+      uint64_t n;
+      if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)
+        rc = 2;
+      else
+        cfg->min_nodes = (uint32_t) n;
+      break;
+    }
+    case OPT_QUIET:
+      cfg->quiet = true;
+      break;
+    default:
+      return 1;
+  }
+  return rc;
+}
+
+/* Parses the command line into cfg and f. Returns 0, 2 for a bad flag, or
+ * -1 after --help. */
+static int parse_args(int argc, char** argv, const struct option* opts,
+                      st_daemon_config_t* cfg, st__train_flags_t* f) {
+  optind = 1;
+  opterr = 0;
+  int c, rc = 0;
+  while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    const char* v = optarg;
+    if (c == 'h') {
+      usage(stdout);
+      return -1;
+    }
+    if (c == ':') {
+      fprintf(stderr, "starling node: %s needs a value\n", argv[optind - 1]);
+      rc = 2;
+      break;
+    }
+    rc = node_flag(cfg, c, v);
+    if (rc != 1)
+      continue;
+    rc = st__train_flag(CMD, c, v, f);
+    if (rc == 1) {
+      fprintf(stderr,
+              "starling node: unknown option '%s'; see 'starling node "
+              "--help'\n",
+              argv[optind - 1]);
+      rc = 2;
+    }
+  }
+  return rc;
+}
+
 int st__cmd_node(int argc, char** argv) {
   /* A SIGTERM from here on ends in an orderly leave (daemon.h). */
   st_daemon_catch_early_signals();
@@ -177,95 +278,10 @@ int st__cmd_node(int argc, char** argv) {
   st_daemon_config_default(&cfg);
   st__train_flags_t f;
   st__train_flags_init(&f);
-  optind = 1;
-  opterr = 0;
-  int c, rc = 0;
-  while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-    const char* v = optarg;
-    switch (c) {
-      case 'h':
-        usage(stdout);
-        free(opts);
-        return 0;
-      case OPT_LISTEN:
-        cfg.listen = v;
-        break;
-      case OPT_JOIN:
-        if (cfg.n_seeds == ST_DAEMON_MAX_SEEDS) {
-          fprintf(stderr, "starling node: at most %d --join seeds\n",
-                  ST_DAEMON_MAX_SEEDS);
-          rc = 2;
-        } else {
-          cfg.seeds[cfg.n_seeds++] = v;
-        }
-        break;
-      case OPT_CLUSTER_KEY:
-        cfg.cluster_key_path = v;
-        break;
-      case OPT_PREVIOUS_KEY:
-        cfg.previous_key_path = v;
-        break;
-      case OPT_IDENTITY:
-        cfg.identity_path = v;
-        break;
-      case OPT_ALLOW:
-        cfg.allowlist_path = v;
-        break;
-      case OPT_DATA_DIR:
-        cfg.data_dir = v;
-        break;
-      case OPT_CONTROL:
-        cfg.control_path = v;
-        break;
-      case OPT_GOSSIP_EVERY:
-      case OPT_RING_EVERY:
-      case OPT_CHECKPOINT_EVERY:
-      case OPT_EVAL_EVERY:
-      case OPT_LOG_EVERY:
-      case OPT_NORM_MULT:
-        rc = seconds_flag(&cfg, c, v);
-        break;
-      case OPT_RING_LANES: {
-        uint64_t n;
-        if (st__parse_u64(CMD, "--ring-lanes", v, 1, ST_RING_MAX_LANES, &n) !=
-            0)
-          rc = 2;
-        else
-          cfg.ring_lanes = (uint32_t) n;
-        break;
-      }
-      case OPT_MIN_NODES: {
-        uint64_t n;
-        if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)
-          rc = 2;
-        else
-          cfg.min_nodes = (uint32_t) n;
-        break;
-      }
-      case OPT_QUIET:
-        cfg.quiet = true;
-        break;
-      case ':':
-        fprintf(stderr, "starling node: %s needs a value\n", argv[optind - 1]);
-        rc = 2;
-        break;
-      default: {
-        int t = st__train_flag(CMD, c, v, &f);
-        if (t == 1) {
-          fprintf(stderr,
-                  "starling node: unknown option '%s'; see 'starling node "
-                  "--help'\n",
-                  argv[optind - 1]);
-          rc = 2;
-        } else {
-          rc = t;
-        }
-      }
-    }
-  }
+  int rc = parse_args(argc, argv, opts, &cfg, &f);
   free(opts);
   if (rc != 0)
-    return rc;
+    return rc < 0 ? 0 : rc;
   if (optind < argc) {
     fprintf(stderr,
             "starling node: unexpected argument '%s'; see 'starling node "

@@ -264,6 +264,210 @@ static int check_checkpoint_dir(const char* path) {
 /* ---- Main loop
  * ------------------------------------------------------------------ */
 
+/* Opens the data (our shard only), the backend and the trainer, resuming
+ * from --resume when given. Returns 0, or 1 with the reason printed and
+ * nothing left open. */
+static int open_run(const train_args_t* a, FILE* log, st_data_t* data,
+                    st_backend_t** be, st_trainer_t* t) {
+  char err[1024];
+  st_data_options_t dopt = a->f.data_opt; /* only our shard is held */
+  dopt.shard_k = a->f.cfg.shard_k;
+  dopt.shard_n = a->f.cfg.shard_n;
+  if (st_data_open(data, a->f.data, &dopt, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling train: --data: %s\n", err);
+    return 1;
+  }
+  if (st_backend_open(be, a->f.device, (int) a->f.threads, err, sizeof(err)) !=
+      0) {
+    fprintf(stderr, "starling train: --device: %s\n", err);
+    st_data_close(data);
+    return 1;
+  }
+  fprintf(log, "device: %s\n", st_backend_describe(*be));
+
+  if (st_trainer_init(t, *be, &data->train, &a->f.cfg, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling train: %s\n", err);
+    st_backend_close(*be);
+    st_data_close(data);
+    return 1;
+  }
+  if (a->resume != NULL) {
+    if (st_trainer_load(t, a->resume, err, sizeof(err)) != 0) {
+      fprintf(stderr, "starling train: --resume: %s\n", err);
+      st_trainer_close(t);
+      st_backend_close(*be);
+      st_data_close(data);
+      return 1;
+    }
+    fprintf(log, "resumed from %s at epoch %" PRIu64 ", step %" PRIu64 "\n",
+            a->resume, t->epoch + 1, t->step);
+  }
+  char model[256];
+  st_model_spec_format(&a->f.cfg.model, model, sizeof(model));
+  fprintf(log,
+          "model %s (%zu parameters), %s, %zu training examples (shard "
+          "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
+          model, t->model.n_params, st_opt_kind_name(a->f.cfg.opt.kind),
+          t->shard_count, a->f.cfg.shard_k, a->f.cfg.shard_n, data->train.total,
+          data->test.n, t->steps_per_epoch);
+  return 0;
+}
+
+/* What the training loop shares between its steps: the run's options and
+ * objects, what it has measured, and the window of the next progress line. */
+typedef struct {
+  const train_args_t* a;
+  st_trainer_t* t;
+  st_backend_t* be;
+  FILE* log;
+  const st_dataset_t* eval_set;
+  const char* eval_name;
+  progress_t p;
+  const char* ckpt_written;
+  double last_log, epoch_start;
+  uint64_t log_samples;
+  double log_loss;
+  size_t log_n;
+} run_t;
+
+/* A progress line every quarter epoch, and at least every --log-every
+ * seconds when epochs are long. */
+static void log_progress(run_t* r, uint64_t epoch_before, double t1) {
+  const st_trainer_t* t = r->t;
+  size_t quarter = (t->steps_per_epoch + 3) / 4;
+  if (r->a->log_every == 0 || t1 - r->last_log >= r->a->log_every ||
+      r->log_n >= quarter) {
+    fprintf(r->log,
+            "epoch %" PRIu64
+            "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
+            "%.0f samples/s\n",
+            epoch_before + 1, r->a->f.cfg.epochs,
+            t->pos ? t->pos : t->steps_per_epoch, t->steps_per_epoch,
+            r->log_loss / (double) r->log_n, t->last_lr,
+            (double) r->log_samples / (t1 - r->last_log));
+    r->last_log = t1;
+    r->log_samples = 0;
+    r->log_loss = 0;
+    r->log_n = 0;
+  }
+}
+
+/* At the end of an epoch: evaluate, print the epoch's line, write the
+ * checkpoint. 0, or -1 with the reason printed. */
+static int end_epoch(run_t* r) {
+  progress_t* p = &r->p;
+  st_trainer_t* t = r->t;
+  if (st_trainer_evaluate(t, r->eval_set, &p->test_loss, &p->test_accuracy) !=
+      0) {
+    fprintf(stderr, "starling train: evaluation failed: %s\n",
+            st_backend_last_error(r->be));
+    return -1;
+  }
+  p->evaluated = 1;
+  double now = st_now_s();
+  fprintf(r->log, "epoch %" PRIu64 "/%u done  train_loss %.4f  %s_loss %.4f",
+          t->epoch, r->a->f.cfg.epochs,
+          p->train_loss / (double) (p->train_loss_n ? p->train_loss_n : 1),
+          r->eval_name, p->test_loss);
+  if (isfinite(p->test_accuracy))
+    fprintf(r->log, "  %s_accuracy %.4f", r->eval_name, p->test_accuracy);
+  fprintf(r->log, "  (%.1f s)\n", now - r->epoch_start);
+  r->epoch_start = now;
+  if (!st_trainer_done(t)) {
+    p->train_loss = 0;
+    p->train_loss_n = 0;
+  }
+  if (r->a->checkpoint) {
+    if (save(r->a, t, r->log) != 0)
+      return -1;
+    r->ckpt_written = r->a->checkpoint;
+  }
+  r->last_log = st_now_s();
+  r->log_samples = 0;
+  r->log_loss = 0;
+  r->log_n = 0;
+  return 0;
+}
+
+/* One training step with its accounting, progress line, checkpoint and
+ * end of epoch. 0, or -1 with the reason printed. */
+static int train_step(run_t* r) {
+  st_trainer_t* t = r->t;
+  const train_args_t* a = r->a;
+  uint64_t epoch_before = t->epoch;
+  size_t rows = t->shard_count - t->pos * t->cfg.batch;
+  if (rows > t->cfg.batch)
+    rows = t->cfg.batch;
+  double loss = 0, t0 = st_now_s();
+  int rc = st_trainer_step(t, &loss);
+  double t1 = st_now_s();
+  if (rc == -EDOM) {
+    fprintf(stderr,
+            "starling train: training diverged at step %" PRIu64
+            ": the loss is %g; lower --lr, add --clip-norm, or check the "
+            "data (nothing was written for this step)\n",
+            t->step, loss);
+    return -1;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "starling train: step %" PRIu64 " failed: %s\n", t->step,
+            *st_backend_last_error(r->be) ? st_backend_last_error(r->be)
+                                          : strerror(-rc));
+    return -1;
+  }
+  r->p.train_seconds += t1 - t0;
+  r->p.samples += rows;
+  r->p.train_loss += loss;
+  r->p.train_loss_n++;
+  r->log_samples += rows;
+  r->log_loss += loss;
+  r->log_n++;
+  log_progress(r, epoch_before, t1);
+  if (a->checkpoint && a->checkpoint_every &&
+      t->step % a->checkpoint_every == 0 && t->epoch == epoch_before) {
+    if (save(a, t, r->log) != 0)
+      return -1;
+    r->ckpt_written = a->checkpoint;
+  }
+  if (t->epoch != epoch_before)
+    return end_epoch(r);
+  return 0;
+}
+
+/* After the loop: an interrupted or stopped run says how to continue; a
+ * finished one prints its summary (and --json's document). Returns the exit
+ * status. */
+static int finish_run(run_t* r, int stopped, double t_start) {
+  const train_args_t* a = r->a;
+  st_trainer_t* t = r->t;
+  progress_t* p = &r->p;
+  if (stop_signal || stopped) {
+    int saved = a->checkpoint != NULL && save(a, t, r->log) == 0;
+    fprintf(stderr, "starling train: %s at step %" PRIu64 "%s%s\n",
+            stop_signal ? "interrupted" : "stopped (--stop-after-steps)",
+            t->step, saved ? "; continue with --resume " : "",
+            saved ? a->checkpoint : "");
+    return stop_signal ? 130 : 0;
+  }
+  if (!p->evaluated) {
+    /* Resumed from a finished run: report its model as it stands. */
+    if (st_trainer_evaluate(t, r->eval_set, &p->test_loss, &p->test_accuracy) ==
+        0)
+      p->evaluated = 1;
+  }
+  double wall = st_now_s() - t_start;
+  fprintf(r->log,
+          "done: %" PRIu64 " epochs, %" PRIu64
+          " steps, %s_accuracy "
+          "%.4f, %.0f samples/s, %.1f s\n",
+          t->epoch, t->step, r->eval_name, p->test_accuracy,
+          p->train_seconds > 0 ? (double) p->samples / p->train_seconds : 0.0,
+          wall);
+  if (a->json)
+    print_json(stdout, a, t, r->be, p, r->eval_name, wall, r->ckpt_written);
+  return 0;
+}
+
 int st__cmd_train(int argc, char** argv) {
   train_args_t a;
   int rc = parse_args(argc, argv, &a);
@@ -278,170 +482,31 @@ int st__cmd_train(int argc, char** argv) {
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   double t_start = st_now_s();
-  char err[1024];
 
   st_data_t data;
-  st_data_options_t dopt = a.f.data_opt; /* only our shard is held */
-  dopt.shard_k = a.f.cfg.shard_k;
-  dopt.shard_n = a.f.cfg.shard_n;
-  if (st_data_open(&data, a.f.data, &dopt, err, sizeof(err)) != 0) {
-    fprintf(stderr, "starling train: --data: %s\n", err);
-    return 1;
-  }
   st_backend_t* be = NULL;
-  if (st_backend_open(&be, a.f.device, (int) a.f.threads, err, sizeof(err)) !=
-      0) {
-    fprintf(stderr, "starling train: --device: %s\n", err);
-    st_data_close(&data);
-    return 1;
-  }
-  fprintf(log, "device: %s\n", st_backend_describe(be));
-
   st_trainer_t t;
-  int status = 1;
-  const char* ckpt_written = NULL;
-  if (st_trainer_init(&t, be, &data.train, &a.f.cfg, err, sizeof(err)) != 0) {
-    fprintf(stderr, "starling train: %s\n", err);
-    st_backend_close(be);
-    st_data_close(&data);
+  if (open_run(&a, log, &data, &be, &t) != 0)
     return 1;
-  }
-  if (a.resume != NULL) {
-    if (st_trainer_load(&t, a.resume, err, sizeof(err)) != 0) {
-      fprintf(stderr, "starling train: --resume: %s\n", err);
-      goto out;
-    }
-    fprintf(log, "resumed from %s at epoch %" PRIu64 ", step %" PRIu64 "\n",
-            a.resume, t.epoch + 1, t.step);
-  }
-  char model[256];
-  st_model_spec_format(&a.f.cfg.model, model, sizeof(model));
-  fprintf(log,
-          "model %s (%zu parameters), %s, %zu training examples (shard "
-          "%u/%u of %zu), %zu test examples, %zu steps per epoch\n",
-          model, t.model.n_params, st_opt_kind_name(a.f.cfg.opt.kind),
-          t.shard_count, a.f.cfg.shard_k, a.f.cfg.shard_n, data.train.total,
-          data.test.n, t.steps_per_epoch);
 
-  progress_t p = {0};
-  const st_dataset_t* eval_set = data.test.n ? &data.test : &data.train;
-  const char* eval_name = data.test.n ? "test" : "train";
-  double last_log = st_now_s(), epoch_start = last_log;
-  uint64_t log_samples = 0;
-  double log_loss = 0;
-  size_t log_n = 0;
+  run_t r = {0};
+  r.a = &a;
+  r.t = &t;
+  r.be = be;
+  r.log = log;
+  r.eval_set = data.test.n ? &data.test : &data.train;
+  r.eval_name = data.test.n ? "test" : "train";
+  r.last_log = st_now_s();
+  r.epoch_start = r.last_log;
+  int status = 1;
   int stopped = 0;
   while (!st_trainer_done(&t) && !stop_signal && !stopped) {
-    uint64_t epoch_before = t.epoch;
-    size_t rows = t.shard_count - t.pos * t.cfg.batch;
-    if (rows > t.cfg.batch)
-      rows = t.cfg.batch;
-    double loss = 0, t0 = st_now_s();
-    rc = st_trainer_step(&t, &loss);
-    double t1 = st_now_s();
-    if (rc == -EDOM) {
-      fprintf(stderr,
-              "starling train: training diverged at step %" PRIu64
-              ": the loss is %g; lower --lr, add --clip-norm, or check the "
-              "data (nothing was written for this step)\n",
-              t.step, loss);
+    if (train_step(&r) != 0)
       goto out;
-    }
-    if (rc != 0) {
-      fprintf(stderr, "starling train: step %" PRIu64 " failed: %s\n", t.step,
-              *st_backend_last_error(be) ? st_backend_last_error(be)
-                                         : strerror(-rc));
-      goto out;
-    }
-    p.train_seconds += t1 - t0;
-    p.samples += rows;
-    p.train_loss += loss;
-    p.train_loss_n++;
-    log_samples += rows;
-    log_loss += loss;
-    log_n++;
-    /* A progress line every quarter epoch, and at least every --log-every
-     * seconds when epochs are long. */
-    size_t quarter = (t.steps_per_epoch + 3) / 4;
-    if (a.log_every == 0 || t1 - last_log >= a.log_every || log_n >= quarter) {
-      fprintf(log,
-              "epoch %" PRIu64
-              "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
-              "%.0f samples/s\n",
-              epoch_before + 1, a.f.cfg.epochs,
-              t.pos ? t.pos : t.steps_per_epoch, t.steps_per_epoch,
-              log_loss / (double) log_n, t.last_lr,
-              (double) log_samples / (t1 - last_log));
-      last_log = t1;
-      log_samples = 0;
-      log_loss = 0;
-      log_n = 0;
-    }
-    if (a.checkpoint && a.checkpoint_every &&
-        t.step % a.checkpoint_every == 0 && t.epoch == epoch_before) {
-      if (save(&a, &t, log) != 0)
-        goto out;
-      ckpt_written = a.checkpoint;
-    }
-    if (t.epoch != epoch_before) {
-      if (st_trainer_evaluate(&t, eval_set, &p.test_loss, &p.test_accuracy) !=
-          0) {
-        fprintf(stderr, "starling train: evaluation failed: %s\n",
-                st_backend_last_error(be));
-        goto out;
-      }
-      p.evaluated = 1;
-      double now = st_now_s();
-      fprintf(log, "epoch %" PRIu64 "/%u done  train_loss %.4f  %s_loss %.4f",
-              t.epoch, a.f.cfg.epochs,
-              p.train_loss / (double) (p.train_loss_n ? p.train_loss_n : 1),
-              eval_name, p.test_loss);
-      if (isfinite(p.test_accuracy))
-        fprintf(log, "  %s_accuracy %.4f", eval_name, p.test_accuracy);
-      fprintf(log, "  (%.1f s)\n", now - epoch_start);
-      epoch_start = now;
-      if (!st_trainer_done(&t)) {
-        p.train_loss = 0;
-        p.train_loss_n = 0;
-      }
-      if (a.checkpoint) {
-        if (save(&a, &t, log) != 0)
-          goto out;
-        ckpt_written = a.checkpoint;
-      }
-      last_log = st_now_s();
-      log_samples = 0;
-      log_loss = 0;
-      log_n = 0;
-    }
     if (a.stop_after && t.step >= a.stop_after)
       stopped = 1;
   }
-  if (stop_signal || stopped) {
-    int saved = a.checkpoint != NULL && save(&a, &t, log) == 0;
-    fprintf(stderr, "starling train: %s at step %" PRIu64 "%s%s\n",
-            stop_signal ? "interrupted" : "stopped (--stop-after-steps)",
-            t.step, saved ? "; continue with --resume " : "",
-            saved ? a.checkpoint : "");
-    status = stop_signal ? 130 : 0;
-    goto out;
-  }
-  if (!p.evaluated) {
-    /* Resumed from a finished run: report its model as it stands. */
-    if (st_trainer_evaluate(&t, eval_set, &p.test_loss, &p.test_accuracy) == 0)
-      p.evaluated = 1;
-  }
-  double wall = st_now_s() - t_start;
-  fprintf(log,
-          "done: %" PRIu64 " epochs, %" PRIu64
-          " steps, %s_accuracy "
-          "%.4f, %.0f samples/s, %.1f s\n",
-          t.epoch, t.step, eval_name, p.test_accuracy,
-          p.train_seconds > 0 ? (double) p.samples / p.train_seconds : 0.0,
-          wall);
-  if (a.json)
-    print_json(stdout, &a, &t, be, &p, eval_name, wall, ckpt_written);
-  status = 0;
+  status = finish_run(&r, stopped, t_start);
 out:
   st_trainer_close(&t);
   st_backend_close(be);

@@ -56,6 +56,10 @@ void st__train_flags_init(st__train_flags_t* f) {
   f->device = "auto";
 }
 
+/* One case per flag of st__train_long_opts, in the table's order: each parses
+ * its value into f with its range, beside the others' so that they read as
+ * one table (cli.h says what it returns); split, it would only scatter it.
+ * Long: a table of 25 flags, one short case each. */
 int st__train_flag(const char* cmd, int opt, const char* value,
                    st__train_flags_t* f) {
   const char* v = value;
