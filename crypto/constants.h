@@ -1,7 +1,7 @@
 /* constants.h: every protocol constant of crypto/ in one place (STYLE.md
  * rule 7, WireGuard's messages.h), each with the reasoning that chose it.
  * Internal to crypto/; the public sizes are in crypto.h and are checked
- * against these here. Formats: docs/security.md. Changing anything here
+ * against these here. Formats: docs/protocol.md. Changing anything here
  * changes the wire protocol: bump ST_PACKET_VERSION or ST_HS_VERSION and
  * the "starling-hs-v1" strings together. */
 #ifndef STARLING_CRYPTO_CONSTANTS_H
@@ -69,7 +69,7 @@ _Static_assert(ST__PKT_OFF_CIPHERTEXT == ST_PACKET_HEADER_BYTES,
                "header layout and ST_PACKET_HEADER_BYTES disagree");
 _Static_assert(ST__PKT_NONCE_BYTES == 24, "XChaCha20 nonces are 24 bytes");
 _Static_assert(ST__PKT_OFF_CIPHERTEXT == 91 && ST_PACKET_VERSION == 3,
-               "the layout of version 3 (docs/security.md)");
+               "the layout of version 3 (docs/protocol.md)");
 _Static_assert(ST_PACKET_SIGNATURE_BYTES == crypto_sign_BYTES,
                "packet signatures are Ed25519's");
 _Static_assert(ST_PACKET_TAG_BYTES == crypto_aead_xchacha20poly1305_ietf_ABYTES,

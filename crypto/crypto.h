@@ -214,7 +214,7 @@ void st_allowlist_free(st_allowlist_t* list);
 #define ST_PACKET_MAX_BYTES 1400
 #define ST_PACKET_HEADER_BYTES 91 /* version .. nonce */
 #define ST_PACKET_TAG_BYTES 16
-/* The sender's Ed25519 signature, after the tag (docs/security.md). */
+/* The sender's Ed25519 signature, after the tag (docs/protocol.md). */
 #define ST_PACKET_SIGNATURE_BYTES ST_SIGNATURE_BYTES
 #define ST_PACKET_OVERHEAD \
   (ST_PACKET_HEADER_BYTES + ST_PACKET_TAG_BYTES + ST_PACKET_SIGNATURE_BYTES)

@@ -1,5 +1,5 @@
 /* handshake.c: the three-message TCP handshake (crypto.h, "TCP handshake";
- * docs/security.md). It follows the Noise Protocol Framework (revision 34)
+ * docs/protocol.md). It follows the Noise Protocol Framework (revision 34)
  * pattern XX with a pre-shared key, adapted to identity keys that are
  * Ed25519 signing keys rather than static X25519 keys: instead of the "es"
  * and "se" DHs, each side proves its identity by signing the transcript

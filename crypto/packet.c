@@ -1,4 +1,4 @@
-/* packet.c: sealed UDP packets (crypto.h, "UDP packets"; docs/security.md).
+/* packet.c: sealed UDP packets (crypto.h, "UDP packets"; docs/protocol.md).
  *
  * A packet is a 67-byte cleartext header (version, key id, receiver kind,
  * sender id, boot epoch, counter, sender public key), a random 24-byte

@@ -1,5 +1,5 @@
 /* stream.c: encrypted streams over a TCP connection (crypto.h, "Streams";
- * docs/security.md), one per direction after the handshake, built on
+ * docs/protocol.md), one per direction after the handshake, built on
  * libsodium's crypto_secretstream_xchacha20poly1305 (XChaCha20 with a
  * Poly1305 tag per message and an internal nonce that advances with each
  * message, so frames cannot be reordered, duplicated or dropped without

@@ -769,7 +769,7 @@ END_TEST
 
 /* With a fixed cluster key, identity, nonce, header, receiver and message
  * the packet must equal what libsodium's raw AEAD and Ed25519 give for the
- * documented layout (docs/security.md): the subkey crypto_kdf(id 1,
+ * documented layout (docs/protocol.md): the subkey crypto_kdf(id 1,
  * "stpacket"), AD = bytes 0..66 (the header with the sender's public key)
  * followed by the receiver's id (16 zero bytes for an unknown receiver),
  * then the sender's signature of bytes 0..90+c followed by the same
