@@ -608,6 +608,121 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out);
 st_xchg_kind_t st_xchg_kind(const st_xchg_t* x);
 bool st_xchg_finished(const st_xchg_t* x);
 
+/* ==== Session framing (gossip/session.c): the TCP handshake's frames =======
+ *
+ * What two nodes say on a fresh TCP connection before the encrypted
+ * stream, sans-IO: the driver (node/daemon/daemon_conn.c, the blocking
+ * copy in tools/bench/bench_io.c) feeds the bytes that arrived and sends
+ * the bytes the framer queues. In order:
+ *
+ *   1. The three handshake messages of crypto/handshake.c (HS1 from the
+ *      dialler, HS2 back, HS3 from the dialler), each a plain frame: a
+ *      4-byte big-endian length of 1..ST_SESSION_HS_FRAME_MAX and the
+ *      st_wire_encode'd message. A length of 0 or over the cap is refused
+ *      from the four length bytes, before the body is read.
+ *   2. When the session keys exist on a side (the dialler after it reads
+ *      HS2 and writes HS3, the acceptor after it reads HS3) the framer
+ *      checks the peer (when the dialler knows the id it meant to reach),
+ *      initializes the sending stream (*tx) and queues its 24-byte
+ *      secretstream header: phase KEYED, the caller may seal frames now.
+ *   3. The peer's 24-byte header initializes the receiving stream (*rx):
+ *      phase OPEN. The framer consumes nothing after that header: what
+ *      follows is the caller's encrypted frames.
+ *
+ * Refusals count ST_DROP_HS_MALFORMED in the crypto counters (a bad frame
+ * length, an undecodable message, a message of the wrong type for this
+ * side); the handshake counts its own (key id, auth, signature, ...). A
+ * peer that is not the one dialled is counted by the caller (drop
+ * ST_SESSION_DROP_WRONG_PEER). Any refusal is final: drop the connection.
+ *
+ * Between calls every byte fed is either consumed into the framer (a unit
+ * not yet whole waits for more) or left to the caller; byte-at-a-time
+ * delivery gives the same result as one call with everything. */
+
+/* A handshake message's plain frame body: HS1 to HS3 encode in well under
+ * 200 bytes; the cap bounds what a peer can make us buffer unauthenticated. */
+#define ST_SESSION_HS_FRAME_MAX 512u
+#define ST_SESSION_LEN_BYTES 4u
+/* The most a side queues before the caller sends: the dialler's HS1 and
+ * HS3 frames and its stream header. */
+#define ST_SESSION_OUT_MAX                                 \
+  (2u * (ST_SESSION_LEN_BYTES + ST_SESSION_HS_FRAME_MAX) + \
+   ST_STREAM_HEADER_BYTES)
+
+typedef enum {
+  ST_SESSION_HANDSHAKE = 0, /* plain handshake frames */
+  ST_SESSION_KEYED, /* *tx ready, our header queued; the peer's awaited */
+  ST_SESSION_OPEN,  /* *rx ready too: encrypted frames follow */
+  ST_SESSION_FAILED /* refused: see drop; drop the connection */
+} st_session_phase_t;
+
+/* Why a framer refused, with the errno its call returned. */
+typedef enum {
+  ST_SESSION_DROP_NONE = 0,
+  ST_SESSION_DROP_FRAME_SIZE, /* -EMSGSIZE: plain frame length 0 or > cap */
+  ST_SESSION_DROP_MALFORMED,  /* -EBADMSG undecodable, -EPROTO wrong type */
+  ST_SESSION_DROP_HANDSHAKE,  /* crypto/ refused (its errno, its counter) */
+  ST_SESSION_DROP_WRONG_PEER, /* -EACCES: not the node the dialler meant */
+  ST_SESSION_DROP_INTERNAL    /* encoding or stream setup failed */
+} st_session_drop_t;
+
+/* One connection's framer. Holds secrets until OPEN or st_session_framer_wipe.
+ * Callers read phase, drop, peer (valid once peer_known) and the queued
+ * output (out, out_len); every other field is internal. */
+typedef struct {
+  st_session_phase_t phase;
+  st_session_drop_t drop;
+  bool peer_known;   /* the handshake finished: peer is authenticated */
+  st_node_id_t peer; /* the peer's id, as the handshake proved it */
+  bool initiator;
+  bool expect_peer;
+  st_node_id_t expected;
+  int err; /* what a FAILED framer's calls return */
+  st_handshake_t hs;
+  st_session_t keys; /* the session's keys, until the peer's header */
+  st_stream_t* tx;
+  st_stream_t* rx;
+  st_crypto_counters_t* cc;
+  st_wire_counters_t* wc;
+  size_t in_len; /* bytes of the unit being read */
+  uint8_t in[ST_SESSION_LEN_BYTES + ST_SESSION_HS_FRAME_MAX];
+  size_t out_len;
+  uint8_t out[ST_SESSION_OUT_MAX];
+} st_session_framer_t;
+
+/* Starts a framer as the dialler (initiator) or the acceptor. me, keys,
+ * allow (NULL: any cluster-key holder), cc and wc (either may be NULL)
+ * are borrowed until st_session_framer_wipe; tx and rx are the caller's
+ * streams, written when the phase reaches KEYED and OPEN. expected (NULL: any
+ * peer) is copied. The dialler's HS1 is queued at once. 0 or a negative errno
+ * (the framer is then FAILED and needs only st_session_framer_wipe). */
+int st_session_framer_init(st_session_framer_t* f, bool initiator,
+                           const st_identity_t* me, const st_keyring_t* keys,
+                           const st_allowlist_t* allow,
+                           const st_node_id_t* expected, st_stream_t* tx,
+                           st_stream_t* rx, st_crypto_counters_t* cc,
+                           st_wire_counters_t* wc);
+/* Feeds up to len bytes (borrowed for the call) and consumes them until
+ * one unit (a plain frame or the peer's header) is whole and handled, or
+ * the input runs out. *used gets the bytes consumed; the caller feeds the
+ * rest again (after acting on a phase change). Nothing is consumed once
+ * OPEN or FAILED. 0, or a negative errno with phase FAILED and drop set
+ * (output queued before the refusal, such as HS3, stays queued). */
+int st_session_framer_feed(st_session_framer_t* f, const uint8_t* in,
+                           size_t len, size_t* used);
+/* Bytes (1..ST_SESSION_LEN_BYTES + ST_SESSION_HS_FRAME_MAX) that would
+ * complete the unit being read; 0 once OPEN or FAILED. A blocking caller
+ * reads exactly this many so that it never reads past the header. */
+size_t st_session_framer_want(const st_session_framer_t* f);
+/* The queued output (borrowed until the next call on f); st_session_framer_sent
+ * marks n of its first bytes sent. */
+const uint8_t* st_session_framer_output(const st_session_framer_t* f,
+                                        size_t* len);
+void st_session_framer_sent(st_session_framer_t* f, size_t n);
+/* Wipes the framer's secrets (the handshake state, the pending receive
+ * key). The streams are the caller's and stay. */
+void st_session_framer_wipe(st_session_framer_t* f);
+
 /* ==== Ring formation (gossip/ring_form.c): who takes part in a round =======
  *
  * The opportunistic ring all-reduce (DESIGN.md, Averaging) needs a group of

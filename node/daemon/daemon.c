@@ -283,7 +283,7 @@ static void leave_done_cb(uv_timer_t* t) {
   st__conn_t* next;
   for (st__conn_t* c = d->conns; c != NULL; c = next) {
     next = c->next;
-    c->purpose = ST__CONN_UNKNOWN; /* no exchange callbacks any more */
+    c->ops = NULL; /* no exchange callbacks any more */
     c->closing = true;
     c->frames_out_pending = 0;
     close_handle((uv_handle_t*) &c->tcp);
@@ -330,6 +330,11 @@ void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...) {
   st__daemon_leave(d, "cannot continue");
 }
 
+/* The one mutable global of the daemon, and it must be one: a signal
+ * handler gets no context pointer, and it may only store to a volatile
+ * sig_atomic_t. It holds a SIGINT or SIGTERM that came before the loop
+ * could take signals; st_daemon_run raises it again once libuv's handlers
+ * are in place. */
 static volatile sig_atomic_t early_signal;
 
 static void note_early_signal(int signum) {
@@ -340,11 +345,10 @@ static void note_early_signal(int signum) {
  * library loads, and the kernel gives a signal to any thread that does not
  * block it. Installed once; a signal noted earlier stays noted. */
 void st_daemon_catch_early_signals(void) {
-  static bool installed;
-  if (installed)
-    return;
-  installed = true;
   struct sigaction sa;
+  /* Already ours: the kernel's table says so, no flag of our own needed. */
+  if (sigaction(SIGINT, NULL, &sa) == 0 && sa.sa_handler == note_early_signal)
+    return;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = note_early_signal;
   sigemptyset(&sa.sa_mask);
@@ -578,6 +582,7 @@ static void cleanup(st__daemon_t* d) {
     c->tt_pending = 1;
     st__conn_release(c); /* down to 0: frees it */
   }
+  free(d->rx_plain);
   st__ring_free(d);
   if (d->m != NULL)
     st_membership_free(d->m);
@@ -594,12 +599,8 @@ static void cleanup(st__daemon_t* d) {
   st_identity_wipe(&d->ident);
 }
 
-int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
-  st__daemon_t* d = calloc(1, sizeof(*d));
-  if (d == NULL)
-    return -ENOMEM;
-  d->cfg = cfg;
-  d->started_ms = st__dnow(d);
+/* Process-wide settings a node needs before anything starts. */
+static void prepare_process(st__daemon_t* d) {
   /* libuv writes to sockets with write(2): a peer (another node, a control
    * client) that hung up makes the next write raise SIGPIPE, whose default
    * action kills the process. Ignored, the write fails with EPIPE and the
@@ -613,28 +614,97 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
    * keep them in the heap for reuse instead. */
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+/* --listen and --join, parsed before the data directory is touched. */
+static int parse_addresses(st__daemon_t* d, char* err, size_t err_len) {
+  const st_daemon_config_t* cfg = d->cfg;
+  struct sockaddr_storage ss;
+  char e[256];
+  int rc = st__addr_parse(cfg->listen, &ss, &d->self_addr, e, sizeof(e));
+  if (rc != 0)
+    st_set_err(err, err_len, "--listen: %s", e);
+  st__addr_format(&d->self_addr, d->self_addr_text, sizeof(d->self_addr_text));
+  for (size_t i = 0; rc == 0 && i < cfg->n_seeds; i++) {
+    rc = st__addr_parse(cfg->seeds[i], &d->seeds[i], &d->seed_addrs[i], e,
+                        sizeof(e));
+    if (rc != 0)
+      st_set_err(err, err_len, "--join: %s", e);
+  }
+  d->n_seeds = cfg->n_seeds;
+  return rc;
+}
+
+/* Everything after the loop exists: trainer, membership, ring. */
+static int start_node(st__daemon_t* d, char* err, size_t err_len) {
+  int rc = start_trainer(d);
+  if (rc == 0) {
+    d->state = ST__D_SYNCING;
+    rc = start_membership(d, err, err_len);
+    if (rc == 0 && (d->resumed || d->n_seeds == 0))
+      st__daemon_synced(d);
+  }
+  if (rc == 0 && (rc = st__ring_start(d)) != 0)
+    st_set_err(err, err_len, "cannot start the ring: %s", strerror(-rc));
+  return rc;
+}
+
+static void log_started(st__daemon_t* d) {
+  char id[33];
+  st_node_id_format(&d->ident.id, id);
+  st__dlog(d,
+           "node %s listening on %s (boot epoch %u), model %s, %s; control "
+           "socket %s",
+           id, d->self_addr_text, d->boot_epoch, d->local.model,
+           d->resumed        ? "resumed from its checkpoint"
+           : d->n_seeds == 0 ? "first node: seeded initialization"
+                             : "will synchronize from a peer",
+           d->control_path);
+}
+
+/* Runs the loop to its end (or, when start-up failed, closes whatever it
+ * opened), then closes the loop. Returns rc, or the loop's own failure. */
+static int run_and_close_loop(st__daemon_t* d, int rc, char* err,
+                              size_t err_len) {
+  if (rc == 0) {
+    log_started(d);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+  } else {
+    if (d->tt != NULL) {
+      st__tt_stop(d->tt, false, NULL, 0);
+      d->tt = NULL;
+    }
+    st__control_close(d);
+    uv_walk(&d->loop, walk_close, NULL);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+  }
+  int lc = uv_loop_close(&d->loop);
+  if (lc != 0) {
+    uv_walk(&d->loop, walk_report, d);
+    if (rc == 0)
+      st_set_err(err, err_len, "the event loop still had open handles");
+    rc = rc != 0 ? rc : -EBUSY;
+  } else if (rc == 0) {
+    st__dlog(d, "stopped: every handle closed");
+  }
+  return rc;
+}
+
+int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
+  st__daemon_t* d = calloc(1, sizeof(*d));
+  if (d == NULL)
+    return -ENOMEM;
+  d->cfg = cfg;
+  d->started_ms = st__dnow(d);
+  prepare_process(d);
   st_xchg_config_default(&d->xcfg);
   d->xcfg.norm_mult = cfg->norm_mult;
   int rc = st_crypto_init();
   bool loop_started = false;
   /* The flags first, then the data directory: a refused start leaves the
    * directory as it was. */
-  if (rc == 0) {
-    struct sockaddr_storage ss;
-    char e[256];
-    rc = st__addr_parse(cfg->listen, &ss, &d->self_addr, e, sizeof(e));
-    if (rc != 0)
-      st_set_err(err, err_len, "--listen: %s", e);
-    st__addr_format(&d->self_addr, d->self_addr_text,
-                    sizeof(d->self_addr_text));
-    for (size_t i = 0; rc == 0 && i < cfg->n_seeds; i++) {
-      rc = st__addr_parse(cfg->seeds[i], &d->seeds[i], &d->seed_addrs[i], e,
-                          sizeof(e));
-      if (rc != 0)
-        st_set_err(err, err_len, "--join: %s", e);
-    }
-    d->n_seeds = cfg->n_seeds;
-  }
+  if (rc == 0)
+    rc = parse_addresses(d, err, err_len);
   if (rc == 0)
     rc = st__state_prepare(d, err, err_len);
   if (rc == 0)
@@ -650,48 +720,9 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   if (rc == 0 && early_signal != 0)
     raise(early_signal);
   if (rc == 0)
-    rc = start_trainer(d);
-  if (rc == 0) {
-    d->state = ST__D_SYNCING;
-    rc = start_membership(d, err, err_len);
-    if (rc == 0 && (d->resumed || d->n_seeds == 0))
-      st__daemon_synced(d);
-  }
-  if (rc == 0 && (rc = st__ring_start(d)) != 0)
-    st_set_err(err, err_len, "cannot start the ring: %s", strerror(-rc));
-  if (rc == 0) {
-    char id[33];
-    st_node_id_format(&d->ident.id, id);
-    st__dlog(d,
-             "node %s listening on %s (boot epoch %u), model %s, %s; control "
-             "socket %s",
-             id, d->self_addr_text, d->boot_epoch, d->local.model,
-             d->resumed        ? "resumed from its checkpoint"
-             : d->n_seeds == 0 ? "first node: seeded initialization"
-                               : "will synchronize from a peer",
-             d->control_path);
-    uv_run(&d->loop, UV_RUN_DEFAULT);
-  } else if (loop_started) {
-    /* Close whatever start-up opened, then the loop. */
-    if (d->tt != NULL) {
-      st__tt_stop(d->tt, false, NULL, 0);
-      d->tt = NULL;
-    }
-    st__control_close(d);
-    uv_walk(&d->loop, walk_close, NULL);
-    uv_run(&d->loop, UV_RUN_DEFAULT);
-  }
-  if (loop_started) {
-    int lc = uv_loop_close(&d->loop);
-    if (lc != 0) {
-      uv_walk(&d->loop, walk_report, d);
-      if (rc == 0)
-        st_set_err(err, err_len, "the event loop still had open handles");
-      rc = rc != 0 ? rc : -EBUSY;
-    } else if (rc == 0) {
-      st__dlog(d, "stopped: every handle closed");
-    }
-  }
+    rc = start_node(d, err, err_len);
+  if (loop_started)
+    rc = run_and_close_loop(d, rc, err, err_len);
   if (rc == 0 && d->exit_code != 0) {
     st_set_err(err, err_len, "%s", d->fatal[0] ? d->fatal : "node failed");
     rc = -ECANCELED;

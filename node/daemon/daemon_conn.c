@@ -2,22 +2,23 @@
  *
  * A connection goes through three phases:
  *
- *   HANDSHAKE  the three handshake messages (crypto/handshake.c), each a
- *              plain frame: a 4-byte big-endian length (at most
- *              HS_FRAME_MAX) and the msgpack-encoded message. The dialling
- *              side checks that the peer is the node it meant to reach
- *              (when it knows that node's id) and drops it otherwise.
- *   HEADER     each side sends its 24-byte secretstream header as soon as
- *              its session keys exist, and reads the peer's.
+ *   HANDSHAKE  the three handshake messages (crypto/handshake.c) in
+ *              plain frames, and then
+ *   HEADER     each side's 24-byte secretstream header: both framed by
+ *              gossip/session.c (the dialling side checks there that the
+ *              peer is the node it meant to reach, when it knows its id);
+ *              this file moves the framer's bytes and acts on its phases.
  *   OPEN       encrypted frames (crypto/stream.c), one wire message each;
  *              a length over ST_FRAME_MAX_DEFAULT is refused from the four
  *              length bytes, before anything more is read or allocated.
  *
- * The dialling side knows what the connection is for; the accepting side
- * learns it from the first message: a PUSH_PULL goes to the membership
- * machine, whose reply goes back on the same connection, an XCHG_REQ
- * starts an exchange (daemon_xchg.c), and a RING_LANE opens a lane of a
- * ring round (daemon_ring.c). Anything else closes the connection.
+ * What a connection is for is a table of callbacks (st__conn_ops_t, one
+ * const instance per purpose, below). The dialling side knows it from the
+ * start; the accepting side picks it by the type of the first message: a
+ * PUSH_PULL goes to the membership machine, whose reply goes back on the
+ * same connection, an XCHG_REQ starts an exchange (daemon_xchg.c), and a
+ * RING_LANE opens a lane of a ring round (daemon_ring.c). Anything else
+ * closes the connection.
  *
  * Bulk frames (a tensor chunk, up to 1 MiB) are sealed and opened on
  * libuv's thread pool so that the loop thread never spends milliseconds in
@@ -35,22 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Clears a secret; the volatile pointer keeps the stores. */
-void st__wipe(void* p, size_t n) {
-  volatile uint8_t* v = p;
-  while (n-- > 0)
-    *v++ = 0;
-}
-
 enum { P_CONNECTING = 0, P_HANDSHAKE, P_HEADER, P_OPEN };
 
-#define HS_FRAME_MAX 512
 #define HANDSHAKE_DEADLINE_MS 5000u
 #define PUSH_PULL_DEADLINE_MS 10000u
 /* A receive buffer never grows past one full frame plus its prefix. */
 #define RBUF_MAX (ST_FRAME_LENGTH_BYTES + ST_FRAME_MAX_DEFAULT + 64u)
-
-st__conn_t* st__pp_reply_conn = NULL;
 
 typedef struct {
   uv_write_t req;
@@ -99,8 +90,7 @@ static void conn_free(st__conn_t* c) {
   }
   if (c->x != NULL)
     st_xchg_free(c->x);
-  st_handshake_wipe(&c->hs);
-  st__wipe(c->rx_key, sizeof(c->rx_key));
+  st_session_framer_wipe(&c->sf);
   st_stream_wipe(&c->tx);
   st_stream_wipe(&c->rx);
   free(c->rbuf);
@@ -124,17 +114,15 @@ void st__conn_release(st__conn_t* c) {
 static void close_cb(uv_handle_t* h) {
   st__conn_t* c = h->data;
   c->handle_closed = true;
-  if (c->purpose == ST__CONN_RING)
-    st__ring_on_closed(c);
+  if (c->ops != NULL && c->ops->on_handle_closed != NULL)
+    c->ops->on_handle_closed(c);
   maybe_free(c);
 }
 
 /* Tells the conn's owner that it will carry nothing more. */
 static void notify_closed(st__conn_t* c) {
-  if (c->purpose == ST__CONN_XCHG)
-    st__xchg_on_closed(c);
-  else if (c->purpose == ST__CONN_RING)
-    st__ring_on_closed(c);
+  if (c->ops != NULL && c->ops->on_close != NULL)
+    c->ops->on_close(c);
 }
 
 /* Closes at once, dropping queued frames. */
@@ -192,12 +180,8 @@ static void write_cb(uv_write_t* req, int status) {
   c->frames_out_pending--;
   bool ack = w->xchg_ack && status == 0;
   free(w);
-  if (ack && !c->closing) {
-    if (c->purpose == ST__CONN_RING)
-      st__ring_on_sent(c);
-    else
-      st__xchg_on_sent(c);
-  }
+  if (ack && !c->closing && c->ops != NULL && c->ops->on_sent != NULL)
+    c->ops->on_sent(c);
   if (c->closing && c->frames_out_pending == 0 &&
       !uv_is_closing((uv_handle_t*) &c->tcp))
     uv_close((uv_handle_t*) &c->tcp, close_cb);
@@ -333,10 +317,8 @@ static void open_after(uv_work_t* req, int status) {
     d->cc.drops[i] += j->cc.drops[i];
   int rc = status != 0 ? status : j->rc;
   bool live = !c->closing && !uv_is_closing((uv_handle_t*) &c->tcp);
-  if (live && rc == 0 && c->purpose == ST__CONN_XCHG)
-    st__xchg_on_message(c, j->out, j->out_len);
-  else if (live && rc == 0 && c->purpose == ST__CONN_RING)
-    st__ring_on_message(c, j->out, j->out_len);
+  if (live && rc == 0 && c->ops != NULL)
+    c->ops->on_frame(c, j->out, j->out_len);
   free(j->in);
   free(j->out);
   free(j);
@@ -387,25 +369,6 @@ static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
   return rc;
 }
 
-/* A handshake message as a plain length-prefixed frame. */
-static int send_plain(st__conn_t* c, const st_msg_t* m) {
-  wreq_t* w = malloc(sizeof(*w) + 4 + HS_FRAME_MAX);
-  if (w == NULL)
-    return -ENOMEM;
-  size_t len = 0;
-  int rc = st_wire_encode(m, w->data + 4, HS_FRAME_MAX, &len);
-  if (rc != 0) {
-    free(w);
-    return rc;
-  }
-  w->data[0] = (uint8_t) (len >> 24);
-  w->data[1] = (uint8_t) (len >> 16);
-  w->data[2] = (uint8_t) (len >> 8);
-  w->data[3] = (uint8_t) len;
-  w->len = len + 4;
-  return write_raw(c, w, false);
-}
-
 int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
                   bool xchg_ack) {
   if (c->closing || c->phase < P_HEADER)
@@ -424,126 +387,212 @@ int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
   return write_raw(c, w, xchg_ack);
 }
 
-static int send_stream_header(st__conn_t* c, const st_session_t* s) {
-  wreq_t* w = malloc(sizeof(*w) + ST_STREAM_HEADER_BYTES);
-  if (w == NULL)
-    return -ENOMEM;
-  int rc = st_stream_tx_init(&c->tx, s->tx_key, w->data);
-  if (rc != 0) {
-    free(w);
-    return rc;
-  }
-  w->len = ST_STREAM_HEADER_BYTES;
-  return write_raw(c, w, false);
+/* ---- Purposes ------------------------------------------------------------ */
+
+/* Push-pull, dialling side: the request waits for the stream. */
+static int pp_open(st__conn_t* c) {
+  int rc = st__conn_send(c, c->pp_request, c->pp_len, false);
+  free(c->pp_request);
+  c->pp_request = NULL;
+  return rc;
 }
 
-/* The session is up on our side: check the peer, start our stream. */
-static int session_up(st__conn_t* c) {
-  st_session_t s;
-  int rc = st_handshake_finish(&c->hs, &s);
-  if (rc != 0)
-    return rc;
-  c->peer = s.peer_id;
-  if (c->expect_peer &&
-      memcmp(&s.peer_id, &c->expected, sizeof(s.peer_id)) != 0) {
-    c->d->c.peer_mismatch++;
-    st_session_wipe(&s);
-    return -EACCES;
-  }
-  rc = send_stream_header(c, &s);
-  /* The receiving key waits until the peer's stream header arrives. */
-  memcpy(c->rx_key, s.rx_key, ST_KEY_BYTES);
-  st_session_wipe(&s);
-  if (rc != 0)
-    return rc;
-  st__net_heard(c->d, &c->peer);
-  c->phase = P_HEADER;
-  if (c->initiator) {
-    if (c->purpose == ST__CONN_PUSH_PULL) {
-      rc = st__conn_send(c, c->pp_request, c->pp_len, false);
-      free(c->pp_request);
-      c->pp_request = NULL;
-      if (rc != 0)
-        return rc;
-    } else if (c->purpose == ST__CONN_XCHG) {
-      st__xchg_on_ready(c);
-    } else if (c->purpose == ST__CONN_RING) {
-      st__ring_on_ready(c);
-    }
-  }
+/* Push-pull: a request (we answer on this connection) or the reply to ours
+ * (and then we are done). */
+static void pp_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  d->pp_reply = c->initiator ? NULL : c;
+  st_membership_push_pull_in(d->m, st__dnow(d), &c->peer_addr, msg, len);
+  st__net_drain(d);
+  d->pp_reply = NULL;
+  st__conn_close(c);
+}
+
+static int xchg_open(st__conn_t* c) {
+  st__xchg_on_ready(c);
   return 0;
 }
 
-static int handle_hs(st__conn_t* c, const uint8_t* data, size_t len) {
+/* An exchange keeps its own timeout once the stream is open. */
+static bool xchg_owns_deadline(const st__conn_t* c) {
+  return c->x != NULL;
+}
+
+static int ring_open(st__conn_t* c) {
+  st__ring_on_ready(c);
+  return 0;
+}
+
+/* So does a ring round's stream once its round runs. */
+static bool ring_owns_deadline(const st__conn_t* c) {
+  return c->ring_round != 0;
+}
+
+static const st__conn_ops_t pp_ops = {
+    .purpose = ST__CONN_PUSH_PULL,
+    .dial_deadline_ms = PUSH_PULL_DEADLINE_MS,
+    .count_truncated = true,
+    .on_open = pp_open,
+    .on_frame = pp_frame,
+};
+
+static const st__conn_ops_t xchg_ops = {
+    .purpose = ST__CONN_XCHG,
+    .dial_deadline_ms = HANDSHAKE_DEADLINE_MS,
+    .offload_rx = true,
+    .on_open = xchg_open,
+    .on_frame = st__xchg_on_message,
+    .on_sent = st__xchg_on_sent,
+    .on_close = st__xchg_on_closed,
+    .owns_deadline = xchg_owns_deadline,
+};
+
+/* A ring lane hears of its end twice, as before: when it is aborted and
+ * when its handle is closed (st__ring_on_closed takes both). */
+static const st__conn_ops_t ring_ops = {
+    .purpose = ST__CONN_RING,
+    .dial_deadline_ms = HANDSHAKE_DEADLINE_MS,
+    .offload_rx = true,
+    .on_open = ring_open,
+    .on_frame = st__ring_on_message,
+    .on_sent = st__ring_on_sent,
+    .on_close = st__ring_on_closed,
+    .on_handle_closed = st__ring_on_closed,
+    .owns_deadline = ring_owns_deadline,
+};
+
+/* The dialler's purpose, by name. */
+static const st__conn_ops_t* const ops_by_purpose[] = {
+    [ST__CONN_UNKNOWN] = NULL,
+    [ST__CONN_PUSH_PULL] = &pp_ops,
+    [ST__CONN_XCHG] = &xchg_ops,
+    [ST__CONN_RING] = &ring_ops,
+};
+
+/* The acceptor's purpose, by the type of the first message. */
+static const struct {
+  st_msg_type_t type;
+  const st__conn_ops_t* ops;
+} ops_by_first_message[] = {
+    {ST_MSG_PUSH_PULL, &pp_ops},
+    {ST_MSG_XCHG_REQ, &xchg_ops},
+    {ST_MSG_RING_LANE, &ring_ops},
+};
+
+st__conn_purpose_t st__conn_purpose(const st__conn_t* c) {
+  return c->ops != NULL ? c->ops->purpose : ST__CONN_UNKNOWN;
+}
+
+/* The accepting side learns the purpose from the first message. */
+static int learn_purpose(st__conn_t* c, const uint8_t* msg, size_t len) {
   st_msg_t m;
-  int rc = st_wire_decode(data, len, &m, &c->d->wc);
-  if (rc != 0) {
-    c->d->cc.drops[ST_DROP_HS_MALFORMED]++;
+  if (st_wire_decode(msg, len, &m, &c->d->wc) != 0)
     return -EBADMSG;
-  }
-  st_msg_t out;
-  memset(&out, 0, sizeof(out));
-  if (!c->initiator && m.type == ST_MSG_HS1) {
-    if ((rc = st_handshake_read_msg1(&c->hs, &m.u.hs1)) != 0)
-      return rc;
-    out.type = ST_MSG_HS2;
-    if ((rc = st_handshake_write_msg2(&c->hs, &out.u.hs2)) != 0)
-      return rc;
-    return send_plain(c, &out);
-  }
-  if (c->initiator && m.type == ST_MSG_HS2) {
-    if ((rc = st_handshake_read_msg2(&c->hs, &m.u.hs2)) != 0)
-      return rc;
-    out.type = ST_MSG_HS3;
-    if ((rc = st_handshake_write_msg3(&c->hs, &out.u.hs3)) != 0)
-      return rc;
-    if ((rc = send_plain(c, &out)) != 0)
-      return rc;
-    return session_up(c);
-  }
-  if (!c->initiator && m.type == ST_MSG_HS3) {
-    if ((rc = st_handshake_read_msg3(&c->hs, &m.u.hs3)) != 0)
-      return rc;
-    return session_up(c);
-  }
+  st_msg_type_t type = m.type;
   st_wire_msg_free(&m);
-  c->d->cc.drops[ST_DROP_HS_MALFORMED]++;
+  size_t n = sizeof(ops_by_first_message) / sizeof(ops_by_first_message[0]);
+  for (size_t i = 0; i < n; i++) {
+    if (ops_by_first_message[i].type == type) {
+      c->ops = ops_by_first_message[i].ops;
+      return 0;
+    }
+  }
   return -EPROTO;
 }
 
 static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
-  st__daemon_t* d = c->d;
-  if (c->purpose == ST__CONN_UNKNOWN) {
-    st_msg_t m;
-    if (st_wire_decode(msg, len, &m, &d->wc) != 0)
-      return -EBADMSG;
-    st_msg_type_t type = m.type;
-    st_wire_msg_free(&m);
-    if (type == ST_MSG_PUSH_PULL)
-      c->purpose = ST__CONN_PUSH_PULL;
-    else if (type == ST_MSG_XCHG_REQ)
-      c->purpose = ST__CONN_XCHG;
-    else if (type == ST_MSG_RING_LANE)
-      c->purpose = ST__CONN_RING;
-    else
-      return -EPROTO;
+  if (c->ops == NULL) {
+    int rc = learn_purpose(c, msg, len);
+    if (rc != 0)
+      return rc;
   }
-  if (c->purpose == ST__CONN_XCHG) {
-    st__xchg_on_message(c, msg, len);
-    return 0;
-  }
-  if (c->purpose == ST__CONN_RING) {
-    st__ring_on_message(c, msg, len);
-    return 0;
-  }
-  /* Push-pull: a request (we answer on this connection) or the reply to
-   * ours (and then we are done). */
-  st__pp_reply_conn = c->initiator ? NULL : c;
-  st_membership_push_pull_in(d->m, st__dnow(d), &c->peer_addr, msg, len);
-  st__net_drain(d);
-  st__pp_reply_conn = NULL;
-  st__conn_close(c);
+  c->ops->on_frame(c, msg, len);
   return 0;
+}
+
+/* ---- The session: gossip/session.c's bytes on this connection ---------- */
+
+/* Writes what the framer queued (handshake frames, our stream header). */
+static int flush_session(st__conn_t* c) {
+  size_t len = 0;
+  const uint8_t* out = st_session_framer_output(&c->sf, &len);
+  if (len == 0)
+    return 0;
+  wreq_t* w = malloc(sizeof(*w) + len);
+  if (w == NULL)
+    return -ENOMEM;
+  memcpy(w->data, out, len);
+  w->len = len;
+  st_session_framer_sent(&c->sf, len);
+  return write_raw(c, w, false);
+}
+
+/* The session is up on our side (our stream header is on its way): the
+ * dialler says its first thing. */
+static int session_up(st__conn_t* c) {
+  c->peer = c->sf.peer;
+  st__net_heard(c->d, &c->peer);
+  c->phase = P_HEADER;
+  if (c->initiator && c->ops != NULL && c->ops->on_open != NULL)
+    return c->ops->on_open(c);
+  return 0;
+}
+
+/* Feeds the framer one unit's worth of received bytes; *used gets what it
+ * took. What it queued is written first, even before a refusal (the HS3
+ * that precedes a wrong peer's drop). */
+static int session_step(st__conn_t* c, const uint8_t* p, size_t avail,
+                        size_t* used) {
+  int rc = st_session_framer_feed(&c->sf, p, avail, used);
+  int wrc = flush_session(c);
+  if (rc != 0) {
+    if (c->sf.drop == ST_SESSION_DROP_WRONG_PEER) {
+      c->peer = c->sf.peer;
+      c->d->c.peer_mismatch++;
+    }
+    return rc;
+  }
+  if (wrc != 0)
+    return wrc;
+  if (c->sf.phase == ST_SESSION_KEYED && c->phase == P_HANDSHAKE)
+    return session_up(c);
+  if (c->sf.phase == ST_SESSION_OPEN)
+    c->phase = P_OPEN;
+  return 0;
+}
+
+/* ---- Receiving ------------------------------------------------------------
+ */
+
+/* One encrypted frame, if whole: opened here and dispatched, or (a large
+ * one of a purpose that offloads) handed to the pool, which stops this
+ * pass (*stop). */
+static int open_step(st__conn_t* c, const uint8_t* p, size_t avail,
+                     size_t* used, bool* stop) {
+  st__daemon_t* d = c->d;
+  *used = 0;
+  *stop = true;
+  if (avail < ST_FRAME_LENGTH_BYTES)
+    return 0;
+  size_t ct_len = 0;
+  int rc = st_frame_length(p, ST_FRAME_MAX_DEFAULT, &d->cc, &ct_len);
+  if (rc != 0 || avail < ST_FRAME_LENGTH_BYTES + ct_len)
+    return rc;
+  const uint8_t* ct = p + ST_FRAME_LENGTH_BYTES;
+  *used = ST_FRAME_LENGTH_BYTES + ct_len;
+  if (ct_len >= ST__OFFLOAD_BYTES && c->ops != NULL && c->ops->offload_rx)
+    return open_offloaded(c, ct, ct_len);
+  if (d->rx_plain == NULL &&
+      (d->rx_plain = malloc(ST_FRAME_MAX_DEFAULT)) == NULL)
+    return -ENOMEM;
+  *stop = false;
+  size_t plain_len = 0;
+  bool final = false;
+  rc = st_stream_open_frame(&c->rx, &d->cc, ct, ct_len, d->rx_plain,
+                            ST_FRAME_MAX_DEFAULT, &plain_len, &final);
+  if (rc == 0)
+    rc = dispatch(c, d->rx_plain, plain_len);
+  return rc;
 }
 
 static int process_frames(st__conn_t* c);
@@ -558,59 +607,23 @@ static int process(st__conn_t* c) {
 }
 
 static int process_frames(st__conn_t* c) {
-  st__daemon_t* d = c->d;
   size_t off = 0;
   int rc = 0;
-  while (rc == 0 && !c->closing && !c->rx_busy && !c->paused) {
+  while (rc == 0 && !c->closing && !c->rx_busy && !c->paused && off < c->rlen) {
     const uint8_t* p = c->rbuf + off;
-    size_t avail = c->rlen - off;
-    if (c->phase == P_HANDSHAKE) {
-      if (avail < 4)
-        break;
-      size_t flen =
-          (size_t) p[0] << 24 | (size_t) p[1] << 16 | (size_t) p[2] << 8 | p[3];
-      if (flen == 0 || flen > HS_FRAME_MAX) {
-        d->cc.drops[ST_DROP_HS_MALFORMED]++;
-        return -EMSGSIZE;
-      }
-      if (avail < 4 + flen)
-        break;
-      rc = handle_hs(c, p + 4, flen);
-      off += 4 + flen;
-    } else if (c->phase == P_HEADER) {
-      if (avail < ST_STREAM_HEADER_BYTES)
-        break;
-      rc = st_stream_rx_init(&c->rx, c->rx_key, p);
-      st__wipe(c->rx_key, sizeof(c->rx_key));
-      off += ST_STREAM_HEADER_BYTES;
-      c->phase = P_OPEN;
+    size_t avail = c->rlen - off, used = 0;
+    bool stop = false;
+    if (c->phase == P_HANDSHAKE || c->phase == P_HEADER) {
+      rc = session_step(c, p, avail, &used);
+      stop = used == 0;
     } else if (c->phase == P_OPEN) {
-      if (avail < ST_FRAME_LENGTH_BYTES)
-        break;
-      size_t ct_len = 0;
-      rc = st_frame_length(p, ST_FRAME_MAX_DEFAULT, &d->cc, &ct_len);
-      if (rc != 0)
-        break;
-      if (avail < ST_FRAME_LENGTH_BYTES + ct_len)
-        break;
-      if (ct_len >= ST__OFFLOAD_BYTES &&
-          (c->purpose == ST__CONN_XCHG || c->purpose == ST__CONN_RING)) {
-        rc = open_offloaded(c, p + ST_FRAME_LENGTH_BYTES, ct_len);
-        off += ST_FRAME_LENGTH_BYTES + ct_len;
-        break;
-      }
-      static uint8_t plain[ST_FRAME_MAX_DEFAULT];
-      size_t plain_len = 0;
-      bool final = false;
-      rc = st_stream_open_frame(&c->rx, &d->cc, p + ST_FRAME_LENGTH_BYTES,
-                                ct_len, plain, sizeof(plain), &plain_len,
-                                &final);
-      off += ST_FRAME_LENGTH_BYTES + ct_len;
-      if (rc == 0)
-        rc = dispatch(c, plain, plain_len);
+      rc = open_step(c, p, avail, &used, &stop);
     } else {
-      break;
+      stop = true;
     }
+    off += used;
+    if (stop)
+      break;
   }
   if (off > 0 && c->rbuf != NULL) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
@@ -654,8 +667,8 @@ static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
     return;
   }
   if (nread < 0) {
-    if (c->phase == P_OPEN && c->purpose != ST__CONN_UNKNOWN && !c->closing &&
-        c->purpose == ST__CONN_PUSH_PULL && c->initiator)
+    if (c->phase == P_OPEN && c->ops != NULL && c->ops->count_truncated &&
+        !c->closing && c->initiator)
       c->d->cc.drops[ST_DROP_STREAM_TRUNCATED]++;
     conn_abort(c);
     return;
@@ -668,7 +681,8 @@ static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
     conn_abort(c);
 }
 
-static st__conn_t* conn_new(st__daemon_t* d, bool initiator) {
+static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
+                            const st_node_id_t* expected) {
   if (d->n_conns >= ST__MAX_CONNS) {
     d->c.conns_refused++;
     return NULL;
@@ -687,8 +701,9 @@ static st__conn_t* conn_new(st__daemon_t* d, bool initiator) {
   c->next = d->conns;
   d->conns = c;
   d->n_conns++;
-  st_handshake_init(&c->hs, initiator ? ST_HS_INITIATOR : ST_HS_RESPONDER,
-                    &d->ident, &d->keys, d->allow, &d->cc);
+  /* A framer that fails here (the dialler's HS1) is dropped at connect. */
+  st_session_framer_init(&c->sf, initiator, &d->ident, &d->keys, d->allow,
+                         expected, &c->tx, &c->rx, &d->cc, &d->wc);
   return c;
 }
 
@@ -703,11 +718,7 @@ static void connect_cb(uv_connect_t* req, int status) {
     return;
   }
   c->phase = P_HANDSHAKE;
-  st_msg_t m;
-  memset(&m, 0, sizeof(m));
-  m.type = ST_MSG_HS1;
-  if (st_handshake_write_msg1(&c->hs, &m.u.hs1) != 0 ||
-      send_plain(c, &m) != 0 ||
+  if (c->sf.phase == ST_SESSION_FAILED || flush_session(c) != 0 ||
       uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb) != 0) {
     conn_abort(c);
   }
@@ -716,18 +727,12 @@ static void connect_cb(uv_connect_t* req, int status) {
 st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
                           const st_node_id_t* expected,
                           st__conn_purpose_t purpose) {
-  st__conn_t* c = conn_new(d, true);
+  st__conn_t* c = conn_new(d, true, expected);
   if (c == NULL)
     return NULL;
-  c->purpose = purpose;
+  c->ops = ops_by_purpose[purpose];
   c->peer_addr = *addr;
-  if (expected != NULL) {
-    c->expect_peer = true;
-    c->expected = *expected;
-  }
-  c->deadline_ms =
-      st__dnow(d) + (purpose == ST__CONN_PUSH_PULL ? PUSH_PULL_DEADLINE_MS
-                                                   : HANDSHAKE_DEADLINE_MS);
+  c->deadline_ms = st__dnow(d) + c->ops->dial_deadline_ms;
   uv_connect_t* req = malloc(sizeof(*req));
   struct sockaddr_storage ss;
   st__addr_to_sockaddr(addr, &ss);
@@ -752,7 +757,7 @@ static void accept_cb(uv_stream_t* server, int status) {
   st__daemon_t* d = server->data;
   if (status != 0)
     return;
-  st__conn_t* c = conn_new(d, false);
+  st__conn_t* c = conn_new(d, false, NULL);
   if (c == NULL) {
     /* Accept and drop, so the backlog does not fill. */
     uv_tcp_t* t = malloc(sizeof(*t));
@@ -816,11 +821,8 @@ void st__conn_sweep(st__daemon_t* d) {
     next = c->next;
     if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
       continue;
-    /* An exchange keeps its own timeout once the stream is open. */
-    if (c->purpose == ST__CONN_XCHG && c->x != NULL)
-      continue;
-    /* So does a ring round's stream once its round runs. */
-    if (c->purpose == ST__CONN_RING && c->ring_round != 0)
+    if (c->ops != NULL && c->ops->owns_deadline != NULL &&
+        c->ops->owns_deadline(c))
       continue;
     if (now >= c->deadline_ms)
       conn_abort(c);

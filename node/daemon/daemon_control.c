@@ -121,49 +121,57 @@ static peer_counts_t count_peers(const st__daemon_t* d) {
   return pc;
 }
 
-static void status_json(st__daemon_t* d, st_json_buf_t* b) {
+/* status --json, in parts (keys in this order): the node and its
+ * training, exchanges, the ring, traffic, refusals. */
+static void status_json_node(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   peer_counts_t pc = count_peers(d);
   char id[33];
   st_node_id_format(&d->ident.id, id);
-  bool first = true;
-  kv_str(b, &first, "id", id);
-  kv_str(b, &first, "address", d->self_addr_text);
-  kv_str(b, &first, "state", st__dstate_name(d->state));
-  kv_str(b, &first, "model", d->local.model);
-  kv_u64(b, &first, "boot_epoch", d->boot_epoch);
-  kv_u64(b, &first, "step", st.step);
-  kv_u64(b, &first, "epoch", st.epoch);
-  kv_num(b, &first, "loss", st.loss);
-  kv_num(b, &first, "test_loss", st.test_loss);
-  kv_num(b, &first, "test_accuracy", st.test_accuracy);
-  kv_num(b, &first, "samples_per_sec", st.samples_per_sec);
-  kv_u64(b, &first, "samples", st.samples);
-  kv_u64(b, &first, "corrections_applied", st.corrections);
-  kv_u64(b, &first, "peers_alive", pc.alive);
-  kv_u64(b, &first, "peers_suspect", pc.suspect);
-  kv_u64(b, &first, "peers_dead", pc.dead);
-  kv_u64(b, &first, "exchanges_ok", d->c.ok);
-  kv_u64(b, &first, "exchanges_failed", d->c.failed);
-  kv_u64(b, &first, "exchanges_busy", d->c.busy);
-  kv_u64(b, &first, "exchanges_dropped", d->c.dropped);
-  kv_u64(b, &first, "state_transfers", d->c.fetches_ok);
-  kv_num(b, &first, "exchange_ms_mean",
+  kv_str(b, first, "id", id);
+  kv_str(b, first, "address", d->self_addr_text);
+  kv_str(b, first, "state", st__dstate_name(d->state));
+  kv_str(b, first, "model", d->local.model);
+  kv_u64(b, first, "boot_epoch", d->boot_epoch);
+  kv_u64(b, first, "step", st.step);
+  kv_u64(b, first, "epoch", st.epoch);
+  kv_num(b, first, "loss", st.loss);
+  kv_num(b, first, "test_loss", st.test_loss);
+  kv_num(b, first, "test_accuracy", st.test_accuracy);
+  kv_num(b, first, "samples_per_sec", st.samples_per_sec);
+  kv_u64(b, first, "samples", st.samples);
+  kv_u64(b, first, "corrections_applied", st.corrections);
+  kv_u64(b, first, "peers_alive", pc.alive);
+  kv_u64(b, first, "peers_suspect", pc.suspect);
+  kv_u64(b, first, "peers_dead", pc.dead);
+}
+
+static void status_json_exchanges(st__daemon_t* d, st_json_buf_t* b,
+                                  bool* first) {
+  kv_u64(b, first, "exchanges_ok", d->c.ok);
+  kv_u64(b, first, "exchanges_failed", d->c.failed);
+  kv_u64(b, first, "exchanges_busy", d->c.busy);
+  kv_u64(b, first, "exchanges_dropped", d->c.dropped);
+  kv_u64(b, first, "state_transfers", d->c.fetches_ok);
+  kv_num(b, first, "exchange_ms_mean",
          d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
-  kv_num(b, &first, "exchange_ms_last",
+  kv_num(b, first, "exchange_ms_last",
          d->c.ok > 0 ? d->c.exchange_ms_last : NAN);
-  kv_u64(b, &first, "ring_rounds_ok", d->c.ring_ok);
-  kv_u64(b, &first, "ring_rounds_aborted", d->c.ring_aborted);
-  kv_u64(b, &first, "ring_lanes_refused", d->c.ring_lanes_refused);
-  kv_str(b, &first, "ring_state",
+}
+
+static void status_json_ring(st__daemon_t* d, st_json_buf_t* b, bool* first) {
+  kv_u64(b, first, "ring_rounds_ok", d->c.ring_ok);
+  kv_u64(b, first, "ring_rounds_aborted", d->c.ring_aborted);
+  kv_u64(b, first, "ring_lanes_refused", d->c.ring_lanes_refused);
+  kv_str(b, first, "ring_state",
          d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
                        : "off");
   char round[20] = "";
   if (d->ring != NULL && !d->ring_done)
     snprintf(round, sizeof(round), "%016llx",
              (unsigned long long) d->ring_round);
-  kv_str(b, &first, "ring_round", round);
+  kv_str(b, first, "ring_round", round);
   double progress = NAN;
   if (d->ring != NULL && !d->ring_done) {
     st_ring_progress_t p;
@@ -172,15 +180,15 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
                                                (double) p.segments_to_receive
                                          : 1.0;
   }
-  kv_num(b, &first, "ring_progress", progress);
+  kv_num(b, first, "ring_progress", progress);
   snprintf(round, sizeof(round), "%016llx",
            (unsigned long long) d->c.ring_last_round);
-  kv_str(b, &first, "ring_last_round", d->c.ring_last_n > 0 ? round : "");
-  put_key(b, &first, "ring_last_ok");
+  kv_str(b, first, "ring_last_round", d->c.ring_last_n > 0 ? round : "");
+  put_key(b, first, "ring_last_ok");
   st_json_buf_puts(b, d->c.ring_last_ok ? "true" : "false");
-  kv_num(b, &first, "ring_last_ms",
+  kv_num(b, first, "ring_last_ms",
          d->c.ring_last_n > 0 ? d->c.ring_last_ms : NAN);
-  put_key(b, &first, "ring_last_members");
+  put_key(b, first, "ring_last_members");
   st_json_buf_puts(b, "[");
   for (uint32_t i = 0; i < d->c.ring_last_n; i++) {
     char mid[33];
@@ -190,14 +198,13 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
     st_json_buf_string(b, mid);
   }
   st_json_buf_puts(b, "]");
-  kv_u64(b, &first, "bytes_in", d->c.bytes_in);
-  kv_u64(b, &first, "bytes_out", d->c.bytes_out);
-  kv_u64(b, &first, "packets_in", d->c.packets_in);
-  kv_u64(b, &first, "packets_out", d->c.packets_out);
-  kv_num(b, &first, "uptime_s", (double) (st__dnow(d) - d->started_ms) / 1e3);
-  /* Every reason something was refused, by name, zeros included, so that
-   * scripts can rely on the keys. */
-  put_key(b, &first, "rejected");
+}
+
+/* Every reason something was refused, by name, zeros included, so that
+ * scripts can rely on the keys. */
+static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
+                                 bool* first) {
+  put_key(b, first, "rejected");
   bool f2 = true;
   for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
     kv_u64(b, &f2, st_crypto_drop_name((st_crypto_drop_t) i), d->cc.drops[i]);
@@ -214,6 +221,19 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   kv_u64(b, &f2, "packet_unbound", d->c.udp_unbound);
   kv_u64(b, &f2, "handshake_wrong_peer", d->c.peer_mismatch);
   kv_u64(b, &f2, "connections_over_limit", d->c.conns_refused);
+}
+
+static void status_json(st__daemon_t* d, st_json_buf_t* b) {
+  bool first = true;
+  status_json_node(d, b, &first);
+  status_json_exchanges(d, b, &first);
+  status_json_ring(d, b, &first);
+  kv_u64(b, &first, "bytes_in", d->c.bytes_in);
+  kv_u64(b, &first, "bytes_out", d->c.bytes_out);
+  kv_u64(b, &first, "packets_in", d->c.packets_in);
+  kv_u64(b, &first, "packets_out", d->c.packets_out);
+  kv_num(b, &first, "uptime_s", (double) (st__dnow(d) - d->started_ms) / 1e3);
+  status_json_rejected(d, b, &first);
   st_json_buf_puts(b, "}}\n");
 }
 

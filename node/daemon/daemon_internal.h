@@ -42,6 +42,33 @@ typedef enum {
   ST__CONN_RING /* a ring round's stream, previous member -> next */
 } st__conn_purpose_t;
 
+/* What a connection is for, as callbacks: one const instance per purpose
+ * (daemon_conn.c), chosen by the dialler from the start and by the
+ * acceptor from the type of the first message, through tables. A NULL
+ * callback is skipped; a connection whose ops are NULL has no purpose yet
+ * (or no more, at shut-down). */
+typedef struct {
+  st__conn_purpose_t purpose;
+  uint64_t dial_deadline_ms; /* the dialler's deadline, dial to done */
+  bool offload_rx;           /* frames >= ST__OFFLOAD_BYTES open on the pool */
+  bool count_truncated;      /* the dialler's stream ended before the reply:
+                                ST_DROP_STREAM_TRUNCATED */
+  /* The stream is up on the dialling side: say the first thing. < 0 drops
+   * the connection. */
+  int (*on_open)(st__conn_t* c);
+  /* One received message, borrowed for the call. */
+  void (*on_frame)(st__conn_t* c, const uint8_t* msg, size_t len);
+  /* A frame sent with xchg_ack has been written. */
+  void (*on_sent)(st__conn_t* c);
+  /* The connection will carry nothing more (aborted, dial failed). */
+  void (*on_close)(st__conn_t* c);
+  /* The handle is closed, however the connection ended. */
+  void (*on_handle_closed)(st__conn_t* c);
+  /* true while the purpose keeps its own timeout and the connection's
+   * deadline does not apply. */
+  bool (*owns_deadline)(const st__conn_t* c);
+} st__conn_ops_t;
+
 struct st__conn_s {
   uv_tcp_t tcp;
   st__daemon_t* d;
@@ -55,15 +82,12 @@ struct st__conn_s {
   uint64_t deadline_ms;
   uint64_t started_us; /* dial or accept */
   st_wire_addr_t peer_addr;
-  bool expect_peer; /* the dialled node's id is known: check it */
-  st_node_id_t expected;
   st_node_id_t peer;
-  st_handshake_t hs;
+  st_session_framer_t sf; /* the handshake's framing; writes tx and rx */
   st_stream_t tx, rx;
-  uint8_t rx_key[ST_KEY_BYTES]; /* until the peer's stream header */
   uint8_t* rbuf;
   size_t rlen, rcap;
-  st__conn_purpose_t purpose;
+  const st__conn_ops_t* ops; /* NULL: no purpose (yet) */
   /* PUSH_PULL initiator: the request to send once the stream is up. */
   uint8_t* pp_request;
   size_t pp_len;
@@ -156,6 +180,11 @@ struct st__daemon_s {
   uint32_t boot_epoch;
   st_crypto_counters_t cc;
   st_wire_counters_t wc; /* decode failures outside membership */
+  /* While the membership machine is fed a push-pull request that came on
+   * a connection: that connection, which its reply goes back on. */
+  st__conn_t* pp_reply;
+  uint8_t* rx_plain;    /* ST_FRAME_MAX_DEFAULT bytes: frames opened inline */
+  char udp_rbuf[65536]; /* one received datagram */
 
   st_rng_t rng;
   st_membership_t* m;
@@ -269,10 +298,8 @@ void st__conn_close(st__conn_t* c);
 /* The trainer is done with a request that borrowed from c (its snapshot
  * buffer or its exchange's delta): frees c when it is closed. */
 void st__conn_release(st__conn_t* c);
-void st__wipe(void* p, size_t n);
-/* The push-pull that the membership machine produced while the daemon
- * fed it a request from this connection goes back on it. */
-extern st__conn_t* st__pp_reply_conn;
+/* The purpose of c (ST__CONN_UNKNOWN when it has none). */
+st__conn_purpose_t st__conn_purpose(const st__conn_t* c);
 void st__conn_sweep(st__daemon_t* d);
 st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id);
 

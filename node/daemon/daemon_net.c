@@ -133,8 +133,8 @@ void st__net_drain(st__daemon_t* d) {
         send_packet(d, &a);
         break;
       case ST_MACT_PUSH_PULL:
-        if (st__pp_reply_conn != NULL && !reply_sent) {
-          st__conn_send(st__pp_reply_conn, a.data, a.len, false);
+        if (d->pp_reply != NULL && !reply_sent) {
+          st__conn_send(d->pp_reply, a.data, a.len, false);
           reply_sent = true;
         } else {
           st__conn_t* c =
@@ -186,10 +186,9 @@ static bool is_ring_form(const uint8_t* p, size_t len) {
 }
 
 static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
-  static char space[65536];
-  (void) h;
+  st__daemon_t* d = h->data;
   (void) suggested;
-  *buf = uv_buf_init(space, sizeof(space));
+  *buf = uv_buf_init(d->udp_rbuf, sizeof(d->udp_rbuf));
 }
 
 static void recv_cb(uv_udp_t* u, ssize_t nread, const uv_buf_t* buf,

@@ -300,7 +300,7 @@ static void attach_prev(st__daemon_t* d, st__conn_t* c) {
  * on every lane's first message. */
 static void sort_lanes(st__daemon_t* d) {
   for (st__conn_t* c = d->conns; c != NULL; c = c->next) {
-    if (c->initiator || c->purpose != ST__CONN_RING || c->closing ||
+    if (c->initiator || st__conn_purpose(c) != ST__CONN_RING || c->closing ||
         c->ring_lanes == 0 || c->ring_round != 0)
       continue;
     /* A lane of the round this node last completed is its sender's to

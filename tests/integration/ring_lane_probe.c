@@ -89,40 +89,77 @@ static bool wait_close(int fd, double wait_s) {
   }
 }
 
-int main(int argc, char** argv) {
-  const char* key_path = NULL;
-  const char* target = NULL;
-  uint64_t round = 0;
-  uint32_t lane = 0, lanes = 1;
-  double wait_s = 10;
+/* The command line. */
+typedef struct {
+  const char* key_path;
+  const char* target;
+  uint64_t round; /* 0: a random one */
+  uint32_t lane, lanes;
+  double wait_s;
+} args_t;
+
+/* 0, or the exit status of a bad command line (after its message). */
+static int parse_args(int argc, char** argv, args_t* a) {
+  memset(a, 0, sizeof(*a));
+  a->lanes = 1;
+  a->wait_s = 10;
   if (argc % 2 == 0)
     return usage("every option takes a value");
   for (int i = 1; i + 1 < argc; i += 2) {
-    const char* a = argv[i];
+    const char* k = argv[i];
     const char* v = argv[i + 1];
-    if (strcmp(a, "--cluster-key") == 0)
-      key_path = v;
-    else if (strcmp(a, "--connect") == 0)
-      target = v;
-    else if (strcmp(a, "--round") == 0)
-      round = strtoull(v, NULL, 16);
-    else if (strcmp(a, "--lane") == 0)
-      lane = (uint32_t) strtoul(v, NULL, 10);
-    else if (strcmp(a, "--lanes") == 0)
-      lanes = (uint32_t) strtoul(v, NULL, 10);
-    else if (strcmp(a, "--wait") == 0)
-      wait_s = strtod(v, NULL);
+    if (strcmp(k, "--cluster-key") == 0)
+      a->key_path = v;
+    else if (strcmp(k, "--connect") == 0)
+      a->target = v;
+    else if (strcmp(k, "--round") == 0)
+      a->round = strtoull(v, NULL, 16);
+    else if (strcmp(k, "--lane") == 0)
+      a->lane = (uint32_t) strtoul(v, NULL, 10);
+    else if (strcmp(k, "--lanes") == 0)
+      a->lanes = (uint32_t) strtoul(v, NULL, 10);
+    else if (strcmp(k, "--wait") == 0)
+      a->wait_s = strtod(v, NULL);
     else
       return usage("unknown option");
   }
-  if (key_path == NULL || target == NULL)
+  if (a->key_path == NULL || a->target == NULL)
     return usage("--cluster-key and --connect are required");
+  return 0;
+}
+
+/* RING_LANE [round, lane, lanes] as the stream's first frame. */
+static int send_lane(int fd, st_stream_t* tx, const args_t* a, uint64_t round) {
+  st_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = ST_MSG_RING_LANE;
+  m.u.ring_lane.round_id = round;
+  m.u.ring_lane.lane = a->lane;
+  m.u.ring_lane.lanes = a->lanes;
+  uint8_t msg[64], frame[64 + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES];
+  size_t len = 0, flen = 0;
+  if (st_wire_encode(&m, msg, sizeof(msg), &len) != 0 ||
+      st_stream_seal_frame(tx, msg, len, false, frame, sizeof(frame), &flen) !=
+          0 ||
+      st__bench_write_all(fd, frame, flen) != 0)
+    return -EIO;
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  args_t a;
+  int bad = parse_args(argc, argv, &a);
+  if (bad != 0)
+    return bad;
+  const char* target = a.target;
+  uint64_t round = a.round;
+  double wait_s = a.wait_s;
   char err[256];
   st_cluster_key_t ck;
   st_keyring_t keys;
   st_identity_t me;
   if (st_crypto_init() != 0 ||
-      st_cluster_key_load(key_path, &ck, err, sizeof(err)) != 0 ||
+      st_cluster_key_load(a.key_path, &ck, err, sizeof(err)) != 0 ||
       st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0 ||
       st_identity_generate(&me) != 0) {
     fprintf(stderr, "ring_lane_probe: keys: %s\n", err);
@@ -144,18 +181,7 @@ int main(int argc, char** argv) {
     close(fd);
     return 1;
   }
-  st_msg_t m;
-  memset(&m, 0, sizeof(m));
-  m.type = ST_MSG_RING_LANE;
-  m.u.ring_lane.round_id = round;
-  m.u.ring_lane.lane = lane;
-  m.u.ring_lane.lanes = lanes;
-  uint8_t msg[64], frame[64 + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES];
-  size_t len = 0, flen = 0;
-  if (st_wire_encode(&m, msg, sizeof(msg), &len) != 0 ||
-      st_stream_seal_frame(&tx, msg, len, false, frame, sizeof(frame), &flen) !=
-          0 ||
-      st__bench_write_all(fd, frame, flen) != 0) {
+  if (send_lane(fd, &tx, &a, round) != 0) {
     fprintf(stderr, "ring_lane_probe: sending RING_LANE failed\n");
     close(fd);
     return 1;

@@ -19,11 +19,13 @@ int st__bench_ring(int argc, char** argv);
 /* Writes or reads exactly n bytes (EINTR retried); -EIO otherwise. */
 int st__bench_write_all(int fd, const uint8_t* p, size_t n);
 int st__bench_read_all(int fd, uint8_t* p, size_t n);
-/* The daemon's connection handshake (node/daemon/daemon_conn.c) on a connected
- * blocking socket as identity me under keys, then both stream headers:
+/* The daemon's connection handshake (gossip/session.c's framing, as
+ * node/daemon/daemon_conn.c drives it) on a connected blocking socket as
+ * identity me under keys, then both stream headers:
  * *peer gets the authenticated peer's id, *tx and *rx the streams to and
  * from it (either may be NULL: that direction's stream is wiped at once).
- * 0, or a negative errno (-EIO for a socket error or the peer's close). */
+ * 0, or a negative errno (-EIO for a socket error or the peer's close,
+ * else the framer's refusal: -EMSGSIZE, -EBADMSG, -EPROTO, crypto/'s). */
 int st__bench_handshake(int fd, bool initiator, const st_identity_t* me,
                         const st_keyring_t* keys, st_node_id_t* peer,
                         st_stream_t* tx, st_stream_t* rx);
