@@ -13,10 +13,10 @@
  *              length bytes, before anything more is read or allocated.
  *
  * What a connection is for is a table of callbacks (st__conn_ops_t, one
- * const instance per purpose, below). The dialling side knows it from the
- * start; the accepting side picks it by the type of the first message: a
- * PUSH_PULL goes to the membership machine, whose reply goes back on the
- * same connection, an XCHG_REQ starts an exchange (daemon_xchg.c), and a
+ * const instance per purpose, in daemon_conn_purpose.c). The dialling side
+ * knows it from the start; the accepting side picks it by the type of the first
+ * message: a PUSH_PULL goes to the membership machine, whose reply goes back on
+ * the same connection, an XCHG_REQ starts an exchange (daemon_xchg.c), and a
  * RING_LANE opens a lane of a ring round (daemon_ring.c). Anything else
  * closes the connection.
  *
@@ -38,8 +38,6 @@
 
 enum { P_CONNECTING = 0, P_HANDSHAKE, P_HEADER, P_OPEN };
 
-#define HANDSHAKE_DEADLINE_MS 5000u
-#define PUSH_PULL_DEADLINE_MS 10000u
 /* A receive buffer never grows past one full frame plus its prefix. */
 #define RBUF_MAX (ST_FRAME_LENGTH_BYTES + ST_FRAME_MAX_DEFAULT + 64u)
 
@@ -387,122 +385,9 @@ int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
   return write_raw(c, w, xchg_ack);
 }
 
-/* ---- Purposes ------------------------------------------------------------ */
-
-/* Push-pull, dialling side: the request waits for the stream. */
-static int pp_open(st__conn_t* c) {
-  int rc = st__conn_send(c, c->pp_request, c->pp_len, false);
-  free(c->pp_request);
-  c->pp_request = NULL;
-  return rc;
-}
-
-/* Push-pull: a request (we answer on this connection) or the reply to ours
- * (and then we are done). */
-static void pp_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
-  st__daemon_t* d = c->d;
-  d->pp_reply = c->initiator ? NULL : c;
-  st_membership_push_pull_in(d->m, st__dnow(d), &c->peer_addr, msg, len);
-  st__net_drain(d);
-  d->pp_reply = NULL;
-  st__conn_close(c);
-}
-
-static int xchg_open(st__conn_t* c) {
-  st__xchg_on_ready(c);
-  return 0;
-}
-
-/* An exchange keeps its own timeout once the stream is open. */
-static bool xchg_owns_deadline(const st__conn_t* c) {
-  return c->x != NULL;
-}
-
-static int ring_open(st__conn_t* c) {
-  st__ring_on_ready(c);
-  return 0;
-}
-
-/* So does a ring round's stream once its round runs. */
-static bool ring_owns_deadline(const st__conn_t* c) {
-  return c->ring_round != 0;
-}
-
-static const st__conn_ops_t pp_ops = {
-    .purpose = ST__CONN_PUSH_PULL,
-    .dial_deadline_ms = PUSH_PULL_DEADLINE_MS,
-    .count_truncated = true,
-    .on_open = pp_open,
-    .on_frame = pp_frame,
-};
-
-static const st__conn_ops_t xchg_ops = {
-    .purpose = ST__CONN_XCHG,
-    .dial_deadline_ms = HANDSHAKE_DEADLINE_MS,
-    .offload_rx = true,
-    .on_open = xchg_open,
-    .on_frame = st__xchg_on_message,
-    .on_sent = st__xchg_on_sent,
-    .on_close = st__xchg_on_closed,
-    .owns_deadline = xchg_owns_deadline,
-};
-
-/* A ring lane hears of its end twice, as before: when it is aborted and
- * when its handle is closed (st__ring_on_closed takes both). */
-static const st__conn_ops_t ring_ops = {
-    .purpose = ST__CONN_RING,
-    .dial_deadline_ms = HANDSHAKE_DEADLINE_MS,
-    .offload_rx = true,
-    .on_open = ring_open,
-    .on_frame = st__ring_on_message,
-    .on_sent = st__ring_on_sent,
-    .on_close = st__ring_on_closed,
-    .on_handle_closed = st__ring_on_closed,
-    .owns_deadline = ring_owns_deadline,
-};
-
-/* The dialler's purpose, by name. */
-static const st__conn_ops_t* const ops_by_purpose[] = {
-    [ST__CONN_UNKNOWN] = NULL,
-    [ST__CONN_PUSH_PULL] = &pp_ops,
-    [ST__CONN_XCHG] = &xchg_ops,
-    [ST__CONN_RING] = &ring_ops,
-};
-
-/* The acceptor's purpose, by the type of the first message. */
-static const struct {
-  st_msg_type_t type;
-  const st__conn_ops_t* ops;
-} ops_by_first_message[] = {
-    {ST_MSG_PUSH_PULL, &pp_ops},
-    {ST_MSG_XCHG_REQ, &xchg_ops},
-    {ST_MSG_RING_LANE, &ring_ops},
-};
-
-st__conn_purpose_t st__conn_purpose(const st__conn_t* c) {
-  return c->ops != NULL ? c->ops->purpose : ST__CONN_UNKNOWN;
-}
-
-/* The accepting side learns the purpose from the first message. */
-static int learn_purpose(st__conn_t* c, const uint8_t* msg, size_t len) {
-  st_msg_t m;
-  if (st_wire_decode(msg, len, &m, &c->d->wc) != 0)
-    return -EBADMSG;
-  st_msg_type_t type = m.type;
-  st_wire_msg_free(&m);
-  size_t n = sizeof(ops_by_first_message) / sizeof(ops_by_first_message[0]);
-  for (size_t i = 0; i < n; i++) {
-    if (ops_by_first_message[i].type == type) {
-      c->ops = ops_by_first_message[i].ops;
-      return 0;
-    }
-  }
-  return -EPROTO;
-}
-
 static int dispatch(st__conn_t* c, const uint8_t* msg, size_t len) {
   if (c->ops == NULL) {
-    int rc = learn_purpose(c, msg, len);
+    int rc = st__conn_learn_purpose(c, msg, len);
     if (rc != 0)
       return rc;
   }
@@ -693,7 +578,7 @@ static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
   c->d = d;
   c->id = ++d->next_conn_id;
   c->initiator = initiator;
-  c->deadline_ms = st__dnow(d) + HANDSHAKE_DEADLINE_MS;
+  c->deadline_ms = st__dnow(d) + ST__HANDSHAKE_DEADLINE_MS;
   c->started_us = uv_hrtime() / 1000u;
   uv_tcp_init(&d->loop, &c->tcp);
   uv_tcp_nodelay(&c->tcp, 1);
@@ -730,7 +615,7 @@ st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
   st__conn_t* c = conn_new(d, true, expected);
   if (c == NULL)
     return NULL;
-  c->ops = ops_by_purpose[purpose];
+  c->ops = st__conn_ops_of(purpose);
   c->peer_addr = *addr;
   c->deadline_ms = st__dnow(d) + c->ops->dial_deadline_ms;
   uv_connect_t* req = malloc(sizeof(*req));

@@ -42,8 +42,14 @@ typedef enum {
   ST__CONN_RING /* a ring round's stream, previous member -> next */
 } st__conn_purpose_t;
 
+/* A connection's deadline after connect or accept (the sweep closes it
+ * when it passes) until its purpose keeps its own timeout (owns_deadline);
+ * a dialled push-pull has 10 s for the whole conversation. */
+#define ST__HANDSHAKE_DEADLINE_MS 5000u
+#define ST__PUSH_PULL_DEADLINE_MS 10000u
+
 /* What a connection is for, as callbacks: one const instance per purpose
- * (daemon_conn.c), chosen by the dialler from the start and by the
+ * (daemon_conn_purpose.c), chosen by the dialler from the start and by the
  * acceptor from the type of the first message, through tables. A NULL
  * callback is skipped; a connection whose ops are NULL has no purpose yet
  * (or no more, at shut-down). */
@@ -300,6 +306,12 @@ void st__conn_close(st__conn_t* c);
 void st__conn_release(st__conn_t* c);
 /* The purpose of c (ST__CONN_UNKNOWN when it has none). */
 st__conn_purpose_t st__conn_purpose(const st__conn_t* c);
+/* The callbacks of a purpose the dialler names (NULL for UNKNOWN). */
+const st__conn_ops_t* st__conn_ops_of(st__conn_purpose_t purpose);
+/* The accepting side: sets c->ops from the type of the first message msg.
+ * Returns 0, -EBADMSG (it does not decode) or -EPROTO (no purpose starts
+ * with that message). */
+int st__conn_learn_purpose(st__conn_t* c, const uint8_t* msg, size_t len);
 void st__conn_sweep(st__daemon_t* d);
 st__conn_t* st__conn_find(st__daemon_t* d, uint64_t id);
 
