@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   }
   st_node_id_t peer;
   st_stream_t tx;
-  int rc = st__bench_handshake(fd, true, &me, &keys, &peer, &tx, NULL);
+  int rc = st__bench_handshake(fd, true, &me, &keys, NULL, &peer, &tx, NULL);
   if (rc != 0) {
     fprintf(stderr, "ring_lane_probe: handshake with %s failed (%d)\n", target,
             rc);

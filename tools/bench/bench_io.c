@@ -54,13 +54,13 @@ static int flush(int fd, st_session_framer_t* f) {
 }
 
 int st__bench_handshake(int fd, bool initiator, const st_identity_t* me,
-                        const st_keyring_t* keys, st_node_id_t* peer,
-                        st_stream_t* tx, st_stream_t* rx) {
+                        const st_keyring_t* keys, const st_node_id_t* expected,
+                        st_node_id_t* peer, st_stream_t* tx, st_stream_t* rx) {
   st_session_framer_t f;
   st_stream_t unused_tx, unused_rx;
   memset(&unused_tx, 0, sizeof(unused_tx));
   memset(&unused_rx, 0, sizeof(unused_rx));
-  int rc = st_session_framer_init(&f, initiator, me, keys, NULL, NULL,
+  int rc = st_session_framer_init(&f, initiator, me, keys, NULL, expected,
                                   tx != NULL ? tx : &unused_tx,
                                   rx != NULL ? rx : &unused_rx, NULL, NULL);
   /* Read exactly what the framer wants, never past the peer's header:
@@ -72,7 +72,7 @@ int st__bench_handshake(int fd, bool initiator, const st_identity_t* me,
       break;
     rc = st_session_framer_feed(&f, buf, want, &used);
   }
-  if (rc == 0)
+  if (rc == 0 && peer != NULL)
     *peer = f.peer;
   st_stream_wipe(&unused_tx);
   st_stream_wipe(&unused_rx);
