@@ -2,22 +2,17 @@
  * measured here, in programs that print figures, never in timed tests
  * (docs/benchmarks.md records the figures and the commands).
  *
- * One binary with subcommands, each in its own tools/bench_*.c:
+ * One binary with subcommands (dispatched by tools/cli/cli_common.c), each
+ * in its own tools/bench/bench_*.c:
  *
  *   starling-bench train    training throughput (bench_train.c)
  *   starling-bench crypto   sealing, opening and handshakes (bench_crypto.c)
  *   starling-bench ring     ring all-reduce over encrypted TCP (bench_ring.c)
  */
-#include <stdio.h>
-#include <string.h>
-
 #include "tools/bench/bench.h"
+#include "tools/cli/cli.h"
 
-static const struct {
-  const char* name;
-  int (*run)(int argc, char** argv);
-  const char* summary;
-} commands[] = {
+static const st__subcommand_t commands[] = {
     {"train", st__bench_train,
      "training throughput (samples/s) of full training steps"},
     {"crypto", st__bench_crypto,
@@ -28,34 +23,22 @@ static const struct {
      "ring all-reduce of N processes over encrypted TCP (busbw)"},
 };
 
-static void usage(FILE* f) {
-  fprintf(f,
-          "usage: starling-bench <benchmark> [options]\n"
-          "\n"
-          "Benchmarks of starling; each prints its figures as a table, or as\n"
-          "one JSON object with --json. Benchmarks:\n\n");
-  for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-  fprintf(f,
-          "\nRun 'starling-bench <benchmark> --help' for its options.\n"
-          "Figures and how they were taken: docs/benchmarks.md.\n");
-}
+static const st__program_t bench = {
+    .prog = "starling-bench",
+    .intro =
+        "usage: starling-bench <benchmark> [options]\n"
+        "\n"
+        "Benchmarks of starling; each prints its figures as a table, or "
+        "as\n"
+        "one JSON object with --json. Benchmarks:\n\n",
+    .outro =
+        "\nRun 'starling-bench <benchmark> --help' for its options.\n"
+        "Figures and how they were taken: docs/benchmarks.md.\n",
+    .noun = "benchmark",
+    .commands = commands,
+    .n_commands = sizeof(commands) / sizeof(commands[0]),
+};
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
-  const char* cmd = argv[1];
-  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
-      strcmp(cmd, "help") == 0) {
-    usage(stdout);
-    return 0;
-  }
-  for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-    if (strcmp(cmd, commands[i].name) == 0)
-      return commands[i].run(argc - 1, argv + 1);
-  fprintf(stderr, "starling-bench: unknown benchmark '%s'\n\n", cmd);
-  usage(stderr);
-  return 2;
+  return st__program_main(&bench, argc, argv);
 }

@@ -20,6 +20,35 @@ int st__cmd_status(int argc, char** argv);
 int st__cmd_peers(int argc, char** argv);
 int st__cmd_leave(int argc, char** argv);
 
+/* ==== Subcommands (cli_common.c) ==========================================
+ *
+ * `starling` and `starling-bench` are each one binary with subcommands, like
+ * `serf agent` / `serf members`; both dispatch through this. */
+
+typedef struct {
+  const char* name;
+  int (*run)(int argc, char** argv); /* argv[0] = name; the exit status */
+  const char* summary;               /* one line for the usage */
+} st__subcommand_t;
+
+typedef struct {
+  const char* prog;    /* "starling", "starling-bench" */
+  const char* intro;   /* the usage before the list of subcommands */
+  const char* outro;   /* the usage after it */
+  const char* noun;    /* "command", "benchmark": in "unknown command 'x'" */
+  const char* version; /* NULL: no `version` subcommand */
+  const st__subcommand_t* commands;
+  size_t n_commands;
+} st__program_t;
+
+/* Writes p's usage to f: intro, one line a subcommand (and `version`),
+ * outro. */
+void st__program_usage(const st__program_t* p, FILE* f);
+/* Runs the subcommand argv[1] with argv + 1 and returns its exit status;
+ * --help, -h and help print the usage (0); no subcommand or an unknown one
+ * prints the usage to stderr (2). */
+int st__program_main(const st__program_t* p, int argc, char** argv);
+
 /* Parsers for flag values. On bad input they print
  * "CMD: --FLAG: 'TEXT' is not ..." to stderr and return -EINVAL; CMD is
  * the whole command as the user typed it ("starling node",

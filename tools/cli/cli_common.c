@@ -7,7 +7,41 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+void st__program_usage(const st__program_t* p, FILE* f) {
+  fputs(p->intro, f);
+  for (size_t i = 0; i < p->n_commands; i++)
+    fprintf(f, "  %-10s %s\n", p->commands[i].name, p->commands[i].summary);
+  if (p->version != NULL)
+    fprintf(f, "  %-10s print the version\n", "version");
+  fputs(p->outro, f);
+}
+
+int st__program_main(const st__program_t* p, int argc, char** argv) {
+  if (argc < 2) {
+    st__program_usage(p, stderr);
+    return 2;
+  }
+  const char* cmd = argv[1];
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
+      strcmp(cmd, "help") == 0) {
+    st__program_usage(p, stdout);
+    return 0;
+  }
+  if (p->version != NULL &&
+      (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)) {
+    printf("%s %s\n", p->prog, p->version);
+    return 0;
+  }
+  for (size_t i = 0; i < p->n_commands; i++)
+    if (strcmp(cmd, p->commands[i].name) == 0)
+      return p->commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "%s: unknown %s '%s'\n\n", p->prog, p->noun, cmd);
+  st__program_usage(p, stderr);
+  return 2;
+}
 
 int st__parse_u64(const char* cmd, const char* flag, const char* text,
                   uint64_t min, uint64_t max, uint64_t* out) {
