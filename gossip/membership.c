@@ -556,11 +556,13 @@ static const st_node_id_t* msg_node(const st_msg_t* msg) {
   }
 }
 
-/* Starts the cache misses of a batch's lookups together: the hash slot of
- * each member named as soon as its message is decoded (prefetch_slot,
- * overlapping the decoding of the next), then the records their home slots
- * point to (prefetch_records). Only hints to the processor: nothing here
- * changes state. */
+/* Starts the cache misses of a batch's lookups while it is decoded: the
+ * hash slot of each member named as soon as its message is decoded, and
+ * the record its home slot points to two messages later (the slot loaded
+ * by then), so that both overlap the decoding; the last two records after
+ * the batch. Only hints to the processor: nothing here changes state. */
+#define ST__RECORD_LAG 2u
+
 static void prefetch_slot(const st_membership_t* m, const st_msg_t* msg,
                           uint32_t* h) {
   const st_node_id_t* id = msg_node(msg);
@@ -570,18 +572,13 @@ static void prefetch_slot(const st_membership_t* m, const st_msg_t* msg,
   __builtin_prefetch(&m->hash[*h & (m->hash_cap - 1)]);
 }
 
-static void prefetch_records(const st_membership_t* m, const st_msg_t* msgs,
-                             const uint32_t* h, uint32_t n) {
-  if (m->hash_cap == 0 || n < 2)
+static void prefetch_record(const st_membership_t* m, const st_msg_t* msg,
+                            uint32_t h) {
+  if (m->hash_cap == 0 || !msg_node(msg))
     return;
-  uint32_t mask = m->hash_cap - 1;
-  for (uint32_t i = 0; i < n; i++) {
-    if (!msg_node(&msgs[i]))
-      continue;
-    st__slot_t v = m->hash[h[i] & mask];
-    if (v != 0 && (v & ST__TAG_MASK) == slot_tag(h[i]))
-      __builtin_prefetch(&m->mem[slot_idx(v)]);
-  }
+  st__slot_t v = m->hash[h & (m->hash_cap - 1)];
+  if (v != 0 && (v & ST__TAG_MASK) == slot_tag(h))
+    __builtin_prefetch(&m->mem[slot_idx(v)]);
 }
 
 /* The same for a push-pull's entries, a pipeline as they are walked in
@@ -694,10 +691,13 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
       if (d != 0)
         break;
       prefetch_slot(m, &msgs[n], &h[n]);
+      if (n >= ST__RECORD_LAG)
+        prefetch_record(m, &msgs[n - ST__RECORD_LAG], h[n - ST__RECORD_LAG]);
       n++;
       off += used;
     }
-    prefetch_records(m, msgs, h, n);
+    for (uint32_t i = n > ST__RECORD_LAG ? n - ST__RECORD_LAG : 0; i < n; i++)
+      prefetch_record(m, &msgs[i], h[i]);
     for (uint32_t i = 0; i < n; i++) {
       dispatch(m, now_ms, from, from_addr, &msgs[i]);
       st_wire_msg_free(&msgs[i]);
