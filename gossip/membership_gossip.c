@@ -201,8 +201,10 @@ void st__bc_shrink(st_membership_t* m) {
     m->bc = NULL;
     m->n_bc = m->cap_bc = 0;
     m->bc_free = ST__NONE;
-    bc_index_free(m);
   }
+  /* The index holds nothing then either; a machine at rest keeps none. */
+  if (m->bc_pending == 0 && m->n_bc_index)
+    bc_index_free(m);
 }
 
 void st__bc_queue_member(st_membership_t* m, st__mrec_t* r,
