@@ -487,7 +487,7 @@ void st_membership_free(st_membership_t* m) {
   free(m->susp);
   free(m->statuses);
   free(m->bc);
-  st__bc_free(m);
+  free(m->bc_head);
   free(m->q);
   free(m->arena);
   free(m->grave);

@@ -35,20 +35,6 @@ int st__bc_init(st_membership_t* m) {
   return 0;
 }
 
-static void bc_index_free(st_membership_t* m) {
-  for (uint32_t t = 0; t < m->n_bc_index; t++)
-    free(m->bc_index[t].v);
-  free(m->bc_index);
-  m->bc_index = NULL;
-  m->n_bc_index = 0;
-}
-
-void st__bc_free(st_membership_t* m) {
-  free(m->bc_head);
-  m->bc_head = NULL;
-  bc_index_free(m);
-}
-
 uint32_t st__retransmit_limit(const st_membership_t* m) {
   /* ceil(log10(n + 1)), exactly, in integers. */
   uint64_t n1 = (uint64_t) st__n_estimate(m) + 1, p = 1;
@@ -64,74 +50,8 @@ uint32_t st__retransmit_limit(const st_membership_t* m) {
                                            : (uint32_t) lim;
 }
 
-/* ---- The index (loading ahead only) ---- */
-
-/* Takes broadcast i out of the index, if it is there. */
-static void bc_index_take(st_membership_t* m, st__bcast_t* b, uint32_t i) {
-  if (b->pos == ST__NONE || b->transmits >= m->n_bc_index) {
-    b->pos = ST__NONE;
-    return;
-  }
-  uint32_t pos = b->pos;
-  b->pos = ST__NONE;
-  st__bcindex_t* x = &m->bc_index[b->transmits];
-  if (pos >= x->len || x->v[pos] != i)
-    return;
-  x->v[pos] = ST__NONE;
-  x->holes++;
-  while (x->len > 0 && x->v[x->len - 1] == ST__NONE) {
-    x->len--;
-    x->holes--;
-  }
-}
-
-/* Closes the holes of index x, keeping the order. */
-static void bc_index_compact(st_membership_t* m, st__bcindex_t* x) {
-  uint32_t w = 0;
-  for (uint32_t k = 0; k < x->len; k++) {
-    uint32_t i = x->v[k];
-    if (i == ST__NONE)
-      continue;
-    m->bc[i].pos = w;
-    x->v[w++] = i;
-  }
-  x->len = w;
-  x->holes = 0;
-}
-
-/* Puts broadcast i, just pushed onto its list, at the end of the index;
- * out of memory, it is simply not indexed. */
-static void bc_index_push(st_membership_t* m, st__bcast_t* b, uint32_t i) {
-  b->pos = ST__NONE;
-  uint32_t t = b->transmits;
-  if (t >= m->n_bc_index) {
-    st__bcindex_t* p = realloc(m->bc_index, (t + 1) * sizeof *p);
-    if (!p)
-      return;
-    memset(p + m->n_bc_index, 0, (t + 1 - m->n_bc_index) * sizeof *p);
-    m->bc_index = p;
-    m->n_bc_index = t + 1;
-  }
-  st__bcindex_t* x = &m->bc_index[t];
-  if (x->holes > 16 && x->holes > x->len / 2)
-    bc_index_compact(m, x);
-  if (x->len == x->cap) {
-    uint32_t cap = x->cap + x->cap / 2 + 16;
-    uint32_t* v = realloc(x->v, (size_t) cap * sizeof *v);
-    if (!v)
-      return;
-    x->v = v;
-    x->cap = cap;
-  }
-  b->pos = x->len;
-  x->v[x->len++] = i;
-}
-
-/* ---- The lists ---- */
-
 static void bc_unlink(st_membership_t* m, uint32_t i) {
   st__bcast_t* b = &m->bc[i];
-  bc_index_take(m, b, i);
   if (b->prev != ST__NONE)
     m->bc[b->prev].next = b->next;
   else
@@ -149,7 +69,6 @@ static void bc_push_front(st_membership_t* m, uint32_t i) {
   if (h != ST__NONE)
     m->bc[h].prev = i;
   m->bc_head[b->transmits] = i;
-  bc_index_push(m, b, i);
 }
 
 static uint32_t bc_alloc(st_membership_t* m) {
@@ -202,9 +121,6 @@ void st__bc_shrink(st_membership_t* m) {
     m->n_bc = m->cap_bc = 0;
     m->bc_free = ST__NONE;
   }
-  /* The index holds nothing then either; a machine at rest keeps none. */
-  if (m->bc_pending == 0 && m->n_bc_index)
-    bc_index_free(m);
 }
 
 void st__bc_queue_member(st_membership_t* m, st__mrec_t* r,
@@ -306,75 +222,6 @@ static int bc_encode(st_membership_t* m, st__bcast_t* b, uint8_t* buf,
 /* ==== Packets ===============================================================
  */
 
-/* How far ahead packing loads the broadcasts of a list (a packet holds
- * some 16 updates). Only hints to the processor: nothing changes. */
-#define PACK_AHEAD 16u
-
-/* A member record is 96 bytes, so it spans two cache lines wherever it
- * starts; packing reads both (the id and incarnation, the state and key). */
-static inline void prefetch_mrec(const st_membership_t* m, uint32_t mi) {
-  const char* p = (const char*) &m->mem[mi];
-  __builtin_prefetch(p);
-  __builtin_prefetch(p + sizeof(st__mrec_t) - 1);
-}
-
-/* Loads broadcast k of index x and, when its own load is under way, its
- * member's record (both ignore holes). */
-static inline void prefetch_bc(const st_membership_t* m, const st__bcindex_t* x,
-                               uint32_t k) {
-  if (x->v[k] != ST__NONE)
-    __builtin_prefetch(&m->bc[x->v[k]]);
-}
-
-static inline void prefetch_rec(const st_membership_t* m,
-                                const st__bcindex_t* x, uint32_t k) {
-  if (x->v[k] != ST__NONE && m->bc[x->v[k]].mi < m->n_mem)
-    prefetch_mrec(m, m->bc[x->v[k]].mi);
-}
-
-/* Loads the first PACK_AHEAD updates that packing will meet, across the
- * lists of the lowest counts, in three rounds (index ends, broadcasts,
- * member records) instead of a chain of dependent misses per list: while
- * a cluster disseminates a burst, a packet draws a few updates from each
- * of many counts. */
-static void prefetch_lists(const st_membership_t* m, uint32_t lim) {
-  uint32_t cand[PACK_AHEAD], nc = 0;
-  if (lim > m->n_bc_index)
-    lim = m->n_bc_index;
-  for (uint32_t t = 0; t < lim; t++)
-    if (m->bc_index[t].len > 0)
-      __builtin_prefetch(&m->bc_index[t].v[m->bc_index[t].len - 1]);
-  for (uint32_t t = 0; t < lim && nc < PACK_AHEAD; t++) {
-    const st__bcindex_t* x = &m->bc_index[t];
-    for (uint32_t k = x->len; k-- > 0 && nc < PACK_AHEAD;) {
-      if (x->v[k] == ST__NONE)
-        continue;
-      cand[nc++] = x->v[k];
-      __builtin_prefetch(&m->bc[x->v[k]]);
-    }
-  }
-  for (uint32_t c = 0; c < nc; c++)
-    if (m->bc[cand[c]].mi < m->n_mem)
-      prefetch_mrec(m, m->bc[cand[c]].mi);
-}
-
-/* While packing broadcast i of list t: loads the broadcasts PACK_AHEAD
- * places further down the list and the member records half as far (their
- * broadcasts loaded by then), found through the index. */
-static inline void prefetch_ahead(const st_membership_t* m, uint32_t t,
-                                  uint32_t i) {
-  uint32_t p = m->bc[i].pos;
-  if (p == ST__NONE || t >= m->n_bc_index)
-    return;
-  const st__bcindex_t* x = &m->bc_index[t];
-  if (p >= x->len || x->v[p] != i)
-    return;
-  if (p >= PACK_AHEAD)
-    prefetch_bc(m, x, p - PACK_AHEAD);
-  if (p >= PACK_AHEAD / 2)
-    prefetch_rec(m, x, p - PACK_AHEAD / 2);
-}
-
 int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
                     const st_node_id_t* to_id, const st_msg_t* head,
                     const st_msg_t* head2) {
@@ -394,14 +241,18 @@ int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
   enum { MAX_SENT = ST_PACKET_MAX_PLAINTEXT / 8 };
   uint32_t sent[MAX_SENT], n_sent = 0, misses = 0;
   uint32_t lim = st__retransmit_limit(m);
-  if (m->bc_pending)
-    prefetch_lists(m, lim);
   for (uint32_t t = 0;
        t < lim && misses < ST_MEMBERSHIP_PACK_MISSES && n_sent < MAX_SENT;
        t++) {
     for (uint32_t i = m->bc_head[t]; i != ST__NONE;) {
       uint32_t next = m->bc[i].next;
-      prefetch_ahead(m, t, i);
+      if (next != ST__NONE && m->bc[next].mi < m->n_mem) {
+        /* Overlaps the miss; a record is 96 bytes, so both its cache
+         * lines (the id and incarnation, the state and key). */
+        const char* p = (const char*) &m->mem[m->bc[next].mi];
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + sizeof(st__mrec_t) - 1);
+      }
       int rc = bc_encode(m, &m->bc[i], buf + pos, sizeof buf - pos, &len);
       if (rc == 0) {
         pos += len;

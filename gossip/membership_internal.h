@@ -57,24 +57,9 @@ typedef struct {
   uint32_t mi;       /* the member's index in the table, a hint checked
                       * against id (kept current when the table moves) */
   uint32_t prev, next;
-  uint32_t pos; /* its place in its count's index (st__bcindex_t), or
-                 * ST__NONE */
   uint8_t kind;
   uint8_t transmits;
 } st__bcast_t;
-
-/* An index of one count's list, for loading ahead only: the broadcasts
- * pushed onto the list, oldest first, as an array, so that packing, which
- * walks the list newest first, can start the cache misses of the updates
- * it will meet (the list is a chain of dependent misses). The linked list
- * alone decides what is sent; the index mirrors it (a broadcast taken out
- * leaves ST__NONE, a hole: holes at the end are dropped at once, the
- * others when they outnumber the rest) and may only be wrong in ways
- * that cost a useless load. */
-typedef struct {
-  uint32_t* v;
-  uint32_t len, cap, holes;
-} st__bcindex_t;
 
 typedef struct {
   st_msg_status_t rec;
@@ -172,9 +157,7 @@ struct st_membership_s {
   /* Broadcast queue: lists by transmit count, fewest first. */
   st__bcast_t* bc;
   uint32_t n_bc, cap_bc, bc_free;
-  uint32_t* bc_head;       /* [ST_MEMBERSHIP_MAX_TRANSMITS + 1] */
-  st__bcindex_t* bc_index; /* [n_bc_index], grown as counts are used */
-  uint32_t n_bc_index;
+  uint32_t* bc_head; /* [ST_MEMBERSHIP_MAX_TRANSMITS + 1] */
   uint32_t bc_pending;
 
   st__grave_t* grave; /* [ST_MEMBERSHIP_GRAVES] or NULL */
@@ -280,8 +263,6 @@ uint64_t st__suspicion_min_ms(const st_membership_t* m, uint32_t n);
  * -----------------------------------------------------
  */
 int st__bc_init(st_membership_t* m);
-/* Frees the queue (st_membership_free). */
-void st__bc_free(st_membership_t* m);
 void st__bc_queue_member(st_membership_t* m, st__mrec_t* r,
                          const st_node_id_t* from);
 void st__bc_queue_status(st_membership_t* m, uint32_t status_idx);
