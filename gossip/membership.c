@@ -680,7 +680,8 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
   size_t off = 0;
   while (rc == 0 && off < len) {
     /* Decode a batch ahead of dispatching it, so that its lookups
-     * overlap (prefetch_members); the rules still run in packet order. */
+     * overlap (prefetch_slot, prefetch_record); the rules still run in
+     * packet order. */
     st_msg_t msgs[ST__DECODE_BATCH];
     uint32_t n = 0, h[ST__DECODE_BATCH];
     int d = 0;
