@@ -191,12 +191,16 @@ st__mrec_t* st__table_add(st_membership_t* m, const st_node_id_t* id) {
   if (m->n_mem >= ST_MEMBERSHIP_MAX_MEMBERS || table_reserve(m, m->n_mem + 1))
     return NULL;
   uint32_t i = m->n_mem++;
+  /* The place drawn first, so that loading the record there (a cache
+   * miss in a large table) overlaps entering the newcomer in the hash. */
+  uint32_t j = (uint32_t) st_rng_below(m->rng, (uint64_t) i + 1);
+  __builtin_prefetch(&m->mem[j]);
+  __builtin_prefetch((const char*) &m->mem[j] + sizeof *m->mem - 1);
   st__mrec_t* r = &m->mem[i];
   memset(r, 0, sizeof *r);
   r->id = *id;
   r->bcast = r->status = r->susp = ST__NONE;
   uint32_t si = hash_put(m, i);
-  uint32_t j = (uint32_t) st_rng_below(m->rng, (uint64_t) i + 1);
   swap_members(m, i, si, j);
   return &m->mem[j];
 }
@@ -552,28 +556,29 @@ static const st_node_id_t* msg_node(const st_msg_t* msg) {
   }
 }
 
-/* Starts the cache misses of a batch's lookups together: first the hash
- * slots of the members named, then the records their home slots point
- * to. Only hints to the processor: nothing here changes state. */
-static void prefetch_members(const st_membership_t* m, const st_msg_t* msgs,
-                             uint32_t n) {
-  if (m->hash_cap == 0 || n < 2)
+/* Starts the cache misses of a batch's lookups while it is decoded: the
+ * hash slot of each member named as soon as its message is decoded, and
+ * the record its home slot points to two messages later (the slot loaded
+ * by then), so that both overlap the decoding; the last two records after
+ * the batch. Only hints to the processor: nothing here changes state. */
+#define ST__RECORD_LAG 2u
+
+static void prefetch_slot(const st_membership_t* m, const st_msg_t* msg,
+                          uint32_t* h) {
+  const st_node_id_t* id = msg_node(msg);
+  if (!id || m->hash_cap == 0)
     return;
-  uint32_t mask = m->hash_cap - 1, h[ST__DECODE_BATCH];
-  for (uint32_t i = 0; i < n; i++) {
-    const st_node_id_t* id = msg_node(&msgs[i]);
-    if (!id)
-      continue;
-    h[i] = id_hash(m, id);
-    __builtin_prefetch(&m->hash[h[i] & mask]);
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    if (!msg_node(&msgs[i]))
-      continue;
-    st__slot_t v = m->hash[h[i] & mask];
-    if (v != 0 && (v & ST__TAG_MASK) == slot_tag(h[i]))
-      __builtin_prefetch(&m->mem[slot_idx(v)]);
-  }
+  *h = id_hash(m, id);
+  __builtin_prefetch(&m->hash[*h & (m->hash_cap - 1)]);
+}
+
+static void prefetch_record(const st_membership_t* m, const st_msg_t* msg,
+                            uint32_t h) {
+  if (m->hash_cap == 0 || !msg_node(msg))
+    return;
+  st__slot_t v = m->hash[h & (m->hash_cap - 1)];
+  if (v != 0 && (v & ST__TAG_MASK) == slot_tag(h))
+    __builtin_prefetch(&m->mem[slot_idx(v)]);
 }
 
 /* The same for a push-pull's entries, a pipeline as they are walked in
@@ -675,9 +680,10 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
   size_t off = 0;
   while (rc == 0 && off < len) {
     /* Decode a batch ahead of dispatching it, so that its lookups
-     * overlap (prefetch_members); the rules still run in packet order. */
+     * overlap (prefetch_slot, prefetch_record); the rules still run in
+     * packet order. */
     st_msg_t msgs[ST__DECODE_BATCH];
-    uint32_t n = 0;
+    uint32_t n = 0, h[ST__DECODE_BATCH];
     int d = 0;
     while (n < ST__DECODE_BATCH && off < len) {
       size_t used = 0;
@@ -685,10 +691,14 @@ int st_membership_packet(st_membership_t* m, uint64_t now_ms,
                               &m->counters);
       if (d != 0)
         break;
+      prefetch_slot(m, &msgs[n], &h[n]);
+      if (n >= ST__RECORD_LAG)
+        prefetch_record(m, &msgs[n - ST__RECORD_LAG], h[n - ST__RECORD_LAG]);
       n++;
       off += used;
     }
-    prefetch_members(m, msgs, n);
+    for (uint32_t i = n > ST__RECORD_LAG ? n - ST__RECORD_LAG : 0; i < n; i++)
+      prefetch_record(m, &msgs[i], h[i]);
     for (uint32_t i = 0; i < n; i++) {
       dispatch(m, now_ms, from, from_addr, &msgs[i]);
       st_wire_msg_free(&msgs[i]);

@@ -246,8 +246,13 @@ int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
        t++) {
     for (uint32_t i = m->bc_head[t]; i != ST__NONE;) {
       uint32_t next = m->bc[i].next;
-      if (next != ST__NONE && m->bc[next].mi < m->n_mem)
-        __builtin_prefetch(&m->mem[m->bc[next].mi]); /* overlaps the miss */
+      if (next != ST__NONE && m->bc[next].mi < m->n_mem) {
+        /* Overlaps the miss; a record is 96 bytes, so both its cache
+         * lines (the id and incarnation, the state and key). */
+        const char* p = (const char*) &m->mem[m->bc[next].mi];
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + sizeof(st__mrec_t) - 1);
+      }
       int rc = bc_encode(m, &m->bc[i], buf + pos, sizeof buf - pos, &len);
       if (rc == 0) {
         pos += len;

@@ -72,11 +72,22 @@ bool st__sim_reachable(const st_sim_t* s, uint32_t from, uint32_t to) {
   return false;
 }
 
+/* Every message up to a packet's size takes a block of this size from
+ * the pool (s->packet_pool); larger ones (streams) are their own. */
+#define SIM_POOL_BLOCK (sizeof(st_sim_msg_t) + ST_PACKET_MAX_PLAINTEXT)
+
 st_sim_msg_t* st__sim_msg_new(st_sim_t* s, uint8_t kind, uint32_t from,
                               uint32_t to, const uint8_t* data, size_t len) {
-  st_sim_msg_t* m = st__sim_alloc(s, sizeof(*m) + len);
-  if (m == NULL)
-    return NULL;
+  st_sim_msg_t* m;
+  if (len <= ST_PACKET_MAX_PLAINTEXT && s->packet_pool != NULL) {
+    m = s->packet_pool;
+    s->packet_pool = m->next;
+  } else {
+    m = st__sim_alloc(
+        s, len <= ST_PACKET_MAX_PLAINTEXT ? SIM_POOL_BLOCK : sizeof(*m) + len);
+    if (m == NULL)
+      return NULL;
+  }
   m->next = NULL;
   m->from = from;
   m->to = to;
@@ -87,7 +98,20 @@ st_sim_msg_t* st__sim_msg_new(st_sim_t* s, uint8_t kind, uint32_t from,
 }
 
 void st__sim_msg_free(st_sim_t* s, st_sim_msg_t* m) {
+  if (m->len <= ST_PACKET_MAX_PLAINTEXT) {
+    m->next = s->packet_pool;
+    s->packet_pool = m;
+    return;
+  }
   st__sim_free(s, m, sizeof(*m) + m->len);
+}
+
+void st__sim_packet_pool_free(st_sim_t* s) {
+  while (s->packet_pool != NULL) {
+    st_sim_msg_t* m = s->packet_pool;
+    s->packet_pool = m->next;
+    st__sim_free(s, m, SIM_POOL_BLOCK);
+  }
 }
 
 static void deliver_at(st_sim_t* s, uint8_t kind, uint32_t from, uint32_t to,

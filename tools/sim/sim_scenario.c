@@ -414,9 +414,11 @@ int st__sim_run(const st_sim_options_t* opt, st_sim_result_t* res) {
   /* Free what is still in flight, then weigh the machines. */
   while (st__sim_heap_pop(&s->heap, &e))
     free_event(s, &e);
+  st__sim_packet_pool_free(s);
   res->memory_per_node_bytes = st__sim_machine_bytes(s, base_heap, base_own);
 out:
   st__sim_nodes_free(s);
+  st__sim_packet_pool_free(s);
   st__sim_free(s, s->warm_reply, s->warm_reply_len);
   for (uint32_t k = 0; k < s->n_trackers; k++) {
     st__sim_free(s, s->trackers[k].bits, (s->n + 7) / 8);
