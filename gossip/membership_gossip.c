@@ -269,12 +269,17 @@ int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
   }
   for (uint32_t s = 0; s < n_sent; s++) {
     uint32_t i = sent[s];
+    if ((uint32_t) m->bc[i].transmits + 1u >= lim) {
+      /* Its last transmission: retired from the list it is in (unlinking
+       * it first and then retiring it unlinked it twice, and the second
+       * time emptied the list at the new count, cutting out every update
+       * there: test_retire_at_shrunk_limit). */
+      bc_retire(m, i);
+      continue;
+    }
     bc_unlink(m, i);
     m->bc[i].transmits++;
-    if (m->bc[i].transmits >= lim)
-      bc_retire(m, i);
-    else
-      bc_push_front(m, i);
+    bc_push_front(m, i);
   }
   if (pos == 0)
     return 0;

@@ -1317,6 +1317,79 @@ START_TEST(test_bad_packets) {
 }
 END_TEST
 
+/* An update that reaches its last transmission leaves the queue alone: when
+ * N has just fallen across a power of ten (a reclaim: 10 -> 9 members
+ * lowers the limit from 8 to 4) the list at the new limit still holds
+ * updates until the next gossip tick purges them. Retiring one update
+ * must not cut them out of the queue (it did: a second unlink emptied that
+ * list, and bc_pending never returned to 0). */
+static uint32_t queue_len(const st_membership_t* m, uint32_t t) {
+  uint32_t n = 0;
+  for (uint32_t i = m->bc_head[t]; i != ST__NONE; i = m->bc[i].next)
+    n++;
+  return n;
+}
+
+static void clear_queue(st_membership_t* m) {
+  for (uint32_t i = 0; i < m->n_mem; i++) {
+    st__bc_drop(m, &m->mem[i].bcast);
+    if (m->mem[i].status != ST__NONE)
+      st__bc_drop(m, &m->statuses[m->mem[i].status].bcast);
+  }
+  ck_assert_uint_eq(m->bc_pending, 0);
+}
+
+static void send_one(h_t* h) {
+  ck_assert_int_eq(st__send_packet(h->m, &h->addr[1], &h->id[1], NULL, NULL),
+                   0);
+  drain(h);
+}
+
+START_TEST(test_retire_at_shrunk_limit) {
+  h_t h;
+  h_init(&h, 10, NULL);
+  st_membership_t* m = h.m;
+  uint32_t lim_before = st__retransmit_limit(m);
+  st_msg_t dead = accuse_msg(&h, ST_MSG_DEAD, 9, INC1, 1);
+  ck_assert_int_eq(feed(&h, 1, &dead, 1), 0);
+  ck_assert_int_eq(state_of(&h, 9), ST_MEMBER_DEAD);
+  clear_queue(m);
+  /* With 9 members left the limit will be retransmit_mult x
+   * ceil(log10(10)). Under the old limit, B reaches that count and A one
+   * less... */
+  uint32_t lim = m->cfg.retransmit_mult;
+  ck_assert_uint_lt(lim, lim_before);
+  ck_assert_uint_ge(lim, 2);
+  st__mrec_t* b = &m->mem[st__mem_find(m, &h.id[2])];
+  st__bc_queue_member(m, b, &h.id[0]);
+  send_one(&h);
+  st__mrec_t* a = &m->mem[st__mem_find(m, &h.id[3])];
+  st__bc_queue_member(m, a, &h.id[0]);
+  for (uint32_t k = 0; k + 1 < lim; k++)
+    send_one(&h);
+  /* ...and then the limit shrinks under them. */
+  st__reclaim(m, h.now + m->cfg.dead_reclaim_ms + 1);
+  ck_assert_uint_eq(st__retransmit_limit(m), lim);
+  b = &m->mem[st__mem_find(m, &h.id[2])];
+  a = &m->mem[st__mem_find(m, &h.id[3])];
+  ck_assert_uint_eq(m->bc[a->bcast].transmits, lim - 1);
+  ck_assert_uint_eq(m->bc[b->bcast].transmits, lim);
+  ck_assert_uint_eq(queue_len(m, lim), 1);
+  /* A's last transmission: A retires, B stays queued at the limit. */
+  send_one(&h);
+  ck_assert_uint_eq(a->bcast, ST__NONE);
+  ck_assert_uint_ne(b->bcast, ST__NONE);
+  ck_assert_uint_eq(queue_len(m, lim), 1);
+  ck_assert_uint_eq(m->bc_pending, 1);
+  /* The next gossip tick purges B: nothing is left pending. */
+  st__gossip_tick(m, h.now);
+  drain(&h);
+  ck_assert_uint_eq(m->bc_pending, 0);
+  ck_assert_uint_eq(b->bcast, ST__NONE);
+  h_free(&h);
+}
+END_TEST
+
 /* Dead members are forgotten after dead_reclaim_ms, so memory stays
  * bounded under churn. */
 START_TEST(test_reclaim) {
@@ -1457,6 +1530,7 @@ static Suite* suite(void) {
                       (int) (sizeof status_cases / sizeof status_cases[0]));
   tcase_add_test(tr, test_set_status);
   tcase_add_test(tr, test_reclaim);
+  tcase_add_test(tr, test_retire_at_shrunk_limit);
   tcase_add_test(tr, test_reconnect);
   tcase_add_test(tr, test_defaults);
   tcase_add_test(tr, test_probe_hint);
