@@ -20,6 +20,8 @@
  *   sim_metrics.c  ground truth versus what the machines believe: detection
  *                  times, false suspicions and deaths, load, memory
  *   sim_scenario.c the scenarios and the main loop
+ *   sim_average.c  the average scenario: the averaging exchange machines
+ *                  (st_xchg_*) between random pairs, no membership
  *
  * Time is kept in microseconds so that jitter of a fraction of a
  * millisecond reorders packets; the machines see now_us / 1000. */

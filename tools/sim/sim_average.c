@@ -425,7 +425,8 @@ static void report(av_t* a, const double* mean0, double* mean1) {
   r->rate = r->exchanges_completed > 0 ? -log(r->msd_end / r->msd_start) /
                                              (double) r->exchanges_completed
                                        : NAN;
-  r->rate_ratio = r->rate / r->rate_theory;
+  /* n = 2: one exchange makes the pair equal; r_th is infinite. */
+  r->rate_ratio = isfinite(r->rate_theory) ? r->rate / r->rate_theory : NAN;
 }
 
 int st__sim_average_run(st_sim_t* s, st_sim_result_t* res) {
