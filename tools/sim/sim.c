@@ -38,7 +38,7 @@ static void usage(FILE* f) {
       "  --duration SECONDS     simulated time, warm-up included (120)\n"
       "  --loss FRACTION        UDP packets lost, 0..0.9 (0)\n"
       "  --scenario NAME        crash | join | leave | restart-all | pause |\n"
-      "                         partition | steady (crash)\n"
+      "                         partition | steady | average (crash)\n"
       "  --no-lifeguard         turn off awareness, nacks and dynamic\n"
       "                         suspicion timeouts\n"
       "  --json                 print one JSON object instead of a table\n"
@@ -63,7 +63,11 @@ static void usage(FILE* f) {
       "                         are lost\n"
       "  --restart-window S     restart-all: every node restarts within S "
       "(10)\n"
-      "  --join-wave S          join: seconds between waves of joiners (5)\n");
+      "  --join-wave S          join: seconds between waves of joiners (5)\n"
+      "  --dim D                average: floats in each node's vector (8)\n"
+      "  --exchanges K          average: exchanges to complete (enough for\n"
+      "                         the squared distance to the mean to fall\n"
+      "                         by 1e4 in theory)\n");
 }
 
 static int parse_scenario(const char* text, st_sim_scenario_t* out) {
@@ -75,7 +79,7 @@ static int parse_scenario(const char* text, st_sim_scenario_t* out) {
   }
   fprintf(stderr,
           "starling-sim: --scenario: '%s' is not one of crash, join, leave, "
-          "restart-all, pause, partition, steady\n",
+          "restart-all, pause, partition, steady, average\n",
           text);
   return -EINVAL;
 }
@@ -129,7 +133,9 @@ static int parse_args(int argc, char** argv, st_sim_options_t* o) {
                                          "--partition-seconds",
                                          "--partition-fraction",
                                          "--restart-window",
-                                         "--join-wave"};
+                                         "--join-wave",
+                                         "--dim",
+                                         "--exchanges"};
     bool known = false;
     for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) {
       known |= strcmp(a, valued[k]) == 0;
@@ -179,6 +185,11 @@ static int parse_args(int argc, char** argv, st_sim_options_t* o) {
       rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->restart_window_s);
     } else if (strcmp(a, "--join-wave") == 0) {
       rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->join_wave_s);
+    } else if (strcmp(a, "--dim") == 0) {
+      rc = st__parse_u64(CMD, a, v, 1, 65536, &u);
+      o->dim = (uint32_t) u;
+    } else if (strcmp(a, "--exchanges") == 0) {
+      rc = st__parse_u64(CMD, a, v, 1, 100000000, &o->exchanges);
     }
     if (rc != 0)
       return -EINVAL;
@@ -221,7 +232,93 @@ typedef struct {
 #define BOOL(n, v) \
   { n, F_BOOL, NULL, (v) ? 1u : 0u, 0, "" }
 
+/* Prints f[0..n) as one JSON object (json) or as a table. */
+static void print_fields(bool json, const field_t* f, size_t n) {
+  if (json) {
+    printf("{");
+    for (size_t i = 0; i < n; i++) {
+      printf("%s\"%s\": ", i ? ", " : "", f[i].name);
+      switch (f[i].kind) {
+        case F_STR:
+          printf("\"%s\"", f[i].s);
+          break;
+        case F_U64:
+          printf("%llu", (unsigned long long) f[i].u);
+          break;
+        case F_BOOL:
+          printf("%s", f[i].u ? "true" : "false");
+          break;
+        case F_DBL:
+          if (isfinite(f[i].d)) {
+            printf("%.6g", f[i].d);
+          } else {
+            printf("null");
+          }
+          break;
+      }
+    }
+    printf("}\n");
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    printf("%-30s ", f[i].name);
+    switch (f[i].kind) {
+      case F_STR:
+        printf("%s\n", f[i].s);
+        break;
+      case F_U64:
+        printf("%llu\n", (unsigned long long) f[i].u);
+        break;
+      case F_BOOL:
+        printf("%s\n", f[i].u ? "on" : "off");
+        break;
+      case F_DBL:
+        if (isfinite(f[i].d)) {
+          printf("%.6g%s%s\n", f[i].d, f[i].unit[0] ? " " : "", f[i].unit);
+        } else {
+          printf("-\n");
+        }
+        break;
+    }
+  }
+}
+
+/* The average scenario's report: none of the membership figures. */
+static void print_average(const st_sim_options_t* o, const st_sim_result_t* r) {
+  const st_sim_avg_result_t* v = &r->avg;
+  const field_t f[] = {
+      STR("scenario", st__sim_scenario_name(o->scenario)),
+      U64("nodes", r->nodes),
+      U64("seed", o->seed),
+      U64("dim", v->dim),
+      DBL("latency_ms", o->latency_ms, "ms"),
+      DBL("jitter_ms", o->jitter_ms, "ms"),
+      U64("exchanges_target", v->exchanges_target),
+      U64("exchanges_completed", v->exchanges_completed),
+      U64("exchanges_busy", v->exchanges_busy),
+      U64("exchanges_failed", v->exchanges_failed),
+      U64("max_active_nodes", v->max_active_nodes),
+      DBL("active_fraction", v->active_fraction, ""),
+      DBL("msd_start", v->msd_start, ""),
+      DBL("msd_end", v->msd_end, ""),
+      DBL("rate", v->rate, "per exchange"),
+      DBL("rate_theory", v->rate_theory, "per exchange"),
+      DBL("rate_ratio", v->rate_ratio, ""),
+      DBL("mean_drift_max", v->mean_drift_max, ""),
+      DBL("sim_seconds", v->sim_seconds, "s"),
+      U64("events", r->events),
+      /* Host measurements last: excluded from determinism checks. */
+      DBL("wall_seconds", r->wall_seconds, "s"),
+      U64("max_rss_bytes", r->max_rss_bytes),
+  };
+  print_fields(o->json, f, sizeof(f) / sizeof(f[0]));
+}
+
 static void print_report(const st_sim_options_t* o, const st_sim_result_t* r) {
+  if (o->scenario == ST_SIM_AVERAGE) {
+    print_average(o, r);
+    return;
+  }
   const field_t f[] = {
       STR("scenario", st__sim_scenario_name(o->scenario)),
       U64("nodes", r->nodes),
@@ -285,54 +382,7 @@ static void print_report(const st_sim_options_t* o, const st_sim_result_t* r) {
       DBL("wall_seconds", r->wall_seconds, "s"),
       U64("max_rss_bytes", r->max_rss_bytes),
   };
-  size_t n = sizeof(f) / sizeof(f[0]);
-  if (o->json) {
-    printf("{");
-    for (size_t i = 0; i < n; i++) {
-      printf("%s\"%s\": ", i ? ", " : "", f[i].name);
-      switch (f[i].kind) {
-        case F_STR:
-          printf("\"%s\"", f[i].s);
-          break;
-        case F_U64:
-          printf("%llu", (unsigned long long) f[i].u);
-          break;
-        case F_BOOL:
-          printf("%s", f[i].u ? "true" : "false");
-          break;
-        case F_DBL:
-          if (isfinite(f[i].d)) {
-            printf("%.6g", f[i].d);
-          } else {
-            printf("null");
-          }
-          break;
-      }
-    }
-    printf("}\n");
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    printf("%-30s ", f[i].name);
-    switch (f[i].kind) {
-      case F_STR:
-        printf("%s\n", f[i].s);
-        break;
-      case F_U64:
-        printf("%llu\n", (unsigned long long) f[i].u);
-        break;
-      case F_BOOL:
-        printf("%s\n", f[i].u ? "on" : "off");
-        break;
-      case F_DBL:
-        if (isfinite(f[i].d)) {
-          printf("%.6g%s%s\n", f[i].d, f[i].unit[0] ? " " : "", f[i].unit);
-        } else {
-          printf("-\n");
-        }
-        break;
-    }
-  }
+  print_fields(o->json, f, sizeof(f) / sizeof(f[0]));
 }
 
 int main(int argc, char** argv) {

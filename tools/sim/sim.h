@@ -20,6 +20,8 @@
  *   sim_metrics.c  ground truth versus what the machines believe: detection
  *                  times, false suspicions and deaths, load, memory
  *   sim_scenario.c the scenarios and the main loop
+ *   sim_average.c  the average scenario: the averaging exchange machines
+ *                  (st_xchg_*) between random pairs, no membership
  *
  * Time is kept in microseconds so that jitter of a fraction of a
  * millisecond reorders packets; the machines see now_us / 1000. */
@@ -42,6 +44,7 @@ typedef enum {
   ST_SIM_PAUSE,
   ST_SIM_PARTITION,
   ST_SIM_STEADY,
+  ST_SIM_AVERAGE, /* sim_average.c: the averaging exchange, no membership */
   ST_SIM_SCENARIO_COUNT
 } st_sim_scenario_t;
 
@@ -73,11 +76,37 @@ typedef struct {
   bool one_way;            /* partition: only minority -> majority is cut */
   double restart_window_s; /* restart-all: all restarts within (10) */
   double join_wave_s;      /* join: seconds between waves (5) */
+  uint32_t dim;            /* average: floats per node's vector (8) */
+  uint64_t exchanges;      /* average: exchanges to complete; 0 = enough
+                              for the squared distance to fall by 1e4 */
 } st_sim_options_t;
 
 void st__sim_options_default(st_sim_options_t* o);
 
 /* ==== Results ============================================================ */
+
+/* What the average scenario reports (sim_average.c). msd is the mean over
+ * nodes of the squared distance to the global average, summed over the
+ * coordinates. The rates are per completed exchange: rate is
+ * -ln(msd_end / msd_start) / exchanges_completed, rate_theory is
+ * -ln(1 - 1/(n - 1)), the expected contraction of one average between
+ * two uniformly random nodes. */
+typedef struct {
+  uint32_t dim;
+  uint64_t exchanges_target;
+  uint64_t exchanges_completed; /* initiator's DONE ok */
+  uint64_t exchanges_busy;      /* initiator's DONE busy: tried again later */
+  uint64_t exchanges_failed;    /* any other result, at either end */
+  uint32_t max_active_nodes;    /* most nodes in an exchange at once */
+  double active_fraction;       /* mean share of nodes in an exchange */
+  double msd_start;
+  double msd_end;
+  double rate;
+  double rate_theory;
+  double rate_ratio;
+  double mean_drift_max; /* max over coordinates of |mean_end - mean_start| */
+  double sim_seconds;    /* virtual time until the last exchange ended */
+} st_sim_avg_result_t;
 
 /* Everything a run reports. The doubles are NaN where the scenario does not
  * measure them or nothing was observed; they print as null in JSON. */
@@ -142,6 +171,9 @@ typedef struct {
 
   /* Memory: heap bytes held by machines (allocator's count) per node. */
   double memory_per_node_bytes;
+
+  /* The average scenario (its report prints only these, sim.c). */
+  st_sim_avg_result_t avg;
 
   /* Host-dependent: excluded from determinism checks. */
   double wall_seconds;
@@ -374,6 +406,10 @@ int st__sim_schedule(st_sim_t* s, uint64_t at_us, uint32_t kind, uint32_t node,
                      uint64_t arg);
 void* st__sim_alloc(st_sim_t* s, size_t n);
 void st__sim_free(st_sim_t* s, void* p, size_t n);
+
+/* sim_average.c: runs the average scenario on s (opt, heap, generators
+ * seeded; no membership machines). Returns 0 or -ENOMEM. */
+int st__sim_average_run(st_sim_t* s, st_sim_result_t* res);
 
 /* sim_metrics.c */
 void st__sim_observe(st_sim_t* s, uint32_t observer, const st_member_t* mb);

@@ -18,6 +18,8 @@
  *                freeze for 0.5 s up to --pause-seconds
  *   partition    a share of the nodes is cut off for --partition-seconds
  *   steady       nothing: the load and false-alarm baseline
+ *   average      no membership: the averaging exchange machines of
+ *                gossip/exchange.c between random pairs (sim_average.c)
  *   join         no boot: node 0 alone, then waves of 1, 2, 4, ... joiners
  *                (--join-wave seconds apart, each wave over one second)
  *                through random running seeds; once all waves are in and
@@ -43,7 +45,8 @@
 #define SIM_START_TRACK 1u /* START arg: time this join (probe join) */
 
 static const char* const scenario_names[ST_SIM_SCENARIO_COUNT] = {
-    "crash", "join", "leave", "restart-all", "pause", "partition", "steady"};
+    "crash", "join",      "leave",  "restart-all",
+    "pause", "partition", "steady", "average"};
 
 const char* st__sim_scenario_name(st_sim_scenario_t s) {
   return s < ST_SIM_SCENARIO_COUNT ? scenario_names[s] : "?";
@@ -64,6 +67,7 @@ void st__sim_options_default(st_sim_options_t* o) {
   o->partition_frac = 0.5;
   o->restart_window_s = 10.0;
   o->join_wave_s = 5.0;
+  o->dim = 8;
 }
 
 static uint64_t uniform_us(st_sim_t* s, double lo_s, double hi_s) {
@@ -227,6 +231,7 @@ static void start_script(st_sim_t* s) {
       break;
     }
     case ST_SIM_STEADY:
+    case ST_SIM_AVERAGE: /* runs in sim_average.c, never here */
     case ST_SIM_SCENARIO_COUNT:
       break;
   }
@@ -377,6 +382,12 @@ int st__sim_run(const st_sim_options_t* opt, st_sim_result_t* res) {
   st_rng_seed(&s->net_rng, opt->seed ^ 0x6E6574776F726Bull);
   st_rng_seed(&s->script_rng, opt->seed ^ 0x736372697074ull);
   memset(res, 0, sizeof(*res));
+  if (opt->scenario == ST_SIM_AVERAGE) {
+    wall0 = st_now_s();
+    rc = st__sim_average_run(s, res);
+    res->wall_seconds = st_now_s() - wall0;
+    goto out;
+  }
   rc = st__sim_nodes_init(s);
   if (rc == 0 && opt->warm)
     rc = st__sim_warm_reply(s);
