@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: every test. Installs what is missing, checks the layering
-# (tools/scripts/check_layers.py), then builds and runs the
+# (tools/scripts/check_layers.py) and that no function runs over 80 lines
+# without a reason (check_function_length.py), then builds and runs the
 # whole suite twice: a plain build with warnings as errors (CUDA backend
 # included when nvcc exists; its parity tests run when a GPU is present and
 # say they were skipped otherwise), and an AddressSanitizer +
@@ -17,8 +18,9 @@ export ST_EXTRA_PACKAGES="python3-numpy clang-format ${ST_EXTRA_PACKAGES:-}"
 werror=${STARLING_WERROR:-ON}
 ST_BUILD_DIR=build ST_CMAKE_ARGS="-DSTARLING_WERROR=$werror" tools/scripts/setup.sh
 
-echo "== layering check (docs/architecture.md)"
+echo "== layering check (docs/architecture.md) and function lengths"
 /usr/bin/python3 tools/scripts/check_layers.py .
+/usr/bin/python3 tools/scripts/check_function_length.py
 
 echo "== format check (clang-format)"
 files=$(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null || find kernels optimizer node tools tests -name '*.[ch]' -o -name '*.cu')

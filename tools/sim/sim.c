@@ -12,6 +12,7 @@
 #include "tools/cli/cli.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -84,116 +85,92 @@ static int parse_scenario(const char* text, st_sim_scenario_t* out) {
   return -EINVAL;
 }
 
-/* Parses argv into o. Returns 0, 1 for --help (printed), -EINVAL after
- * printing what was wrong. */
-static int parse_args(int argc, char** argv, st_sim_options_t* o) {
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      return 1;
-    }
-    if (strcmp(a, "--json") == 0) {
-      o->json = true;
-      continue;
-    }
-    if (strcmp(a, "--trace") == 0) {
-      o->trace = true;
-      continue;
-    }
-    if (strcmp(a, "--no-lifeguard") == 0) {
-      o->lifeguard = false;
-      continue;
-    }
-    if (strcmp(a, "--warm") == 0) {
-      o->warm = true;
-      continue;
-    }
-    if (strcmp(a, "--one-way") == 0) {
-      o->one_way = true;
-      continue;
-    }
-    if (strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "starling-sim: unexpected argument '%s' (see --help)\n",
-              a);
-      return -EINVAL;
-    }
-    static const char* const valued[] = {"--nodes",
-                                         "--seed",
-                                         "--duration",
-                                         "--loss",
-                                         "--scenario",
-                                         "--latency-ms",
-                                         "--jitter-ms",
-                                         "--dup",
-                                         "--events",
-                                         "--crash-at",
-                                         "--pause-fraction",
-                                         "--pause-seconds",
-                                         "--partition-seconds",
-                                         "--partition-fraction",
-                                         "--restart-window",
-                                         "--join-wave",
-                                         "--dim",
-                                         "--exchanges"};
-    bool known = false;
-    for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) {
-      known |= strcmp(a, valued[k]) == 0;
-    }
-    if (!known) {
-      fprintf(stderr, "starling-sim: unknown option '%s' (see --help)\n", a);
-      return -EINVAL;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "starling-sim: %s needs a value (see --help)\n", a);
-      return -EINVAL;
-    }
-    const char* v = argv[++i];
-    uint64_t u = 0;
-    int rc = 0;
-    if (strcmp(a, "--nodes") == 0) {
-      rc = st__parse_u64(CMD, a, v, 2, 100000, &u);
-      o->nodes = (uint32_t) u;
-    } else if (strcmp(a, "--seed") == 0) {
-      rc = st__parse_u64(CMD, a, v, 0, UINT64_MAX, &o->seed);
-    } else if (strcmp(a, "--duration") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.001, 1e6, &o->duration_s);
-    } else if (strcmp(a, "--loss") == 0) {
-      rc = st__parse_double(CMD, a, v, 0, 0.9, &o->loss);
-    } else if (strcmp(a, "--scenario") == 0) {
-      rc = parse_scenario(v, &o->scenario);
-    } else if (strcmp(a, "--latency-ms") == 0) {
-      rc = st__parse_double(CMD, a, v, 0, 10000, &o->latency_ms);
-    } else if (strcmp(a, "--jitter-ms") == 0) {
-      rc = st__parse_double(CMD, a, v, 0, 10000, &o->jitter_ms);
-    } else if (strcmp(a, "--dup") == 0) {
-      rc = st__parse_double(CMD, a, v, 0, 1, &o->dup);
-    } else if (strcmp(a, "--events") == 0) {
-      rc = st__parse_u64(CMD, a, v, 1, 4096, &u);
-      o->events = (uint32_t) u;
-    } else if (strcmp(a, "--crash-at") == 0) {
-      rc = st__parse_double(CMD, a, v, 0, 1e6, &o->crash_at_s);
-    } else if (strcmp(a, "--pause-fraction") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.0001, 1, &o->pause_fraction);
-    } else if (strcmp(a, "--pause-seconds") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->pause_max_s);
-    } else if (strcmp(a, "--partition-seconds") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.001, 1e6, &o->partition_s);
-    } else if (strcmp(a, "--partition-fraction") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.0001, 0.9999, &o->partition_frac);
-    } else if (strcmp(a, "--restart-window") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->restart_window_s);
-    } else if (strcmp(a, "--join-wave") == 0) {
-      rc = st__parse_double(CMD, a, v, 0.01, 3600, &o->join_wave_s);
-    } else if (strcmp(a, "--dim") == 0) {
-      rc = st__parse_u64(CMD, a, v, 1, 65536, &u);
-      o->dim = (uint32_t) u;
-    } else if (strcmp(a, "--exchanges") == 0) {
-      rc = st__parse_u64(CMD, a, v, 1, 100000000, &o->exchanges);
-    }
-    if (rc != 0)
-      return -EINVAL;
+/* The flags without a value: each sets one bool of the options. */
+static const struct {
+  const char* name;
+  size_t off;
+  bool value;
+} switches[] = {
+    {"--json", offsetof(st_sim_options_t, json), true},
+    {"--trace", offsetof(st_sim_options_t, trace), true},
+    {"--no-lifeguard", offsetof(st_sim_options_t, lifeguard), false},
+    {"--warm", offsetof(st_sim_options_t, warm), true},
+    {"--one-way", offsetof(st_sim_options_t, one_way), true},
+};
+
+/* The flags with a value, in the order of the usage: each parsed strictly
+ * into one field of the options, within [min, max]. */
+typedef enum { V_U32, V_U64, V_DOUBLE, V_SCENARIO } value_kind_t;
+static const struct {
+  const char* name;
+  value_kind_t kind;
+  size_t off;
+  double min, max;     /* V_DOUBLE */
+  uint64_t umin, umax; /* V_U32, V_U64 */
+} valued[] = {
+    {"--nodes", V_U32, offsetof(st_sim_options_t, nodes), 0, 0, 2, 100000},
+    {"--seed", V_U64, offsetof(st_sim_options_t, seed), 0, 0, 0, UINT64_MAX},
+    {"--duration", V_DOUBLE, offsetof(st_sim_options_t, duration_s), 0.001, 1e6,
+     0, 0},
+    {"--loss", V_DOUBLE, offsetof(st_sim_options_t, loss), 0, 0.9, 0, 0},
+    {"--scenario", V_SCENARIO, offsetof(st_sim_options_t, scenario), 0, 0, 0,
+     0},
+    {"--latency-ms", V_DOUBLE, offsetof(st_sim_options_t, latency_ms), 0, 10000,
+     0, 0},
+    {"--jitter-ms", V_DOUBLE, offsetof(st_sim_options_t, jitter_ms), 0, 10000,
+     0, 0},
+    {"--dup", V_DOUBLE, offsetof(st_sim_options_t, dup), 0, 1, 0, 0},
+    {"--events", V_U32, offsetof(st_sim_options_t, events), 0, 0, 1, 4096},
+    {"--crash-at", V_DOUBLE, offsetof(st_sim_options_t, crash_at_s), 0, 1e6, 0,
+     0},
+    {"--pause-fraction", V_DOUBLE, offsetof(st_sim_options_t, pause_fraction),
+     0.0001, 1, 0, 0},
+    {"--pause-seconds", V_DOUBLE, offsetof(st_sim_options_t, pause_max_s), 0.01,
+     3600, 0, 0},
+    {"--partition-seconds", V_DOUBLE, offsetof(st_sim_options_t, partition_s),
+     0.001, 1e6, 0, 0},
+    {"--partition-fraction", V_DOUBLE,
+     offsetof(st_sim_options_t, partition_frac), 0.0001, 0.9999, 0, 0},
+    {"--restart-window", V_DOUBLE, offsetof(st_sim_options_t, restart_window_s),
+     0.01, 3600, 0, 0},
+    {"--join-wave", V_DOUBLE, offsetof(st_sim_options_t, join_wave_s), 0.01,
+     3600, 0, 0},
+    {"--dim", V_U32, offsetof(st_sim_options_t, dim), 0, 0, 1, 65536},
+    {"--exchanges", V_U64, offsetof(st_sim_options_t, exchanges), 0, 0, 1,
+     100000000},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Parses the value v of valued[k] into its field of o. 0 or -EINVAL. */
+static int parse_value(size_t k, const char* v, st_sim_options_t* o) {
+  char* field = (char*) o + valued[k].off;
+  const char* a = valued[k].name;
+  uint64_t u = 0;
+  int rc = 0;
+  switch (valued[k].kind) {
+    case V_U32:
+      rc = st__parse_u64(CMD, a, v, valued[k].umin, valued[k].umax, &u);
+      if (rc == 0)
+        *(uint32_t*) (void*) field = (uint32_t) u;
+      break;
+    case V_U64:
+      rc = st__parse_u64(CMD, a, v, valued[k].umin, valued[k].umax,
+                         (uint64_t*) (void*) field);
+      break;
+    case V_DOUBLE:
+      rc = st__parse_double(CMD, a, v, valued[k].min, valued[k].max,
+                            (double*) (void*) field);
+      break;
+    case V_SCENARIO:
+      rc = parse_scenario(v, (st_sim_scenario_t*) (void*) field);
+      break;
   }
+  return rc != 0 ? -EINVAL : 0;
+}
+
+/* Flags that make sense alone but not together. 0 or -EINVAL. */
+static int check_combination(const st_sim_options_t* o) {
   if (o->warm && o->scenario == ST_SIM_JOIN) {
     fprintf(stderr,
             "starling-sim: --warm starts the cluster converged; the join "
@@ -208,6 +185,43 @@ static int parse_args(int argc, char** argv, st_sim_options_t* o) {
     return -EINVAL;
   }
   return 0;
+}
+
+/* Parses argv into o. Returns 0, 1 for --help (printed), -EINVAL after
+ * printing what was wrong. */
+static int parse_args(int argc, char** argv, st_sim_options_t* o) {
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      return 1;
+    }
+    size_t k = 0;
+    while (k < COUNT(switches) && strcmp(a, switches[k].name) != 0)
+      k++;
+    if (k < COUNT(switches)) {
+      *(bool*) (void*) ((char*) o + switches[k].off) = switches[k].value;
+      continue;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "starling-sim: unexpected argument '%s' (see --help)\n",
+              a);
+      return -EINVAL;
+    }
+    for (k = 0; k < COUNT(valued) && strcmp(a, valued[k].name) != 0; k++)
+      ;
+    if (k == COUNT(valued)) {
+      fprintf(stderr, "starling-sim: unknown option '%s' (see --help)\n", a);
+      return -EINVAL;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "starling-sim: %s needs a value (see --help)\n", a);
+      return -EINVAL;
+    }
+    if (parse_value(k, argv[++i], o) != 0)
+      return -EINVAL;
+  }
+  return check_combination(o);
 }
 
 /* ==== Report ============================================================ */

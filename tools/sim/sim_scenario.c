@@ -144,6 +144,73 @@ static void join_waves(st_sim_t* s) {
 
 /* ==== The main phase ==================================================== */
 
+/* crash, leave: k victims, one every gap, the last leaving `tail` for
+ * detection to finish everywhere. */
+static void script_departures(st_sim_t* s, uint64_t t0, uint64_t left,
+                              uint64_t tail) {
+  uint32_t v[4096];
+  uint32_t k = default_events(s, 1, 8, 16);
+  if (k > s->n - 1)
+    k = s->n - 1;
+  if (k > 4096)
+    k = 4096;
+  k = pick_victims(s, v, k);
+  uint64_t gap = left > tail ? (left - tail) / (k ? k : 1) : 0;
+  if (gap < 500000u)
+    gap = 500000u;
+  if (gap > 20000000u)
+    gap = 20000000u;
+  uint32_t kind =
+      s->opt.scenario == ST_SIM_CRASH ? ST_SIM_EV_CRASH : ST_SIM_EV_LEAVE;
+  for (uint32_t j = 0; j < k; j++) {
+    st__sim_schedule(s, t0 + j * gap, kind, v[j], 0);
+  }
+  s->disturbed_us = t0 + (k ? k - 1 : 0) * gap;
+}
+
+/* restart-all: every node up goes down and comes back within the window. */
+static void script_restart_all(st_sim_t* s, uint64_t t0) {
+  double w = s->opt.restart_window_s;
+  uint64_t last = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    if (s->nodes[i].life != ST_SIM_UP)
+      continue;
+    uint64_t down = t0 + uniform_us(s, 0, w > 2 ? w - 2 : 0);
+    uint64_t up = down + uniform_us(s, 0.2, w > 2 ? 2.0 : w / 2);
+    st__sim_schedule(s, down, ST_SIM_EV_CRASH, i, 0);
+    st__sim_schedule(s, up, ST_SIM_EV_RESTART, i, 0);
+    if (up > last)
+      last = up;
+  }
+  s->disturbed_us = last;
+}
+
+/* pause: a share of the nodes turn flaky, each first stalling within 10 s. */
+static void script_pause(st_sim_t* s, uint64_t t0) {
+  uint32_t v[4096];
+  uint32_t k = (uint32_t) ceil(s->opt.pause_fraction * s->n);
+  if (k > 4096)
+    k = 4096;
+  k = pick_victims(s, v, k);
+  for (uint32_t j = 0; j < k; j++) {
+    s->nodes[v[j]].flaky = true;
+    st__sim_schedule(s, t0 + uniform_us(s, 0, 10), ST_SIM_EV_PAUSE, v[j], 0);
+  }
+}
+
+/* join: the probe joiners start one every gap (at most 15 s). */
+static void script_join(st_sim_t* s, uint64_t t0, uint64_t left) {
+  uint32_t k = probe_joins(s);
+  uint64_t gap = left / (k ? k : 1);
+  if (gap > 15000000u)
+    gap = 15000000u;
+  for (uint32_t j = 0; j < k; j++) {
+    st__sim_schedule(s, t0 + j * gap, ST_SIM_EV_START, s->n - k + j,
+                     SIM_START_TRACK);
+  }
+  s->disturbed_us = t0 + (k ? k - 1 : 0) * gap;
+}
+
 static void start_script(st_sim_t* s) {
   s->script_started = true;
   uint64_t t0 = s->now_us + SIM_SCRIPT_DELAY_US;
@@ -159,58 +226,17 @@ static void start_script(st_sim_t* s) {
   uint64_t left = s->end_us - t0;
   /* Leave room after the last event for detection to finish everywhere. */
   uint64_t tail = (uint64_t) ((st__sim_suspicion_max_s(s, s->n) + 10.0) * US);
-  uint32_t k, v[4096];
   switch (s->opt.scenario) {
     case ST_SIM_CRASH:
-    case ST_SIM_LEAVE: {
-      k = default_events(s, 1, 8, 16);
-      if (k > s->n - 1)
-        k = s->n - 1;
-      if (k > 4096)
-        k = 4096;
-      k = pick_victims(s, v, k);
-      uint64_t gap = left > tail ? (left - tail) / (k ? k : 1) : 0;
-      if (gap < 500000u)
-        gap = 500000u;
-      if (gap > 20000000u)
-        gap = 20000000u;
-      uint32_t kind =
-          s->opt.scenario == ST_SIM_CRASH ? ST_SIM_EV_CRASH : ST_SIM_EV_LEAVE;
-      for (uint32_t j = 0; j < k; j++) {
-        st__sim_schedule(s, t0 + j * gap, kind, v[j], 0);
-      }
-      s->disturbed_us = t0 + (k ? k - 1 : 0) * gap;
+    case ST_SIM_LEAVE:
+      script_departures(s, t0, left, tail);
       break;
-    }
-    case ST_SIM_RESTART_ALL: {
-      double w = s->opt.restart_window_s;
-      uint64_t last = 0;
-      for (uint32_t i = 0; i < s->n; i++) {
-        if (s->nodes[i].life != ST_SIM_UP)
-          continue;
-        uint64_t down = t0 + uniform_us(s, 0, w > 2 ? w - 2 : 0);
-        uint64_t up = down + uniform_us(s, 0.2, w > 2 ? 2.0 : w / 2);
-        st__sim_schedule(s, down, ST_SIM_EV_CRASH, i, 0);
-        st__sim_schedule(s, up, ST_SIM_EV_RESTART, i, 0);
-        if (up > last)
-          last = up;
-      }
-      s->disturbed_us = last;
+    case ST_SIM_RESTART_ALL:
+      script_restart_all(s, t0);
       break;
-    }
-    case ST_SIM_PAUSE: {
-      double f = s->opt.pause_fraction;
-      k = (uint32_t) ceil(f * s->n);
-      if (k > 4096)
-        k = 4096;
-      k = pick_victims(s, v, k);
-      for (uint32_t j = 0; j < k; j++) {
-        s->nodes[v[j]].flaky = true;
-        st__sim_schedule(s, t0 + uniform_us(s, 0, 10), ST_SIM_EV_PAUSE, v[j],
-                         0);
-      }
+    case ST_SIM_PAUSE:
+      script_pause(s, t0);
       break;
-    }
     case ST_SIM_PARTITION: {
       st__sim_schedule(s, t0, ST_SIM_EV_SPLIT, 0, 0);
       uint64_t heal = t0 + (uint64_t) (s->opt.partition_s * US);
@@ -218,18 +244,9 @@ static void start_script(st_sim_t* s) {
       s->disturbed_us = heal;
       break;
     }
-    case ST_SIM_JOIN: {
-      k = probe_joins(s);
-      uint64_t gap = left / (k ? k : 1);
-      if (gap > 15000000u)
-        gap = 15000000u;
-      for (uint32_t j = 0; j < k; j++) {
-        st__sim_schedule(s, t0 + j * gap, ST_SIM_EV_START, s->n - k + j,
-                         SIM_START_TRACK);
-      }
-      s->disturbed_us = t0 + (k ? k - 1 : 0) * gap;
+    case ST_SIM_JOIN:
+      script_join(s, t0, left);
       break;
-    }
     case ST_SIM_STEADY:
     case ST_SIM_AVERAGE: /* runs in sim_average.c, never here */
     case ST_SIM_SCENARIO_COUNT:
