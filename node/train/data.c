@@ -1,5 +1,5 @@
 /* data.c: opening a dataset by spec, normalization, sharding and the
- * per-epoch shuffle (see node.h; the file loaders are data_idx.c and
+ * per-epoch shuffle (see train.h; the file loaders are data_idx.c and
  * data_csv.c).
  *
  * Sharding is strided (shard k of n holds every i with i % n == k) rather

@@ -1,4 +1,4 @@
-/* data_csv.c: the numeric CSV loader, see node.h.
+/* data_csv.c: the numeric CSV loader, see train.h.
  *
  * The format is the plain subset of RFC 4180 that numeric tables use: one
  * example per line, fields separated by commas, no quoting. Every field is

@@ -1,5 +1,5 @@
 /* data_idx.c: the IDX loader (the file format of MNIST and Fashion-MNIST,
- * described at http://yann.lecun.com/exdb/mnist/), see node.h.
+ * described at http://yann.lecun.com/exdb/mnist/), see train.h.
  *
  * An IDX file is a 4-byte magic (two zero bytes, a data type byte, the
  * number of dimensions), one big-endian uint32 per dimension, then the body

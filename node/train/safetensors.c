@@ -12,8 +12,8 @@
  *
  * The file comes from outside (another peer, a download, a disk that
  * filled up), so the reader checks the header length against the file and
- * the cap, parses the header with the strict reader of json.h, checks every
- * entry, and allocates the data buffer only after every check has passed;
+ * the cap, parses the header with the strict reader of base/base.h, checks
+ * every entry, and allocates the data buffer only after every check has passed;
  * the data is copied into 64-byte aligned float storage.
  */
 #include "node/train/train.h"

@@ -1,5 +1,7 @@
-/* node.h: what one starling node runs on its own: datasets, checkpoints and
- * the local training loop.
+/* train.h: the training library, what one starling node runs on its own:
+ * datasets, checkpoints and the local training loop. `starling train`, the
+ * benchmarks and the daemon's trainer thread use it; it knows nothing of
+ * the network.
  *
  * - Data (node/train/data_idx.c, node/train/data_csv.c, node/train/data.c):
  * loaders for IDX (the MNIST family, gzip or raw) and numeric CSV,
@@ -15,8 +17,8 @@
  * (err, err_len) also write one sentence into err naming the bad input (the
  * file, the field) and what to do about it; err may be NULL.
  */
-#ifndef STARLING_NODE_H
-#define STARLING_NODE_H
+#ifndef STARLING_NODE_TRAIN_H
+#define STARLING_NODE_TRAIN_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -286,4 +288,4 @@ int st_json_write_string(FILE* f, const char* s);
 }
 #endif
 
-#endif /* STARLING_NODE_H */
+#endif /* STARLING_NODE_TRAIN_H */

@@ -1,7 +1,7 @@
-/* node_internal.h: helpers shared by the files of node/; not part of the
- * public interface (node.h). */
-#ifndef STARLING_NODE_INTERNAL_H
-#define STARLING_NODE_INTERNAL_H
+/* train_internal.h: helpers shared by the files of node/train/; not part of
+ * the public interface (train.h). */
+#ifndef STARLING_NODE_TRAIN_INTERNAL_H
+#define STARLING_NODE_TRAIN_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # node.h: ST_SAFETENSORS_MAX_HEADER_BYTES
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # node/train/train.h: ST_SAFETENSORS_MAX_HEADER_BYTES
 MAX_INT = 2 ** 53
 
 
