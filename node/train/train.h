@@ -3,15 +3,15 @@
  * benchmarks and the daemon's trainer thread use it; it knows nothing of
  * the network.
  *
- * - Data (node/train/data_idx.c, node/train/data_csv.c, node/train/data.c):
- * loaders for IDX (the MNIST family, gzip or raw) and numeric CSV,
- * normalization, a seeded shuffle per epoch and disjoint sharding.
- * - Checkpoints (node/train/safetensors.c): atomic writes (temporary file,
- * fsync, rename) in the safetensors format, readable by Python's safetensors
- * and by NumPy, and a hardened reader.
- * - Training (node/train/trainer.c): model + optimizer + schedule + data shard,
- *   stepped one batch at a time, so that `starling train` and the daemon's
- *   trainer thread run the same loop.
+ * - Data (data_idx.c, data_csv.c, data.c): loaders for IDX (the MNIST
+ *   family, gzip or raw) and numeric CSV, normalization, a seeded shuffle
+ *   per epoch and disjoint sharding.
+ * - Checkpoints (safetensors.c, safetensors_write.c): atomic writes
+ *   (temporary file, fsync, rename) in the safetensors format, readable by
+ *   Python's safetensors and by NumPy, and a hardened reader.
+ * - Training (trainer.c, trainer_checkpoint.c): model + optimizer +
+ *   schedule + data shard, stepped one batch at a time, so that `starling
+ *   train` and the daemon's trainer thread run the same loop.
  *
  * Errors follow the house rule: 0 or a negative errno. Functions that take
  * (err, err_len) also write one sentence into err naming the bad input (the
