@@ -312,6 +312,13 @@ int st_wire_decode(const uint8_t* buf, size_t len, st_msg_t* msg,
 int st_wire_decode_next(const uint8_t* buf, size_t len, st_msg_t* msg,
                         size_t* used, st_wire_counters_t* c);
 
+/* The type of the first message of buf[0..len) from its envelope alone
+ * (the array header and the type, in any msgpack integer encoding),
+ * without decoding the rest: for routing a plaintext to the machine that
+ * reads it. 0, or -EBADMSG when buf does not start with an array of at
+ * least two unsigned integers. Counts nothing. */
+int st_wire_peek_type(const uint8_t* buf, size_t len, uint64_t* type);
+
 /* Frees what a decoded message owns (a push-pull's entries, a ring
  * proposal's or confirmation's members); safe on any decoded message and
  * on a zeroed one. */

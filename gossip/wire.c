@@ -1071,6 +1071,13 @@ int st_wire_decode_next(const uint8_t* buf, size_t len, st_msg_t* msg,
   return decode(buf, len, msg, used, 0, c);
 }
 
+int st_wire_peek_type(const uint8_t* buf, size_t len, uint64_t* type) {
+  uint64_t version;
+  if (buf == NULL || type == NULL)
+    return -EINVAL;
+  return st__wire_peek_envelope(buf, len, type, &version);
+}
+
 void st_wire_msg_free(st_msg_t* msg) {
   if (msg == NULL)
     return;

@@ -167,22 +167,14 @@ void st__net_drain(st__daemon_t* d) {
     uv_timer_start(&d->member_timer, member_timer_cb, IDLE_TICK_MS, 0);
 }
 
-/* Whether a plaintext starts with a RING_PROPOSE .. RING_CANCEL message:
- * a msgpack array header (fixarray, array16 or array32) and then the type
- * as a positive fixint. The ring formation machine decodes (and may
- * refuse) the rest. */
+/* Ring formation messages (RING_PROPOSE .. RING_CANCEL) travel alone in
+ * their packets and go to the formation machine; the wire module reads the
+ * type from the envelope (any integer encoding), the formation machine
+ * decodes (and may refuse) the rest. */
 static bool is_ring_form(const uint8_t* p, size_t len) {
-  size_t at = 0;
-  if ((p[0] & 0xf0) == 0x90)
-    at = 1;
-  else if (p[0] == 0xdc)
-    at = 3;
-  else if (p[0] == 0xdd)
-    at = 5;
-  else
-    return false;
-  return at < len && p[at] >= ST_MSG_RING_PROPOSE &&
-         p[at] <= ST_MSG_RING_CANCEL;
+  uint64_t type;
+  return st_wire_peek_type(p, len, &type) == 0 && type >= ST_MSG_RING_PROPOSE &&
+         type <= ST_MSG_RING_CANCEL;
 }
 
 static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {

@@ -567,6 +567,45 @@ START_TEST(test_wide_integers) {
 }
 END_TEST
 
+/* st_wire_peek_type reads the type from the envelope in any integer
+ * encoding (the daemon routes ring formation packets by it), and refuses
+ * what is not an array of two unsigned integers. */
+START_TEST(test_peek_type) {
+  static const struct {
+    uint8_t b[12];
+    size_t len;
+    int rc;
+    uint64_t type;
+  } cases[] = {
+      {{0x94, 41, 1, 0xc0}, 4, 0, 41},                /* fixarray, fixint */
+      {{0x94, 0xcc, 42, 1}, 4, 0, 42},                /* uint8 */
+      {{0x94, 0xcd, 0, 43, 0xd0, 1}, 6, 0, 43},       /* uint16, int8 */
+      {{0xdc, 0, 4, 0xce, 0, 0, 0, 44, 1}, 9, 0, 44}, /* array16, uint32 */
+      {{0x92, 0xd0, 41, 1}, 4, 0, 41},                /* int8, non-negative */
+      {{0x93, 5, 1, 0xc0}, 4, 0, 5},                  /* any type */
+      {{0x94, 41}, 2, -EBADMSG, 0},                   /* no version */
+      {{0x91, 41, 1}, 3, -EBADMSG, 0},                /* one element */
+      {{0x82, 41, 1}, 3, -EBADMSG, 0},                /* a map */
+      {{0x94, 0xff, 1}, 3, -EBADMSG, 0},              /* negative type */
+      {{0x94, 0xa1, 'x', 1}, 4, -EBADMSG, 0},         /* a string type */
+      {{0x94, 0xcd, 0}, 3, -EBADMSG, 0},              /* truncated uint16 */
+      {{0xdc, 0}, 2, -EBADMSG, 0},                    /* truncated header */
+      {{0}, 0, -EBADMSG, 0},                          /* nothing */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t type = 12345;
+    int rc = st_wire_peek_type(cases[i].b, cases[i].len, &type);
+    ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d, want %d", i, rc,
+                  cases[i].rc);
+    if (rc == 0)
+      ck_assert_msg(type == cases[i].type, "case %zu: type %llu", i,
+                    (unsigned long long) type);
+  }
+  uint64_t type;
+  ck_assert_int_eq(st_wire_peek_type(NULL, 0, &type), -EINVAL);
+}
+END_TEST
+
 /* ==== Encoder refusals ======================================================
  */
 
@@ -1211,6 +1250,7 @@ static Suite* wire_suite(void) {
   tcase_add_test(tr, test_chunk_borrows_input);
   tcase_add_test(tr, test_known_answer);
   tcase_add_test(tr, test_wide_integers);
+  tcase_add_test(tr, test_peek_type);
   tcase_add_test(tr, test_drop_names);
   tcase_add_test(tr, test_fuzz_corpus);
   suite_add_tcase(s, tr);
