@@ -21,16 +21,26 @@ seed=$NODE_ADDR
 seed_id=$(node_field 0 id)
 pass "seed ${seed_id:0:12} at $seed ($(elapsed) s)"
 
-# A port nobody listens on (bound and closed again; UDP and TCP).
+# A port nobody listens on (bound and closed again; UDP and TCP). The OS
+# picks a UDP port free for UDP; TCP may hold it (a node of a suite running
+# beside this one: "Address already in use", seen in CI), so another is
+# tried until both are free.
 free_port=$("$NUMPY_PY" -c '
-import socket
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.bind(("127.0.0.1", 0))
-port = u.getsockname()[1]
-t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-t.bind(("127.0.0.1", port))
-print(port)
-u.close(); t.close()')
+import socket, sys
+for _ in range(100):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    port = u.getsockname()[1]
+    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        t.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        u.close(); t.close()
+    print(port)
+    sys.exit(0)
+sys.exit("no port free for both UDP and TCP in 100 tries")')
 
 # (a), (b) and (c) run side by side: each waits for something that does not
 # come, which costs no CPU.
