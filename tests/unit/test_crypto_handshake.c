@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "crypto/crypto.h"
+#include "tests/handshake_fixture.h"
 #include "tests/unit/testutil.h"
 
 /* One side of a connection. */
@@ -24,21 +25,10 @@ typedef struct {
   st_session_t sess;
 } side_t;
 
-static st_identity_t id_i, id_r, id_m;
-static st_cluster_key_t key_a, key_b;
-static st_keyring_t ring_a, ring_b, ring_ba; /* ring_ba: b current, a prev */
+static st_keyring_t ring_ba; /* b current, a previous */
 
 static void setup(void) {
-  ck_assert_int_eq(st_crypto_init(), 0);
-  st_identity_generate(&id_i);
-  st_identity_generate(&id_r);
-  st_identity_generate(&id_m);
-  st_cluster_key_generate(&key_a);
-  do {
-    st_cluster_key_generate(&key_b);
-  } while (key_b.id == key_a.id);
-  ck_assert_int_eq(st_keyring_init(&ring_a, &key_a, NULL, NULL, 0), 0);
-  ck_assert_int_eq(st_keyring_init(&ring_b, &key_b, NULL, NULL, 0), 0);
+  hs_fixture_setup();
   ck_assert_int_eq(st_keyring_init(&ring_ba, &key_b, &key_a, NULL, 0), 0);
 }
 

@@ -14,23 +14,11 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/handshake_fixture.h"
 #include "tests/unit/testutil.h"
 
-static st_identity_t id_i, id_r, id_m;
-static st_cluster_key_t key_a, key_b;
-static st_keyring_t ring_a, ring_b;
-
 static void setup(void) {
-  ck_assert_int_eq(st_crypto_init(), 0);
-  st_identity_generate(&id_i);
-  st_identity_generate(&id_r);
-  st_identity_generate(&id_m);
-  st_cluster_key_generate(&key_a);
-  do {
-    st_cluster_key_generate(&key_b);
-  } while (key_b.id == key_a.id);
-  ck_assert_int_eq(st_keyring_init(&ring_a, &key_a, NULL, NULL, 0), 0);
-  ck_assert_int_eq(st_keyring_init(&ring_b, &key_b, NULL, NULL, 0), 0);
+  hs_fixture_setup();
 }
 
 /* One end of a connection. */
