@@ -141,6 +141,9 @@ typedef enum {
   ST_MEMBER_LEFT = 3 /* dead by its own graceful leave */
 } st_member_state_t;
 
+/* "alive", "suspect", "dead", "left"; "?" for any other value. */
+const char* st_member_state_name(st_member_state_t s);
+
 typedef struct {
   st_node_id_t node;
   uint64_t incarnation;

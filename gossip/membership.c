@@ -17,6 +17,11 @@
 /* ==== Configuration =========================================================
  */
 
+const char* st_member_state_name(st_member_state_t s) {
+  static const char* const names[] = {"alive", "suspect", "dead", "left"};
+  return (unsigned) s <= ST_MEMBER_LEFT ? names[s] : "?";
+}
+
 void st_membership_config_default(st_membership_config_t* cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->probe_interval_ms = ST_MEMBERSHIP_PROBE_INTERVAL_MS;

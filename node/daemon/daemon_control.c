@@ -38,20 +38,6 @@ typedef struct {
   st_json_buf_t buf;
 } cwrite_t;
 
-static const char* member_state_name(st_member_state_t s) {
-  switch (s) {
-    case ST_MEMBER_ALIVE:
-      return "alive";
-    case ST_MEMBER_SUSPECT:
-      return "suspect";
-    case ST_MEMBER_DEAD:
-      return "dead";
-    case ST_MEMBER_LEFT:
-      return "left";
-  }
-  return "unknown";
-}
-
 static void put_num(st_json_buf_t* b, double v) {
   char tmp[64];
   if (!isfinite(v))
@@ -314,7 +300,7 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
       bool first = true;
       kv_str(b, &first, "id", id);
       kv_str(b, &first, "address", addr);
-      kv_str(b, &first, "state", member_state_name(m.state));
+      kv_str(b, &first, "state", st_member_state_name(m.state));
       put_key(b, &first, "self");
       st_json_buf_puts(b, self ? "true" : "false");
       kv_u64(b, &first, "step", step);
@@ -338,7 +324,7 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
         snprintf(heard_s, sizeof(heard_s), "%.1fs", heard);
       snprintf(line, sizeof(line),
                "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %s\n", id,
-               self ? "*" : " ", addr, member_state_name(m.state), step,
+               self ? "*" : " ", addr, st_member_state_name(m.state), step,
                figure(loss, 4).s, figure(acc, 4).s, figure(sps, 0).s, heard_s);
       st_json_buf_puts(b, line);
     }

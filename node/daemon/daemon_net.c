@@ -106,8 +106,7 @@ static void on_member(st__daemon_t* d, const st_member_t* mb) {
   char id[33], addr[64];
   st_node_id_format(&mb->id, id);
   st__addr_format(&mb->addr, addr, sizeof(addr));
-  static const char* names[] = {"alive", "suspect", "dead", "left"};
-  const char* state = mb->state <= ST_MEMBER_LEFT ? names[mb->state] : "?";
+  const char* state = st_member_state_name(mb->state);
   /* The machine reports every change, status records included: log only
    * changes of state. */
   st__heard_t* h = heard_get(d, &mb->id);

@@ -1317,6 +1317,17 @@ START_TEST(test_bad_packets) {
 }
 END_TEST
 
+/* The names the CLI, the daemon's log and the simulator print. */
+START_TEST(test_member_state_names) {
+  ck_assert_str_eq(st_member_state_name(ST_MEMBER_ALIVE), "alive");
+  ck_assert_str_eq(st_member_state_name(ST_MEMBER_SUSPECT), "suspect");
+  ck_assert_str_eq(st_member_state_name(ST_MEMBER_DEAD), "dead");
+  ck_assert_str_eq(st_member_state_name(ST_MEMBER_LEFT), "left");
+  ck_assert_str_eq(st_member_state_name((st_member_state_t) 4), "?");
+  ck_assert_str_eq(st_member_state_name((st_member_state_t) 255), "?");
+}
+END_TEST
+
 /* An update that reaches its last transmission leaves the queue alone: when
  * N has just fallen across a power of ten (a reclaim: 10 -> 9 members
  * lowers the limit from 8 to 4) the list at the new limit still holds
@@ -1531,6 +1542,7 @@ static Suite* suite(void) {
   tcase_add_test(tr, test_set_status);
   tcase_add_test(tr, test_reclaim);
   tcase_add_test(tr, test_retire_at_shrunk_limit);
+  tcase_add_test(tr, test_member_state_names);
   tcase_add_test(tr, test_reconnect);
   tcase_add_test(tr, test_defaults);
   tcase_add_test(tr, test_probe_hint);

@@ -176,20 +176,6 @@ static void track_observe(st_sim_t* s, st_sim_tracker_t* t, uint32_t o,
 
 /* ==== Observations ====================================================== */
 
-static const char* state_name(st_member_state_t st) {
-  switch (st) {
-    case ST_MEMBER_ALIVE:
-      return "alive";
-    case ST_MEMBER_SUSPECT:
-      return "suspect";
-    case ST_MEMBER_DEAD:
-      return "dead";
-    case ST_MEMBER_LEFT:
-      return "left";
-  }
-  return "?";
-}
-
 void st__sim_observe(st_sim_t* s, uint32_t o, const st_member_t* mb) {
   uint32_t x;
   if (st__sim_node_lookup(s, &mb->id, &x) != 0 || x == o)
@@ -200,8 +186,8 @@ void st__sim_observe(st_sim_t* s, uint32_t o, const st_member_t* mb) {
   bool healthy = current && st__sim_healthy(s, x);
   if (s->opt.trace) {
     fprintf(stderr, "%10.3f  node %u: node %u %s inc %u.%u%s%s\n",
-            (double) s->now_us / 1e6, o, x, state_name(mb->state), epoch,
-            (uint32_t) mb->incarnation, s->in_tick ? " (own probe)" : "",
+            (double) s->now_us / 1e6, o, x, st_member_state_name(mb->state),
+            epoch, (uint32_t) mb->incarnation, s->in_tick ? " (own probe)" : "",
             (mb->state != ST_MEMBER_ALIVE && healthy) ? " FALSE" : "");
   }
   switch (mb->state) {
