@@ -121,6 +121,7 @@ static void wait_tick(st__daemon_t* d) {
                d->cfg->min_nodes);
     d->state = ST__D_TRAINING;
     st__tt_go(d->tt);
+    st__attach_node_ready(d);
   } else if (d->wait_logged_ms == 0 || now - d->wait_logged_ms >= WAIT_LOG_MS) {
     st__dlog(d,
              "waiting for %u nodes before the first step (--min-nodes): %zu "
@@ -174,13 +175,16 @@ static void log_cb(uv_timer_t* t) {
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   size_t alive = st_membership_alive_count(d->m);
+  const char* state = st__dstate_name(d->state);
+  if (d->cfg->attach && d->state == ST__D_TRAINING && !st.attached)
+    state = "no program attached,";
   st__dlog(d,
            "%s step %" PRIu64 " epoch %" PRIu64
            " loss %.4f test acc %.4f %.0f samples/s peers %zu exchanges "
            "%" PRIu64 " ok %" PRIu64 " failed %" PRIu64 " busy",
-           st__dstate_name(d->state), st.step, st.epoch, st.loss,
-           st.test_accuracy, st.samples_per_sec, alive > 0 ? alive - 1 : 0,
-           d->c.ok, d->c.failed, d->c.busy);
+           state, st.step, st.epoch, st.loss, st.test_accuracy,
+           st.samples_per_sec, alive > 0 ? alive - 1 : 0, d->c.ok, d->c.failed,
+           d->c.busy);
 }
 
 /* With seeds given and nobody known yet, joins again, with backoff, and
@@ -289,8 +293,11 @@ static void leave_done_cb(uv_timer_t* t) {
     close_handle((uv_handle_t*) &c->tcp);
   }
   st__control_close(d);
-  close_handle((uv_handle_t*) &d->udp);
-  close_handle((uv_handle_t*) &d->listener);
+  st__attach_close(d);
+  if (d->net_started) {
+    close_handle((uv_handle_t*) &d->udp);
+    close_handle((uv_handle_t*) &d->listener);
+  }
   close_handle((uv_handle_t*) &d->sigint);
   close_handle((uv_handle_t*) &d->sigterm);
   close_handle((uv_handle_t*) &d->member_timer);
@@ -317,7 +324,8 @@ void st__daemon_leave(st__daemon_t* d, const char* why) {
     st__net_drain(d);
   }
   /* Alone, there is nobody to tell. */
-  uint64_t linger = st_membership_alive_count(d->m) > 0 ? LEAVE_LINGER_MS : 0;
+  uint64_t linger =
+      d->m != NULL && st_membership_alive_count(d->m) > 0 ? LEAVE_LINGER_MS : 0;
   uv_timer_start(&d->leave_timer, leave_done_cb, linger, 0);
 }
 
@@ -495,8 +503,19 @@ static int bind_sockets(st__daemon_t* d, char* err, size_t err_len) {
   return rc;
 }
 
+static void start_periodic(uv_timer_t* t, uv_timer_cb cb, double every_s) {
+  if (every_s > 0) {
+    uint64_t ms = (uint64_t) (every_s * 1000);
+    if (ms == 0)
+      ms = 1;
+    uv_timer_start(t, cb, ms, ms);
+  }
+}
+
+/* The loop and what needs no model: the control socket, signals, the
+ * timers (not yet running). In attach mode the node waits here for the
+ * first program when no checkpoint gives the model. */
 static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
-  const st_daemon_config_t* cfg = d->cfg;
   int rc = uv_loop_init(&d->loop);
   if (rc != 0) {
     st_set_err(err, err_len, "cannot start the event loop: %s",
@@ -505,8 +524,6 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   }
   uv_timer_init(&d->loop, &d->member_timer);
   d->member_timer.data = d;
-  if ((rc = bind_sockets(d, err, err_len)) != 0)
-    return rc;
   if ((rc = st__control_start(d, err, err_len)) != 0)
     return rc;
   uv_async_init(&d->loop, &d->tt_async, tt_async_cb);
@@ -516,13 +533,26 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   d->sigint.data = d->sigterm.data = d;
   uv_signal_start(&d->sigint, signal_cb, SIGINT);
   uv_signal_start(&d->sigterm, signal_cb, SIGTERM);
-  start_timer(d, &d->gossip_timer, gossip_cb, cfg->gossip_every_s);
-  start_timer(d, &d->sweep_timer, sweep_cb, SWEEP_MS / 1000.0);
-  start_timer(d, &d->status_timer, status_cb, cfg->status_every_s);
-  start_timer(d, &d->log_timer, log_cb, cfg->log_every_s);
-  start_timer(d, &d->seed_timer, seed_cb, 0);
-  start_timer(d, &d->leave_timer, NULL, 0);
-  start_timer(d, &d->ring_tick_timer, ring_tick_cb, cfg->ring_every_s);
+  uv_timer_t* timers[] = {&d->gossip_timer,   &d->sweep_timer, &d->status_timer,
+                          &d->log_timer,      &d->seed_timer,  &d->leave_timer,
+                          &d->ring_tick_timer};
+  for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++)
+    start_timer(d, timers[i], NULL, 0);
+  return 0;
+}
+
+/* The sockets and the periodic work: the node is on the network. */
+static int start_network(st__daemon_t* d, char* err, size_t err_len) {
+  const st_daemon_config_t* cfg = d->cfg;
+  int rc = bind_sockets(d, err, err_len);
+  if (rc != 0)
+    return rc;
+  d->net_started = true;
+  start_periodic(&d->gossip_timer, gossip_cb, cfg->gossip_every_s);
+  start_periodic(&d->sweep_timer, sweep_cb, SWEEP_MS / 1000.0);
+  start_periodic(&d->status_timer, status_cb, cfg->status_every_s);
+  start_periodic(&d->log_timer, log_cb, cfg->log_every_s);
+  start_periodic(&d->ring_tick_timer, ring_tick_cb, cfg->ring_every_s);
   return 0;
 }
 
@@ -576,6 +606,7 @@ static void cleanup(st__daemon_t* d) {
     st__tt_stop(d->tt, false, NULL, 0);
     d->tt = NULL;
   }
+  st__attach_free(d);
   while (d->conns != NULL) {
     st__conn_t* c = d->conns;
     c->handle_closed = true;
@@ -635,10 +666,35 @@ static int parse_addresses(st__daemon_t* d, char* err, size_t err_len) {
   return rc;
 }
 
-/* Everything after the loop exists: trainer, membership, ring. */
-static int start_node(st__daemon_t* d, char* err, size_t err_len) {
-  int rc = start_trainer(d);
+static int start_host(st__daemon_t* d) {
+  if (!d->cfg->attach)
+    return start_trainer(d);
+  st__tt_attach_config_t ac;
+  memset(&ac, 0, sizeof(ac));
+  ac.model = &d->attach_model;
+  ac.params = d->attach_params;
+  ac.step = d->attach_step;
+  ac.checkpoint_path = d->checkpoint_path;
+  ac.checkpoint_every_s = d->cfg->checkpoint_every_s;
+  ac.notify = notify_loop;
+  ac.notify_arg = &d->tt_async;
+  int rc = st__tt_start_attached(&ac, &d->tt);
+  free(d->attach_params); /* the thread has its own copy */
+  d->attach_params = NULL;
+  return rc;
+}
+
+static void log_started(st__daemon_t* d);
+
+/* Everything that needs the model, once the loop exists: the sockets, the
+ * trainer (or the attach host), membership, the ring. */
+int st__daemon_start_node(st__daemon_t* d, char* err, size_t err_len) {
+  int rc = start_network(d, err, err_len);
+  if (rc == 0 && (rc = start_host(d)) != 0)
+    st_set_err(err, err_len, "cannot start the model's thread: %s",
+               strerror(-rc));
   if (rc == 0) {
+    d->node_started = true;
     d->state = ST__D_SYNCING;
     rc = start_membership(d, err, err_len);
     if (rc == 0 && (d->resumed || d->n_seeds == 0))
@@ -646,6 +702,8 @@ static int start_node(st__daemon_t* d, char* err, size_t err_len) {
   }
   if (rc == 0 && (rc = st__ring_start(d)) != 0)
     st_set_err(err, err_len, "cannot start the ring: %s", strerror(-rc));
+  if (rc == 0)
+    log_started(d);
   return rc;
 }
 
@@ -667,7 +725,6 @@ static void log_started(st__daemon_t* d) {
 static int run_and_close_loop(st__daemon_t* d, int rc, char* err,
                               size_t err_len) {
   if (rc == 0) {
-    log_started(d);
     uv_run(&d->loop, UV_RUN_DEFAULT);
   } else {
     if (d->tt != NULL) {
@@ -710,7 +767,8 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   if (rc == 0)
     rc = load_keys(d, err, err_len);
   if (rc == 0)
-    rc = setup_training(d, err, err_len);
+    rc = d->cfg->attach ? st__attach_setup(d, err, err_len)
+                        : setup_training(d, err, err_len);
   if (rc == 0) {
     loop_started = true;
     rc = start_loop(d, err, err_len);
@@ -719,8 +777,13 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
    * them now, and the node leaves as soon as its loop runs. */
   if (rc == 0 && early_signal != 0)
     raise(early_signal);
-  if (rc == 0)
-    rc = start_node(d, err, err_len);
+  if (rc == 0 && !st__attach_waits_for_model(d))
+    rc = st__daemon_start_node(d, err, err_len);
+  else if (rc == 0)
+    st__dlog(d,
+             "waiting for a program to attach through %s (starling/client.h, "
+             "or starling.attach in Python): it brings the model",
+             d->control_path);
   if (loop_started)
     rc = run_and_close_loop(d, rc, err, err_len);
   if (rc == 0 && d->exit_code != 0) {

@@ -59,6 +59,9 @@ typedef struct {
                                 ST_RING_MAX_LANES; 0: a quarter of the
                                 cores, within 1 .. 4 */
   bool quiet;                /* only warnings and errors on stderr */
+  bool attach; /* no built-in trainer: a local program attaches through the
+                  control socket and brings the model (docs/attach.md);
+                  train, data_spec, device are unused */
 } st_daemon_config_t;
 
 /* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,

@@ -90,9 +90,20 @@ typedef struct {
   size_t alive, suspect, dead;
 } peer_counts_t;
 
+/* The model thread's counters; zero (figures NaN) while an attached node
+ * waits for the program that brings its model. */
+static void node_stats(st__daemon_t* d, st__tt_stats_t* st) {
+  if (d->tt != NULL) {
+    st__tt_stats(d->tt, st);
+    return;
+  }
+  memset(st, 0, sizeof(*st));
+  st->loss = st->test_loss = st->test_accuracy = NAN;
+}
+
 static peer_counts_t count_peers(const st__daemon_t* d) {
   peer_counts_t pc = {0, 0, 0};
-  size_t n = st_membership_count(d->m);
+  size_t n = d->m != NULL ? st_membership_count(d->m) : 0;
   for (size_t i = 0; i < n; i++) {
     const st_member_t* mb = st_membership_at(d->m, i);
     if (mb == NULL || memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
@@ -111,7 +122,7 @@ static peer_counts_t count_peers(const st__daemon_t* d) {
  * training, exchanges, the ring, traffic, refusals. */
 static void status_json_node(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   st__tt_stats_t st;
-  st__tt_stats(d->tt, &st);
+  node_stats(d, &st);
   peer_counts_t pc = count_peers(d);
   char id[33];
   st_node_id_format(&d->ident.id, id);
@@ -131,6 +142,19 @@ static void status_json_node(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_u64(b, first, "peers_alive", pc.alive);
   kv_u64(b, first, "peers_suspect", pc.suspect);
   kv_u64(b, first, "peers_dead", pc.dead);
+  if (d->cfg->attach) {
+    put_key(b, first, "attach");
+    bool f2 = true;
+    put_key(b, &f2, "attached");
+    st_json_buf_puts(b, st.attached ? "true" : "false");
+    kv_u64(b, &f2, "sessions", st.sessions);
+    kv_u64(b, &f2, "program_boundaries", st.program_boundaries);
+    kv_u64(b, &f2, "program_requests", st.program_requests);
+    kv_u64(b, &f2, "stale_snapshots", st.stale_snapshots);
+    kv_u64(b, &f2, "nonfinite_snapshots", st.nonfinite_snapshots);
+    kv_u64(b, &f2, "refused", d->attach_refused);
+    st_json_buf_puts(b, "}");
+  }
 }
 
 static void status_json_exchanges(st__daemon_t* d, st_json_buf_t* b,
@@ -194,7 +218,8 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   bool f2 = true;
   for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
     kv_u64(b, &f2, st_crypto_drop_name((st_crypto_drop_t) i), d->cc.drops[i]);
-  const st_wire_counters_t* mw = st_membership_counters(d->m);
+  const st_wire_counters_t* mw =
+      d->m != NULL ? st_membership_counters(d->m) : NULL;
   for (int i = 0; i < ST_WIRE_DROP_COUNT; i++)
     kv_u64(b, &f2, st_wire_drop_name((st_wire_drop_t) i),
            d->wc.drops[i] + (mw != NULL ? mw->drops[i] : 0));
@@ -225,7 +250,7 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
 
 static void status_text(st__daemon_t* d, st_json_buf_t* b) {
   st__tt_stats_t st;
-  st__tt_stats(d->tt, &st);
+  node_stats(d, &st);
   peer_counts_t pc = count_peers(d);
   char id[33], line[512];
   st_node_id_format(&d->ident.id, id);
@@ -246,6 +271,14 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
            st.step, st.epoch, figure(st.loss, 4).s,
            figure(st.test_accuracy, 4).s, figure(st.samples_per_sec, 0).s);
   st_json_buf_puts(b, line);
+  if (d->cfg->attach) {
+    snprintf(line, sizeof(line),
+             "program    %s; %" PRIu64 " sessions, %" PRIu64
+             " attach requests refused\n",
+             st.attached ? "attached" : "none attached", st.sessions,
+             d->attach_refused);
+    st_json_buf_puts(b, line);
+  }
   snprintf(line, sizeof(line),
            "peers      %zu alive, %zu suspect, %zu dead or left\n"
            "exchanges  %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
@@ -265,7 +298,7 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
 }
 
 static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
-  size_t n = st_membership_count(d->m);
+  size_t n = d->m != NULL ? st_membership_count(d->m) : 0;
   uint64_t now = st__dnow(d);
   if (json)
     st_json_buf_puts(b, "[");
@@ -361,6 +394,16 @@ static void answer(client_t* cl) {
     *nl = '\0';
   bool json = strstr(cl->req, " json") != NULL;
   bool leave = false;
+  if (strcmp(cl->req, "attach") == 0) {
+    /* The session takes the connection over (daemon_attach.c). */
+    st_json_buf_free(&w->buf);
+    free(w);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
+      st__attach_takeover(d, fd);
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    return;
+  }
   if (strncmp(cl->req, "status", 6) == 0) {
     if (json)
       status_json(d, &w->buf);
@@ -376,7 +419,7 @@ static void answer(client_t* cl) {
   } else {
     st_json_buf_puts(&w->buf,
                      "error: unknown request; expected status, "
-                     "peers or leave\n");
+                     "peers, leave or attach\n");
   }
   if (w->buf.failed) {
     st_json_buf_free(&w->buf);

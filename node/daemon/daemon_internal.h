@@ -7,6 +7,8 @@
  *   daemon_conn.c     TCP: handshake, encrypted frames, write queue
  *   daemon_xchg.c     averaging and state transfer over connections
  *   daemon_control.c  the Unix control socket: status, peers, leave
+ *   daemon_attach.c   attach mode: a program's session on the control
+ *                     socket (docs/attach.md)
  */
 #ifndef STARLING_NODE_DAEMON_INTERNAL_H
 #define STARLING_NODE_DAEMON_INTERNAL_H
@@ -15,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "attach/attach.h"
 #include "crypto/crypto.h"
 #include "gossip/gossip.h"
 #include "node/daemon/daemon.h"
@@ -248,6 +251,17 @@ struct st__daemon_s {
   } ring_pending[ST__RING_PENDING];
   uint32_t ring_pending_n;
 
+  /* Attach mode (daemon_attach.c). */
+  st_attach_model_t attach_model; /* n == 0 until a program or the
+                                     checkpoint gives it */
+  float* attach_params;           /* the starting state, until the host
+                                     thread has its copy */
+  uint64_t attach_step;
+  struct st__attach_s* attach; /* the program's session, or NULL */
+  uint64_t attach_refused;     /* attach requests refused (bad input) */
+  bool net_started;            /* sockets bound (st__daemon_start_node) */
+  bool node_started;
+
   st__dcounters_t c;
   st__heard_t heard[ST__HEARD_SLOTS];
   uint64_t started_ms;
@@ -268,6 +282,30 @@ void st__daemon_leave(st__daemon_t* d, const char* why);
 void st__daemon_synced(st__daemon_t* d);
 void st__daemon_fatal(st__daemon_t* d, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Sockets, the model's thread, membership and the ring: at start-up, or in
+ * attach mode when the first program brings the model. */
+int st__daemon_start_node(st__daemon_t* d, char* err, size_t err_len);
+
+/* daemon_attach.c */
+/* Attach mode's start-up: the checkpoint, when there is one, gives the
+ * model and the starting state. */
+int st__attach_setup(st__daemon_t* d, char* err, size_t err_len);
+/* True while the model is unknown: the node waits for a program. */
+bool st__attach_waits_for_model(const st__daemon_t* d);
+/* The control connection fd said "attach": the session takes it over (a
+ * dup; the caller closes its own handle). */
+void st__attach_takeover(st__daemon_t* d, int fd);
+/* The node is ready to train (synchronized, --min-nodes alive): a program
+ * waiting for its attach reply gets it. */
+void st__attach_node_ready(st__daemon_t* d);
+/* The cluster runs another model than the one the first program brought:
+ * that program gets the refusal (the node then stops). */
+void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs);
+/* Shut-down: closes the session's handle. */
+void st__attach_close(st__daemon_t* d);
+void st__attach_free(st__daemon_t* d);
+void st__attach_fingerprint(const st_attach_model_t* m, uint8_t fp[16],
+                            char* desc, size_t desc_len);
 
 /* daemon_state.c */
 /* The data directory's paths (checkpoint, control socket) into d. */

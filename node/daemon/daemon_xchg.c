@@ -64,7 +64,14 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
               st_xchg_result_name(r));
   if (r == ST_XCHG_MISMATCH) {
     const char* theirs = peer_model != NULL ? peer_model : "another model";
-    if (c->xkind == ST_XCHG_FETCH && c->initiator) {
+    if (c->xkind == ST_XCHG_FETCH && c->initiator && d->cfg->attach) {
+      st__attach_cluster_mismatch(d, theirs);
+      st__daemon_fatal(d,
+                       "the cluster runs %s but the attached program "
+                       "registered %s; attach the cluster's model, or join "
+                       "another cluster",
+                       theirs, d->local.model);
+    } else if (c->xkind == ST_XCHG_FETCH && c->initiator) {
       st__daemon_fatal(d,
                        "the cluster runs %s but this node was started "
                        "with %s; start it with the cluster's --model, or "

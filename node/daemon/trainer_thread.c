@@ -16,7 +16,7 @@
  * and an undrained checkpoint result is replaced by the next one, so both
  * rings have fixed sizes.
  */
-#include "node/daemon/trainer_thread.h"
+#include "node/daemon/trainer_thread_internal.h"
 
 #include "node/train/train_internal.h"
 
@@ -29,87 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* The training loss reported is the mean over this many recent steps:
- * enough to smooth batch-to-batch noise (a batch of 64 has a relative
- * standard error of ~12%), few enough to follow the trend within a second
- * of stepping. */
-#define LOSS_WINDOW 100
-
-/* Throughput is measured over the last RATE_WINDOW_S seconds, from points
- * taken at least RATE_POINT_S apart: 17 points span 4 s, long enough to
- * average over evaluations and checkpoints, short enough to show a
- * slowdown. */
-#define RATE_POINT_S 0.25
-#define RATE_POINTS 17
-
-/* Requests: every snapshot and correction outstanding, plus one state. */
-#define REQ_CAP (ST__TT_MAX_SNAPSHOTS + ST__TT_MAX_APPLIES + 1)
-/* Events: one per outstanding snapshot and correction, plus one each of
- * CHECKPOINT (coalesced), EPOCHS_DONE and DIVERGED. */
-#define EV_CAP (ST__TT_MAX_SNAPSHOTS + ST__TT_MAX_APPLIES + 3)
-
-typedef enum { REQ_SNAPSHOT, REQ_APPLY, REQ_STATE } req_kind_t;
-
-typedef struct {
-  req_kind_t kind;
-  uint64_t tag;
-  float* dst;       /* snapshot: host, borrowed */
-  const float* src; /* apply: delta; state: params (host, borrowed) */
-  float scale;
-  uint64_t step; /* state */
-} req_t;
-
-typedef struct {
-  double t;
-  uint64_t samples;
-} rate_point_t;
-
-struct st__tt_s {
-  /* Fixed at start. */
-  st_trainer_t* t;
-  const st_dataset_t* test; /* NULL when there is nothing to evaluate on */
-  double eval_every_s;
-  double checkpoint_every_s;
-  char* checkpoint_path; /* owned copy, or NULL */
-  const st_meta_kv_t* ckpt_meta;
-  size_t n_ckpt_meta;
-  void (*notify)(void* arg);
-  void* notify_arg;
-  size_t n_params;
-  float* scratch; /* device, n_params: a correction's delta */
-  pthread_t thread;
-
-  pthread_mutex_t mu;
-  pthread_cond_t wake;  /* the thread waits here for work */
-  pthread_cond_t reply; /* st__tt_set_state waits here for its result */
-
-  /* Under mu. */
-  req_t reqs[REQ_CAP]; /* FIFO ring */
-  size_t req_head, req_count;
-  unsigned snaps_out, applies_out; /* posted and not yet drained */
-  bool state_busy, state_done;
-  int state_rc;
-  st__tt_event_t evs[EV_CAP]; /* FIFO ring */
-  size_t ev_head, ev_count;
-  bool go, stop, stop_checkpoint, checkpoint_req;
-  st__tt_stats_t stats;
-
-  /* The trainer thread's own (read by st__tt_stop after the join). */
-  bool started;  /* has seen go */
-  bool finished; /* epochs done or diverged */
-  bool diverged;
-  uint64_t version; /* bumped whenever the parameters change */
-  uint64_t eval_version, ckpt_version;
-  double next_eval, next_ckpt; /* monotonic seconds */
-  double losses[LOSS_WINDOW];
-  size_t n_losses, loss_next;
-  rate_point_t rate[RATE_POINTS];
-  size_t rate_head, rate_count;
-  uint64_t samples;
-  int stop_rc;
-  char stop_err[256];
-};
 
 static bool can_evaluate(const st__tt_t* tt) {
   return tt->test != NULL && !tt->diverged;
@@ -140,7 +59,7 @@ static void push_event(st__tt_t* tt, const st__tt_event_t* ev) {
 
 /* Posts an event and wakes the loop. During st__tt_stop nobody drains any
  * more, so notify is skipped. */
-static void post(st__tt_t* tt, const st__tt_event_t* ev) {
+void st__tt_post(st__tt_t* tt, const st__tt_event_t* ev) {
   pthread_mutex_lock(&tt->mu);
   push_event(tt, ev);
   bool stopping = tt->stop;
@@ -149,12 +68,12 @@ static void post(st__tt_t* tt, const st__tt_event_t* ev) {
     tt->notify(tt->notify_arg);
 }
 
-static void make_event(st__tt_t* tt, st__tt_event_t* ev, st__tt_ev_kind_t kind,
+void st__tt_make_event(st__tt_t* tt, st__tt_event_t* ev, st__tt_ev_kind_t kind,
                        uint64_t tag, int rc) {
   memset(ev, 0, sizeof(*ev));
   ev->kind = kind;
   ev->tag = tag;
-  ev->step = tt->t->step;
+  ev->step = tt->t != NULL ? tt->t->step : st__ah_step(tt);
   ev->ok = rc == 0;
 }
 
@@ -269,12 +188,12 @@ static int write_checkpoint(st__tt_t* tt, char* err, size_t err_len) {
 
 static void save_and_post(st__tt_t* tt, double now) {
   st__tt_event_t ev;
-  make_event(tt, &ev, ST__TT_EV_CHECKPOINT, 0, 0);
+  st__tt_make_event(tt, &ev, ST__TT_EV_CHECKPOINT, 0, 0);
   int rc = write_checkpoint(tt, ev.err, sizeof(ev.err));
   ev.ok = rc == 0;
   /* A failed periodic write is retried a period later, not at once. */
   tt->next_ckpt = now + tt->checkpoint_every_s;
-  post(tt, &ev);
+  st__tt_post(tt, &ev);
 }
 
 /* True when a periodic evaluation (resp. checkpoint) is due at `now`: its
@@ -334,9 +253,8 @@ static void serve(st__tt_t* tt, bool snapshots_only) {
     }
     if (snapshots_only)
       tt->stats.mid_eval_snapshots++;
-    req_t r = tt->reqs[tt->req_head];
-    tt->req_head = (tt->req_head + 1) % REQ_CAP;
-    tt->req_count--;
+    req_t r;
+    st__tt_pop_request_locked(tt, &r);
     pthread_mutex_unlock(&tt->mu);
 
     st__tt_event_t ev;
@@ -344,10 +262,10 @@ static void serve(st__tt_t* tt, bool snapshots_only) {
     switch (r.kind) {
       case REQ_SNAPSHOT:
         rc = st_copy_to_host(t->be, r.dst, t->model.params, tt->n_params);
-        make_event(tt, &ev, ST__TT_EV_SNAPSHOT, r.tag, rc);
+        st__tt_make_event(tt, &ev, ST__TT_EV_SNAPSHOT, r.tag, rc);
         if (rc != 0)
           device_err(tt, &ev, "the snapshot", rc);
-        post(tt, &ev);
+        st__tt_post(tt, &ev);
         break;
       case REQ_APPLY:
         /* params = 1 * params + scale * delta (st_axpby: y = a x + b y).
@@ -362,20 +280,29 @@ static void serve(st__tt_t* tt, bool snapshots_only) {
                           t->model.params);
         }
         tt->version++;
-        make_event(tt, &ev, ST__TT_EV_APPLIED, r.tag, rc);
+        st__tt_make_event(tt, &ev, ST__TT_EV_APPLIED, r.tag, rc);
         if (rc != 0)
           device_err(tt, &ev, "the correction", rc);
         pthread_mutex_lock(&tt->mu);
         if (rc == 0)
           tt->stats.corrections++;
         pthread_mutex_unlock(&tt->mu);
-        post(tt, &ev);
+        st__tt_post(tt, &ev);
         break;
       case REQ_STATE:
         serve_state(tt, &r);
         break;
     }
   }
+}
+
+bool st__tt_pop_request_locked(st__tt_t* tt, req_t* r) {
+  if (tt->req_count == 0)
+    return false;
+  *r = tt->reqs[tt->req_head];
+  tt->req_head = (tt->req_head + 1) % REQ_CAP;
+  tt->req_count--;
+  return true;
 }
 
 static int push_request(st__tt_t* tt, const req_t* r) {
@@ -392,7 +319,7 @@ static int push_request(st__tt_t* tt, const req_t* r) {
 static void finish(st__tt_t* tt, st__tt_ev_kind_t kind, const char* err) {
   tt->finished = true;
   st__tt_event_t ev;
-  make_event(tt, &ev, kind, 0, kind == ST__TT_EV_EPOCHS_DONE ? 0 : -1);
+  st__tt_make_event(tt, &ev, kind, 0, kind == ST__TT_EV_EPOCHS_DONE ? 0 : -1);
   if (err != NULL)
     snprintf(ev.err, sizeof(ev.err), "%s", err);
   pthread_mutex_lock(&tt->mu);
@@ -400,7 +327,7 @@ static void finish(st__tt_t* tt, st__tt_ev_kind_t kind, const char* err) {
   if (kind == ST__TT_EV_EPOCHS_DONE)
     tt->stats.epochs_done = true;
   pthread_mutex_unlock(&tt->mu);
-  post(tt, &ev);
+  st__tt_post(tt, &ev);
 }
 
 static void diverge(st__tt_t* tt, int rc, double loss) {
@@ -550,12 +477,39 @@ static void* thread_main(void* arg) {
   return NULL;
 }
 
+int st__tt_launch(st__tt_t* tt, void* (*main_fn)(void*) ) {
+  /* The monotonic clock, so that a wall-clock jump neither fires nor holds
+   * back the periodic work. */
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&tt->mu, NULL);
+  pthread_cond_init(&tt->wake, &ca);
+  pthread_cond_init(&tt->reply, NULL);
+  pthread_condattr_destroy(&ca);
+
+  /* Signals are the loop thread's business: the trainer thread takes none. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = -pthread_create(&tt->thread, NULL, main_fn, tt);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    pthread_cond_destroy(&tt->reply);
+    pthread_cond_destroy(&tt->wake);
+    pthread_mutex_destroy(&tt->mu);
+  }
+  return rc;
+}
+
 /* ---- Interface
  * ----------------------------------------------------------------- */
 
-static void destroy(st__tt_t* tt) {
+void st__tt_free_state(st__tt_t* tt) {
   if (tt->scratch != NULL)
     st_buf_free(tt->t->be, tt->scratch);
+  if (tt->ah != NULL)
+    st__ah_free(tt->ah);
   free(tt->checkpoint_path);
   free(tt);
 }
@@ -590,7 +544,7 @@ int st__tt_start(const st__tt_config_t* cfg, st__tt_t** out) {
   if (cfg->checkpoint_path != NULL) {
     tt->checkpoint_path = strdup(cfg->checkpoint_path);
     if (tt->checkpoint_path == NULL) {
-      destroy(tt);
+      st__tt_free_state(tt);
       return -ENOMEM;
     }
   }
@@ -599,31 +553,13 @@ int st__tt_start(const st__tt_config_t* cfg, st__tt_t** out) {
     rc = st_buf_alloc(t->be, tt->n_params, &tt->scratch);
   if (rc != 0) {
     tt->scratch = NULL;
-    destroy(tt);
+    st__tt_free_state(tt);
     return rc;
   }
 
-  /* The monotonic clock, so that a wall-clock jump neither fires nor holds
-   * back the periodic work. */
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_mutex_init(&tt->mu, NULL);
-  pthread_cond_init(&tt->wake, &ca);
-  pthread_cond_init(&tt->reply, NULL);
-  pthread_condattr_destroy(&ca);
-
-  /* Signals are the loop thread's business: the trainer thread takes none. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = -pthread_create(&tt->thread, NULL, thread_main, tt);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  rc = st__tt_launch(tt, thread_main);
   if (rc != 0) {
-    pthread_cond_destroy(&tt->reply);
-    pthread_cond_destroy(&tt->wake);
-    pthread_mutex_destroy(&tt->mu);
-    destroy(tt);
+    st__tt_free_state(tt);
     return rc;
   }
   *out = tt;
@@ -743,6 +679,6 @@ int st__tt_stop(st__tt_t* tt, bool checkpoint, char* err, size_t err_len) {
   pthread_cond_destroy(&tt->reply);
   pthread_cond_destroy(&tt->wake);
   pthread_mutex_destroy(&tt->mu);
-  destroy(tt);
+  st__tt_free_state(tt);
   return rc;
 }

@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attach/attach.h"
 #include "node/train/train.h"
 
 typedef struct st__tt_s st__tt_t;
@@ -104,7 +105,56 @@ typedef struct {
   bool evaluating;             /* inside an evaluation (snapshots are served
                                   between its batches) */
   uint64_t mid_eval_snapshots; /* snapshots served during an evaluation */
+  /* Attach mode (st__tt_start_attached) only. */
+  bool attached;                /* a program's session is on */
+  uint64_t sessions;            /* sessions started */
+  uint64_t program_boundaries;  /* step boundaries the program reported */
+  uint64_t program_requests;    /* requests the program served */
+  uint64_t stale_snapshots;     /* served from the node's copy: no program,
+                                   or it passed no boundary in time */
+  uint64_t nonfinite_snapshots; /* refused: the program's parameters were
+                                   not finite */
 } st__tt_stats_t;
+
+/* ---- Attach mode (docs/attach.md) ----------------------------------------
+ *
+ * The same mailbox and events with no trainer: an attached program steps
+ * the model in its own process and serves the thread's requests at its
+ * step boundaries through the shared segment (attach/attach.h). The thread
+ * keeps the node's own copy of the parameters: the program's last snapshot
+ * plus every correction since. Corrections go into that copy at once (their
+ * event is posted then) and to the program at its next boundary; a
+ * snapshot asks the program for its parameters and waits for its next
+ * boundary, at most ST__TT_SNAPSHOT_WAIT_S, after which (or with no
+ * program attached) it is served from the node's copy. Checkpoints are
+ * safetensors of the node's copy with the program's tensor names. */
+#define ST__TT_SNAPSHOT_WAIT_S 1.0
+
+typedef struct {
+  const st_attach_model_t* model; /* copied */
+  const float* params;            /* model->n_floats: the starting state */
+  uint64_t step;
+  const char* checkpoint_path; /* NULL: never; copied */
+  double checkpoint_every_s;   /* 0: only at stop */
+  void (*notify)(void* arg);
+  void* notify_arg;
+} st__tt_attach_config_t;
+
+int st__tt_start_attached(const st__tt_attach_config_t* cfg, st__tt_t** out);
+
+/* Starts a program's session on seg (a mapped segment of seg_bytes whose
+ * header st_attach_check_header accepted): the thread writes its
+ * parameters into area B and *step receives the step they belong to. The
+ * thread owns the mapping from then on and unmaps it at the session's end.
+ * Synchronous. -EBUSY while a session is on; -EINVAL outside attach mode. */
+int st__tt_attach_session(st__tt_t* tt, void* seg, size_t seg_bytes,
+                          uint64_t* step);
+/* Ends the session (the program detached or died): requests waiting for
+ * it are served from the node's copy, the segment is unmapped. With final
+ * (a detach frame that says so), area A holds the program's last
+ * parameters and the node's copy becomes them (plus the corrections the
+ * program has not taken). Synchronous; nothing when no session is on. */
+void st__tt_detach_session(st__tt_t* tt, bool final);
 
 /* Starts the thread, which waits for st__tt_go before its first step.
  * -EINVAL for a missing or uninitialized trainer, negative or non-finite

@@ -133,7 +133,7 @@ void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
 /* ==== Checkpoints (safetensors) ============================================
  */
 
-#define ST_SAFETENSORS_MAX_DIMS 4
+#define ST_SAFETENSORS_MAX_DIMS 8
 /* The reader refuses headers larger than this (the format's own reference
  * implementation caps them at 100 MB). */
 #define ST_SAFETENSORS_MAX_HEADER_BYTES (100u * 1024u * 1024u)

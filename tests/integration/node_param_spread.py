@@ -2,11 +2,12 @@
 """node_param_spread.py: how far apart the models in starling checkpoints
 are, with nothing but the standard library and NumPy.
 
-Usage: /usr/bin/python3 node_param_spread.py CKPT...
+Usage: /usr/bin/python3 node_param_spread.py [--all] CKPT...
 
 Reads each checkpoint's model parameters (the "layers.L.weight" and
-"layers.L.bias" tensors, in a fixed order; optimizer state is ignored) as
-one flat float64 vector and prints one line:
+"layers.L.bias" tensors, in a fixed order; optimizer state is ignored; with
+--all, every tensor, in name order: an attached node's checkpoint) as one
+flat float64 vector and prints one line:
     max_pairwise_l2=<float> mean_norm=<float> ratio=<float> params=<int>
 where ratio = max_pairwise_l2 / mean_norm. Exits 1 (with a message on
 stderr) when a file cannot be read or the checkpoints' tensors differ in
@@ -22,6 +23,9 @@ import numpy as np
 PARAM = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 
 
+ALL = False
+
+
 def load(path):
     with open(path, "rb") as f:
         raw = f.read()
@@ -29,8 +33,11 @@ def load(path):
     header = json.loads(raw[8:8 + n])
     header.pop("__metadata__", None)
     buf = raw[8 + n:]
-    names = sorted((k for k in header if PARAM.match(k)),
-                   key=lambda k: (int(PARAM.match(k).group(1)), k))
+    if ALL:
+        names = sorted(header)
+    else:
+        names = sorted((k for k in header if PARAM.match(k)),
+                       key=lambda k: (int(PARAM.match(k).group(1)), k))
     if not names:
         raise ValueError("no layers.L.weight/bias tensors")
     parts, shapes = [], []
@@ -48,6 +55,10 @@ def load(path):
 
 
 def main(argv):
+    global ALL
+    if len(argv) > 1 and argv[1] == "--all":
+        ALL = True
+        argv = argv[:1] + argv[2:]
     if len(argv) < 3:
         sys.stderr.write(__doc__)
         return 2

@@ -29,7 +29,8 @@ enum {
   OPT_NORM_MULT,
   OPT_MIN_NODES,
   OPT_RING_LANES,
-  OPT_QUIET
+  OPT_QUIET,
+  OPT_ATTACH
 };
 
 static const struct option own_opts[] = {
@@ -50,9 +51,12 @@ static const struct option own_opts[] = {
     {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
     {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"attach", no_argument, NULL, OPT_ATTACH},
     {"help", no_argument, NULL, 'h'},
 };
 
+/* The help text of `starling node`.
+ * Long: one string per line of help, nothing else. */
 static void usage(FILE* f) {
   fprintf(
       f,
@@ -60,6 +64,9 @@ static void usage(FILE* f) {
       "--data-dir DIR\n"
       "                     --model SPEC --data SPEC [--join HOST:PORT ...] "
       "[options]\n"
+      "       starling node --attach --listen HOST:PORT --cluster-key FILE "
+      "--data-dir DIR\n"
+      "                     [--join HOST:PORT ...] [options]\n"
       "\n"
       "Runs a starling node: joins the cluster through a seed, trains its "
       "shard with\n"
@@ -69,6 +76,15 @@ static void usage(FILE* f) {
       "leave and\n"
       "writes a checkpoint; started again with the same --data-dir it "
       "resumes.\n"
+      "\n"
+      "With --attach the node trains no model of its own: a training program "
+      "on this\n"
+      "machine attaches to it through the control socket (the C library\n"
+      "starling/client.h, or 'import starling' in Python) and brings the "
+      "model; the\n"
+      "node averages it with its peers (docs/attach.md). The first program "
+      "to attach\n"
+      "fixes the model (unless DATA_DIR holds a checkpoint, which does).\n"
       "\n"
       "Cluster:\n"
       "  --listen HOST:PORT   UDP and TCP address (port 0: any free port)\n"
@@ -224,6 +240,9 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
     case OPT_QUIET:
       cfg->quiet = true;
       break;
+    case OPT_ATTACH:
+      cfg->attach = true;
+      break;
     default:
       return 1;
   }
@@ -299,8 +318,17 @@ int st__cmd_node(int argc, char** argv) {
             missing);
     return 2;
   }
-  if ((rc = st__train_flags_finish(CMD, &f)) != 0)
+  if (cfg.attach) {
+    if (f.model != NULL || f.data != NULL) {
+      fprintf(stderr,
+              "starling node: --attach takes the model and data from the "
+              "attached program; drop %s\n",
+              f.model != NULL ? "--model" : "--data");
+      return 2;
+    }
+  } else if ((rc = st__train_flags_finish(CMD, &f)) != 0) {
     return rc;
+  }
   cfg.train = f.cfg;
   cfg.data_spec = f.data;
   cfg.data_opt = f.data_opt;

@@ -43,8 +43,8 @@ import re
 import sys
 
 SOURCE_SUFFIXES = (".c", ".h", ".cu", ".cuh")
-DEFAULT_DIRS = ("base", "kernels", "optimizer", "crypto", "gossip", "node",
-                "tools")
+DEFAULT_DIRS = ("base", "kernels", "optimizer", "crypto", "gossip", "attach",
+                "client", "node", "tools", "examples")
 # How many lines of a body's start are searched for a `Long:` reason.
 BODY_REASON_LINES = 8
 LONG_RE = re.compile(r"^\s*(?://+|/\*+|\*+)?\s*Long:\s*(\S.*?)\s*(?:\*/)?\s*$")

@@ -1,0 +1,156 @@
+/* starling/client.h: train any model through the local starling node.
+ *
+ * A training program attaches to the `starling node --attach` running on
+ * its machine, registers its parameters (a list of named float32 tensors in
+ * its own memory), and calls st_client_step after every optimizer step. The
+ * node does the rest: membership, gossip averaging, the ring all-reduce,
+ * state for joiners, encryption, checkpoints (docs/attach.md).
+ *
+ *   st_client_tensor_t t[] = {{"w", ST_CLIENT_F32, 2, {10, 784}, w},
+ *                             {"b", ST_CLIENT_F32, 1, {10}, b}};
+ *   st_client_options_t o;
+ *   st_client_options_default(&o);
+ *   o.socket_path = "state/control.sock";
+ *   st_client_t* c;
+ *   char err[512];
+ *   if (st_client_attach(&o, t, 2, &c, err, sizeof err) != 0) { ... }
+ *   for (uint64_t s = st_client_cluster_step(c); ...; ) {
+ *     ... one SGD step on w and b ...
+ *     if (st_client_step(c, ++s) < 0) { puts(st_client_error(c)); ... }
+ *   }
+ *   st_client_detach(c);
+ *
+ * Parameters move through memory shared with the node. The library touches
+ * the registered tensors only inside st_client_attach and st_client_step,
+ * on the calling thread: a step boundary with nothing to do reads one
+ * shared word; one that serves the node adds a correction to the
+ * parameters and/or copies them once into the shared segment.
+ *
+ * Every call returns 0 (or a non-negative count) on success and a negative
+ * errno on failure; st_client_error (or the err buffer of
+ * st_client_attach) holds one sentence naming the cause and what to do.
+ * Not thread-safe: one thread uses a client at a time.
+ *
+ * Link with `pkg-config --cflags --libs starling`.
+ */
+#ifndef STARLING_CLIENT_H
+#define STARLING_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every public function is exported from the shared library, which is
+ * built with hidden visibility (only the st_client_* names are visible). */
+#if defined(__GNUC__)
+#define ST_CLIENT_API __attribute__((visibility("default")))
+#else
+#define ST_CLIENT_API
+#endif
+
+/* The protocol version this header speaks (docs/attach.md). */
+#define ST_CLIENT_PROTOCOL_VERSION 1
+
+/* The protocol version of the library linked at run time: equal to
+ * ST_CLIENT_PROTOCOL_VERSION unless the program was built against another
+ * release's header. The node checks it at attach (-EPROTO). */
+ST_CLIENT_API unsigned st_client_protocol_version(void);
+
+#define ST_CLIENT_MAX_DIMS 8
+
+typedef enum { ST_CLIENT_F32 = 0 } st_client_dtype_t;
+
+typedef struct {
+  const char* name;        /* unique in the list, e.g. "conv1.weight" */
+  st_client_dtype_t dtype; /* ST_CLIENT_F32 */
+  int ndim;                /* 0 (a scalar) .. ST_CLIENT_MAX_DIMS */
+  int64_t shape[ST_CLIENT_MAX_DIMS];
+  void* data; /* contiguous host memory, prod(shape) elements, owned by the
+                 program and valid until st_client_detach */
+} st_client_tensor_t;
+
+typedef struct {
+  const char*
+      socket_path; /* the node's control socket (DATA_DIR/control.sock) */
+  /* How long st_client_attach waits for the node to hand over the
+   * parameters (it may synchronize from a peer first); 0: no limit.
+   * Default 300 s. */
+  double attach_timeout_s;
+  /* When the node goes away: 0 (default) makes st_client_step fail with
+   * -ENOTCONN; 1 makes it wait up to reconnect_timeout_s for the node to
+   * come back, attach again, and take the node's parameters. */
+  int reconnect;
+  double reconnect_timeout_s; /* default 60 s; 0: no limit */
+} st_client_options_t;
+
+typedef struct st_client_s st_client_t;
+
+ST_CLIENT_API void st_client_options_default(st_client_options_t* opt);
+
+/* Attaches to the node: checks the tensor list, creates the shared
+ * segment, sends both, waits for the node's answer, and copies the
+ * parameters the node hands over (the cluster's, its checkpoint's, or this
+ * program's own when it is the first) into the tensors. Errors:
+ * -ENOENT / -ECONNREFUSED: no node at socket_path (is `starling node
+ * --attach` running?), or a node that refuses attaching (not in attach
+ * mode, leaving); -EBUSY: another program is attached; -EINVAL: a bad
+ * tensor list, or one that differs from the node's model (err names the
+ * first differing tensor); -EPROTO: the node speaks another protocol
+ * version; -ETIMEDOUT (attach_timeout_s); -ECONNRESET: the node closed the
+ * connection before answering; -ENAMETOOLONG: socket_path does not fit a
+ * Unix socket address; -ENOMEM. On failure *out is NULL. */
+ST_CLIENT_API int st_client_attach(const st_client_options_t* opt,
+                                   const st_client_tensor_t* tensors,
+                                   size_t n_tensors, st_client_t** out,
+                                   char* err, size_t err_len);
+
+/* The step boundary: the program finished step `step`. Serves what the
+ * node asked for since the last boundary, in place. Returns a bitmask of
+ * what was done (0: nothing): ST_CLIENT_DID_STATE (the parameters were
+ * replaced by the node's: a re-attach after the node came back, or the
+ * node re-synchronizing; st_client_cluster_step says from which step),
+ * ST_CLIENT_DID_APPLY (an averaging correction was added),
+ * ST_CLIENT_DID_SNAPSHOT (the parameters were copied for the node). Errors:
+ * -EDOM: the parameters are not finite (nothing was shared or applied; the
+ * error names the first such tensor); -ENOTCONN: the node went away
+ * (without reconnect, or it did not come back in time, or refused this
+ * program when it did), and every later call returns it too. */
+#define ST_CLIENT_DID_APPLY 1
+#define ST_CLIENT_DID_SNAPSHOT 2
+#define ST_CLIENT_DID_STATE 4
+ST_CLIENT_API int st_client_step(st_client_t* c, uint64_t step);
+
+/* What the node has asked for and the next st_client_step will serve (the
+ * ST_CLIENT_DID_* bits; 0: nothing). One shared-memory read: a program
+ * whose parameters live elsewhere (a GPU) copies them to the registered
+ * host buffers only when this says SNAPSHOT or APPLY is wanted. */
+ST_CLIENT_API unsigned st_client_pending(const st_client_t* c);
+
+/* The step the parameters handed over at attach (or the last
+ * ST_CLIENT_DID_STATE) belong to: a program continues counting from it so
+ * that its learning-rate schedule follows the cluster. */
+ST_CLIENT_API uint64_t st_client_cluster_step(const st_client_t* c);
+
+/* The program's own figures, shown by `starling status` (NaN: none). */
+ST_CLIENT_API void st_client_report(st_client_t* c, double loss,
+                                    double accuracy);
+
+/* The last error's sentence ("" when none). */
+ST_CLIENT_API const char* st_client_error(const st_client_t* c);
+
+/* Ends the session and frees c: hands the tensors' current values to the
+ * node as the program's last parameters (when they are finite; a
+ * correction the program has not taken yet is added on the node's side),
+ * and the node goes on serving them to its peers and to the next program
+ * that attaches. Safe on NULL. Returns 0, or -ENOTCONN when the node had
+ * already gone (c is freed either way). */
+ST_CLIENT_API int st_client_detach(st_client_t* c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
