@@ -113,10 +113,11 @@ uint64_t st_attach_segment_bytes(uint64_t n_floats);
 static inline float* st_attach_area_a(void* seg) {
   return (float*) ((uint8_t*) seg + ST_ATTACH_PAGE);
 }
-static inline float* st_attach_area_b(void* seg) {
-  const st_attach_header_t* h = seg;
+/* Area B of a segment for n_floats parameters: each side passes its own
+ * count, never the header's (the other process can write the header). */
+static inline float* st_attach_area_b(void* seg, uint64_t n_floats) {
   return (float*) ((uint8_t*) seg + ST_ATTACH_PAGE +
-                   st_attach_area_bytes(h->n_floats));
+                   st_attach_area_bytes(n_floats));
 }
 
 /* Checks a received segment's header against its file size and the tensor

@@ -299,7 +299,7 @@ static int serve(st_client_t* c, uint64_t req, uint64_t step) {
   st_attach_header_t* h = c->h;
   uint32_t flags = h->req_flags;
   uint64_t state_step = h->state_step;
-  const float* b = st_attach_area_b(h);
+  const float* b = st_attach_area_b(h, c->model.n_floats);
   float* a = st_attach_area_a(h);
   int did = 0;
   long long bad = -1;

@@ -279,6 +279,20 @@ static int train(st_client_t* c, const args_t* a, const dataset_t* tr,
   return 0;
 }
 
+/* After training (rc 0) or a failure: the final figures, and the detach,
+ * which hands the node the last parameters. Nothing when c is NULL. */
+static void finish(st_client_t* c, int rc, const dataset_t* te) {
+  if (c == NULL)
+    return;
+  double loss, acc;
+  evaluate(te, &loss, &acc);
+  st_client_report(c, loss, acc);
+  if (rc == 0)
+    printf("final loss %.4f accuracy %.3f\n", loss, acc);
+  if (st_client_detach(c) != 0 && rc == 0)
+    fprintf(stderr, "client: the node had gone away before the detach\n");
+}
+
 int main(int argc, char** argv) {
   args_t a;
   int rc = parse_args(argc, argv, &a);
@@ -291,9 +305,14 @@ int main(int argc, char** argv) {
   for (int j = 0; j < C * D; j++)
     means[j] = (float) (SPREAD * normal(&s));
   dataset_t train_set, test_set;
+  memset(&test_set, 0, sizeof(test_set));
   if (make_data(&train_set, means, a.seed + 1, N_TRAIN, a.shard, a.shards) ||
       make_data(&test_set, means, a.seed + 2, N_TEST, 0, 1)) {
     fprintf(stderr, "client: out of memory\n");
+    free(train_set.x);
+    free(train_set.y);
+    free(test_set.x);
+    free(test_set.y);
     return 1;
   }
   /* Zeros: softmax regression needs no symmetry breaking, and a program
@@ -307,21 +326,14 @@ int main(int argc, char** argv) {
   st_client_t* c = NULL;
   char err[512];
   rc = st_client_attach(&o, t, 2, &c, err, sizeof err);
-  if (rc != 0) {
+  if (rc != 0)
     fprintf(stderr, "client: %s\n", err);
-    return 1;
-  }
-  rc = train(c, &a, &train_set, &test_set);
-  double loss, acc;
-  evaluate(&test_set, &loss, &acc);
-  st_client_report(c, loss, acc);
-  if (rc == 0)
-    printf("final loss %.4f accuracy %.3f\n", loss, acc);
-  if (st_client_detach(c) != 0 && rc == 0)
-    fprintf(stderr, "client: the node had gone away before the detach\n");
+  else
+    rc = train(c, &a, &train_set, &test_set) != 0 ? 1 : 0;
+  finish(c, rc, &test_set);
   free(train_set.x);
   free(train_set.y);
   free(test_set.x);
   free(test_set.y);
-  return rc;
+  return rc != 0 ? 1 : 0;
 }

@@ -39,6 +39,10 @@
  * so that a program that dies loses at most this much of its work (a
  * program that detaches hands over its parameters as it goes). */
 #define REFRESH_S 1.0
+/* A step the program reports is taken only up to 2^53: it travels in JSON
+ * (the attach reply) and in a checkpoint's metadata, where larger integers
+ * are not exact. */
+#define STEP_MAX (1ull << 53)
 
 typedef enum { SESS_NONE = 0, SESS_ATTACH, SESS_DETACH } sess_op_t;
 
@@ -174,7 +178,7 @@ static void serve_waiting(st__tt_t* tt, bool stale, double older_than) {
     waiting_t* w = &ah->waiting[i];
     if (w->since <= older_than) {
       post_snapshot(tt, w->tag, w->dst, true, NULL);
-      served++;
+      served += w->dst != NULL; /* the thread's own refreshes do not count */
     } else {
       ah->waiting[kept++] = *w;
     }
@@ -187,12 +191,14 @@ static void serve_waiting(st__tt_t* tt, bool stale, double older_than) {
   }
 }
 
+/* The program's snapshot was refused (not finite): counted once, however
+ * many requests waited for it. */
 static void fail_waiting(st__tt_t* tt, const char* why) {
   st__ah_t* ah = tt->ah;
   for (size_t i = 0; i < ah->n_waiting; i++)
     post_snapshot(tt, ah->waiting[i].tag, ah->waiting[i].dst, false, why);
   pthread_mutex_lock(&tt->mu);
-  tt->stats.nonfinite_snapshots += ah->n_waiting;
+  tt->stats.nonfinite_snapshots++;
   pthread_mutex_unlock(&tt->mu);
   ah->n_waiting = 0;
 }
@@ -269,7 +275,7 @@ static void take_requests(st__tt_t* tt, double now) {
 static void post_request(st__tt_t* tt) {
   st__ah_t* ah = tt->ah;
   unsigned flags = 0;
-  float* b = st_attach_area_b(ah->seg);
+  float* b = st_attach_area_b(ah->seg, ah->n);
   if (ah->state_dirty) {
     memcpy(b, ah->shadow, ah->n * sizeof(float));
     memset(ah->acc, 0, ah->n * sizeof(float));
@@ -301,10 +307,15 @@ static void complete_request(st__tt_t* tt) {
   st__ah_t* ah = tt->ah;
   ah->outstanding = false;
   const float* a = st_attach_area_a(ah->seg);
-  if (ah->h->ack_status != ST_ATTACH_ACK_OK) {
+  bool ok = ah->h->ack_status == ST_ATTACH_ACK_OK;
+  /* The program's word is not taken for it: a snapshot must be finite. */
+  if (ok && (ah->out_flags & ST_ATTACH_REQ_SNAPSHOT))
+    for (size_t i = 0; ok && i < ah->n; i++)
+      ok = isfinite(a[i]);
+  if (!ok) {
     /* Nothing was applied: hand the corrections over again later. */
     if (ah->out_flags & ST_ATTACH_REQ_APPLY) {
-      const float* b = st_attach_area_b(ah->seg);
+      const float* b = st_attach_area_b(ah->seg, ah->n);
       for (size_t i = 0; i < ah->n; i++)
         ah->acc[i] += b[i];
       ah->acc_dirty = true;
@@ -328,6 +339,8 @@ static void read_program(st__tt_t* tt) {
   st__ah_t* ah = tt->ah;
   const st_attach_header_t* h = ah->h;
   uint64_t step = atomic_load_explicit(&h->step, memory_order_relaxed);
+  if (step > STEP_MAX)
+    step = ah->seen_step;
   uint64_t lb = atomic_load_explicit(&h->loss_bits, memory_order_relaxed);
   uint64_t ab = atomic_load_explicit(&h->accuracy_bits, memory_order_relaxed);
   uint64_t nb = atomic_load_explicit(&h->boundaries, memory_order_relaxed);
@@ -351,7 +364,7 @@ static void start_session(st__tt_t* tt, void* seg, size_t bytes) {
   ah->seg = seg;
   ah->seg_bytes = bytes;
   ah->h = seg;
-  memcpy(st_attach_area_b(seg), ah->shadow, ah->n * sizeof(float));
+  memcpy(st_attach_area_b(seg, ah->n), ah->shadow, ah->n * sizeof(float));
   memset(ah->acc, 0, ah->n * sizeof(float));
   ah->acc_dirty = false;
   ah->state_dirty = false;
@@ -373,7 +386,7 @@ static void take_final(st__tt_t* tt) {
   if (ah->outstanding && (ah->out_flags & ST_ATTACH_REQ_STATE))
     return;
   const float* a = st_attach_area_a(ah->seg);
-  const float* b = st_attach_area_b(ah->seg);
+  const float* b = st_attach_area_b(ah->seg, ah->n);
   bool with_b = ah->outstanding && (ah->out_flags & ST_ATTACH_REQ_APPLY);
   for (size_t i = 0; i < ah->n; i++)
     if (!isfinite(a[i]))
@@ -385,7 +398,8 @@ static void take_final(st__tt_t* tt) {
   tt->version++;
   uint64_t step = atomic_load(&ah->h->step);
   pthread_mutex_lock(&tt->mu);
-  ah->step = step;
+  if (step <= STEP_MAX)
+    ah->step = step;
   pthread_mutex_unlock(&tt->mu);
 }
 

@@ -38,11 +38,18 @@
 #define F_SEAL_SHRINK 0x0002
 #endif
 
+/* A program has this long after "ready" to send its request: a connection
+ * that says "attach" and nothing more must not hold the node's one
+ * session. */
+#define REQUEST_DEADLINE_MS 10000u
+
 typedef struct st__attach_s {
   st__daemon_t* d;
   int fd;
   uv_poll_t poll;
   bool poll_open;
+  uv_timer_t deadline; /* until the request has come */
+  int handles_open;    /* poll and deadline: freed when both closed */
   uint8_t* buf;
   size_t len, cap;
   int memfd;
@@ -206,11 +213,16 @@ static void send_reply(st__attach_t* a, bool ok, uint64_t step,
   free(json);
 }
 
-static void poll_close_cb(uv_handle_t* h) {
-  st__attach_t* a = h->data;
+static void free_session(st__attach_t* a) {
   close(a->fd);
   free(a->buf);
   free(a);
+}
+
+static void handle_close_cb(uv_handle_t* h) {
+  st__attach_t* a = h->data;
+  if (--a->handles_open == 0)
+    free_session(a);
 }
 
 /* Ends the session however it ends; the node's copy stays (or becomes the
@@ -235,9 +247,10 @@ static void end_session_final(st__attach_t* a, const char* why, bool final) {
   if (a->poll_open) {
     a->poll_open = false;
     uv_poll_stop(&a->poll);
-    uv_close((uv_handle_t*) &a->poll, poll_close_cb);
+    uv_close((uv_handle_t*) &a->poll, handle_close_cb);
+    uv_close((uv_handle_t*) &a->deadline, handle_close_cb);
   } else {
-    poll_close_cb((uv_handle_t*) &a->poll);
+    free_session(a);
   }
 }
 
@@ -383,8 +396,7 @@ static void handle_request(st__attach_t* a, const char* json, size_t len) {
                  diff);
       rc = -EINVAL;
     }
-    a->source =
-        d->resumed && !d->node_started ? "the node's checkpoint" : "the node's";
+    a->source = "the node's";
   } else if (rc == 0) {
     rc = adopt_model(a, &m, err, sizeof(err));
   }
@@ -427,6 +439,7 @@ static void take_fds(st__attach_t* a, struct msghdr* mh) {
 static void on_frame(st__attach_t* a, const char* json, size_t len) {
   if (!a->got_request) {
     a->got_request = true;
+    uv_timer_stop(&a->deadline);
     handle_request(a, json, len);
     return;
   }
@@ -496,7 +509,14 @@ static void say_line(int fd, const char* fmt, ...) {
   send_all(fd, line, strlen(line));
 }
 
-void st__attach_takeover(st__daemon_t* d, int fd) {
+static void request_late(uv_timer_t* t) {
+  refuse(t->data,
+         "no attach request within %u s of \"ready\" (a frame and the "
+         "segment's descriptor, docs/attach.md)",
+         REQUEST_DEADLINE_MS / 1000);
+}
+
+void st__attach_takeover(st__daemon_t* d, int fd, bool early_bytes) {
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0)
     return;
@@ -509,6 +529,10 @@ void st__attach_takeover(st__daemon_t* d, int fd) {
     why = "busy: another program is attached to this node";
   else if (d->state == ST__D_LEAVING)
     why = "the node is leaving";
+  else if (early_bytes)
+    why =
+        "protocol: bytes came after \"attach\" before the node said "
+        "\"ready\"; send the request only after \"ready\"";
   st__attach_t* a = why == NULL ? calloc(1, sizeof(*a)) : NULL;
   if (why == NULL && a == NULL)
     why = "out of memory";
@@ -522,14 +546,22 @@ void st__attach_takeover(st__daemon_t* d, int fd) {
   a->fd = own;
   a->memfd = -1;
   a->poll.data = a;
-  if (uv_poll_init(&d->loop, &a->poll, own) != 0 ||
-      uv_poll_start(&a->poll, UV_READABLE | UV_DISCONNECT, on_readable) != 0) {
+  if (uv_poll_init(&d->loop, &a->poll, own) != 0) {
     say_line(own, "error the node cannot watch the connection");
-    close(own);
-    free(a);
+    free_session(a);
+    return;
+  }
+  if (uv_poll_start(&a->poll, UV_READABLE | UV_DISCONNECT, on_readable) != 0) {
+    say_line(own, "error the node cannot watch the connection");
+    a->handles_open = 1;
+    uv_close((uv_handle_t*) &a->poll, handle_close_cb);
     return;
   }
   a->poll_open = true;
+  a->handles_open = 2;
+  uv_timer_init(&d->loop, &a->deadline);
+  a->deadline.data = a;
+  uv_timer_start(&a->deadline, request_late, REQUEST_DEADLINE_MS, 0);
   d->attach = a;
   say_line(own, "ready");
 }

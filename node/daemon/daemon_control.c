@@ -390,6 +390,9 @@ static void answer(client_t* cl) {
   w->cl = cl;
   st_json_buf_init(&w->buf);
   char* nl = memchr(cl->req, '\n', cl->len);
+  /* Bytes after the line: only "attach" cares (they were meant for its
+   * session, which has not started). */
+  bool more = nl != NULL && (size_t) (nl - cl->req) + 1 < cl->len;
   if (nl != NULL)
     *nl = '\0';
   bool json = strstr(cl->req, " json") != NULL;
@@ -400,7 +403,7 @@ static void answer(client_t* cl) {
     free(w);
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
-      st__attach_takeover(d, fd);
+      st__attach_takeover(d, fd, more);
     uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
     return;
   }

@@ -294,7 +294,7 @@ int st__attach_setup(st__daemon_t* d, char* err, size_t err_len);
 bool st__attach_waits_for_model(const st__daemon_t* d);
 /* The control connection fd said "attach": the session takes it over (a
  * dup; the caller closes its own handle). */
-void st__attach_takeover(st__daemon_t* d, int fd);
+void st__attach_takeover(st__daemon_t* d, int fd, bool early_bytes);
 /* The node is ready to train (synchronized, --min-nodes alive): a program
  * waiting for its attach reply gets it. */
 void st__attach_node_ready(st__daemon_t* d);

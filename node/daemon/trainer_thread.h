@@ -112,8 +112,8 @@ typedef struct {
   uint64_t program_requests;    /* requests the program served */
   uint64_t stale_snapshots;     /* served from the node's copy: no program,
                                    or it passed no boundary in time */
-  uint64_t nonfinite_snapshots; /* refused: the program's parameters were
-                                   not finite */
+  uint64_t nonfinite_snapshots; /* the program's snapshots refused: its
+                                   parameters were not finite */
 } st__tt_stats_t;
 
 /* ---- Attach mode (docs/attach.md) ----------------------------------------

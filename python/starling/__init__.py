@@ -27,12 +27,14 @@ from .errors import (
     NonFiniteParameters,
     StarlingError,
 )
+from .checkpoint import load_checkpoint
 from .node import Node, attach, model_tensors
 
 __version__ = "0.1.0"
 
 __all__ = [
     "attach",
+    "load_checkpoint",
     "Node",
     "model_tensors",
     "StarlingError",

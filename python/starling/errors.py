@@ -69,7 +69,10 @@ def error_for(rc: int, message: str, attaching: bool) -> StarlingError:
     cls: Optional[type] = None
     if code in _UNAVAILABLE or (code == _errno.ETIMEDOUT and not attaching):
         cls = NodeUnavailable
-    elif code == _errno.EINVAL:
+    elif code == _errno.EINVAL and ("model:" in text or "differ" in text):
+        # The node's refusal of another model starts "model:"; other -EINVAL
+        # refusals (a bad segment, non-finite initial parameters) are not
+        # a mismatch.
         cls = ModelMismatch
     elif code == _errno.EBUSY:
         cls = NodeBusy

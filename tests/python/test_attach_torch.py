@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import starling
-from conftest import REPO, SLOW, Cluster, wait_until
+from conftest import REPO, SLOW, STARLING_BIN, Cluster, wait_until
 
 
 class Small(nn.Module):
@@ -556,3 +556,36 @@ def test_two_programs_on_two_nodes_agree(cluster: Cluster) -> None:
         f"(norm {np.linalg.norm(a):.2f})"
     )
     assert together < 0.1 * apart, (together, apart)
+
+
+def test_checkpoint_loads_into_the_model(cluster: Cluster) -> None:
+    """The node's checkpoint (written at its leave) has the program's
+    tensor names: starling.load_checkpoint + load_state_dict(strict=False)
+    gives back the parameters the program left, and the step."""
+    n = cluster.node()
+    torch.manual_seed(3)
+    m = Small()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(4)
+    with starling.attach(m, socket=n.sock, timeout=30 * SLOW) as node:
+        for _ in range(20):
+            train_step(m, opt, gen)
+            node.step()
+        step = node.step_count
+    left = flat(m)
+    subprocess.run(
+        [STARLING_BIN, "leave", "--control", n.sock], check=True, capture_output=True
+    )
+    n.proc.wait(timeout=30 * SLOW)
+    state, meta = starling.load_checkpoint(str(n.dir / "checkpoint.safetensors"))
+    assert list(state) == SMALL_NAMES or set(state) == set(SMALL_NAMES)
+    fresh = Small()
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    assert not unexpected
+    assert all("num_batches_tracked" in k for k in missing), missing
+    assert np.array_equal(flat(fresh), left)
+    assert int(meta["step"]) == step
+    with pytest.raises(starling.StarlingError, match="8-byte header"):
+        bad = n.dir / "bad.safetensors"
+        bad.write_bytes(b"\x01")
+        starling.load_checkpoint(str(bad))

@@ -48,7 +48,7 @@ START_TEST(test_sizes) {
   st_attach_header_t* h = (st_attach_header_t*) seg;
   h->n_floats = 1025;
   ck_assert_ptr_eq(st_attach_area_a(seg), (float*) (seg + 4096));
-  ck_assert_ptr_eq(st_attach_area_b(seg), (float*) (seg + 4096 + 8192));
+  ck_assert_ptr_eq(st_attach_area_b(seg, 1025), (float*) (seg + 4096 + 8192));
 }
 END_TEST
 

@@ -189,7 +189,7 @@ static void serve_attach(node_t* n, const float* state, uint64_t step) {
     }
     return;
   }
-  float* b = st_attach_area_b(n->seg);
+  float* b = st_attach_area_b(n->seg, N_FLOATS);
   memcpy(b, state != NULL ? state : n->a0, sizeof n->a0);
   size_t len;
   char* reply = st_attach_reply_encode(n->refusal == NULL, step, "test",
@@ -326,7 +326,7 @@ static st_client_t* attach_ok(node_t* n) {
 static uint64_t post(node_t* n, uint32_t flags, const float* b,
                      uint64_t state_step) {
   if (b != NULL)
-    memcpy(st_attach_area_b(n->seg), b, N_FLOATS * sizeof(float));
+    memcpy(st_attach_area_b(n->seg, N_FLOATS), b, N_FLOATS * sizeof(float));
   n->h->req_flags = flags;
   n->h->state_step = state_step;
   return atomic_fetch_add_explicit(&n->h->req_seq, 1, memory_order_release) + 1;

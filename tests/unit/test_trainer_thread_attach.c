@@ -113,7 +113,7 @@ static void program_make(program_t* g, float fill) {
 static void program_attach(st__tt_t* tt, program_t* g) {
   uint64_t step = 99;
   ck_assert_int_eq(st__tt_attach_session(tt, g->seg, g->bytes, &step), 0);
-  memcpy(g->p, st_attach_area_b(g->seg), sizeof(g->p));
+  memcpy(g->p, st_attach_area_b(g->seg, N), sizeof(g->p));
   g->step = step;
 }
 
@@ -125,7 +125,7 @@ static unsigned program_boundary(program_t* g, bool nonfinite) {
   if (req == atomic_load(&g->h->ack_seq))
     return 0;
   unsigned f = g->h->req_flags;
-  const float* b = st_attach_area_b(g->seg);
+  const float* b = st_attach_area_b(g->seg, N);
   if (nonfinite) {
     g->h->ack_status = ST_ATTACH_ACK_NONFINITE;
   } else {
