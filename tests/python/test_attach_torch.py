@@ -585,6 +585,16 @@ def test_checkpoint_loads_into_the_model(cluster: Cluster) -> None:
     assert all("num_batches_tracked" in k for k in missing), missing
     assert np.array_equal(flat(fresh), left)
     assert int(meta["step"]) == step
+    # Restarted on its checkpoint, the node has the model before any program
+    # attaches: another tensor list is refused naming the first difference,
+    # the same one resumes from the checkpoint's parameters and step.
+    n.start()
+    with pytest.raises(starling.ModelMismatch, match="fc1.weight"):
+        starling.attach(Small(hidden=32), socket=n.sock, timeout=30 * SLOW)
+    again = Small()
+    with starling.attach(again, socket=n.sock, timeout=30 * SLOW) as node:
+        assert node.cluster_step == step
+        assert np.array_equal(flat(again), left)
     with pytest.raises(starling.StarlingError, match="8-byte header"):
         bad = n.dir / "bad.safetensors"
         bad.write_bytes(b"\x01")
