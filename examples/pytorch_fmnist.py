@@ -186,6 +186,11 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument(
         "--reconnect", action="store_true", help="wait for the node when it goes away"
     )
+    p.add_argument(
+        "--eval-at-attach",
+        action="store_true",
+        help="print the test accuracy of the parameters the node handed over",
+    )
     a = p.parse_args(argv)
     try:
         k, n = (int(v) for v in a.shard.split("/"))
@@ -218,7 +223,7 @@ def train(
     t0 = time.monotonic()
     step = node.step_count if node else 0
     did = {"apply": 0, "snapshot": 0, "state": 0}
-    acc, ran = None, 0
+    acc, ran, eval_s = None, 0, 0.0
     while step < total and (a.max_steps is None or ran < a.max_steps):
         epoch, b = divmod(step, per_epoch)
         sel = torch.from_numpy(
@@ -253,7 +258,9 @@ def train(
             if node:
                 node.report(loss=float(loss))
         if step % per_epoch == 0 or step >= total:
+            te = time.monotonic()
             acc = evaluate(model, xte, yte)
+            eval_s += time.monotonic() - te
             print(
                 f"epoch {step // per_epoch} step {step} test acc {acc:.4f}", flush=True
             )
@@ -262,12 +269,15 @@ def train(
             if a.target is not None and acc >= a.target:
                 break
     if acc is None or (a.max_steps is not None and ran >= a.max_steps):
+        te = time.monotonic()
         acc = evaluate(model, xte, yte)
+        eval_s += time.monotonic() - te
     return {
         "test_accuracy": acc,
         "steps": step,
         "steps_here": ran,
         "wall_s": time.monotonic() - t0,
+        "eval_s": eval_s,  # of wall_s: the evaluations
         "did": did,
     }
 
@@ -286,6 +296,9 @@ def main(argv: Optional[list] = None) -> int:
         except starling.StarlingError as e:
             sys.exit(f"pytorch_fmnist: {e}")
         print(f"attached: {node}, cluster step {node.cluster_step}", flush=True)
+        if a.eval_at_attach:
+            acc = evaluate(model, data[2], data[3])
+            print(f"at attach: step {node.cluster_step} test acc {acc:.4f}", flush=True)
     out = train(a, model, node, data)
     params = flat_params(model)
     print(
