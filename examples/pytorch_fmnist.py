@@ -12,7 +12,7 @@ i with i % N == K).
     build/starling keygen --cluster --out cluster.key
     build/starling node --attach --listen 127.0.0.1:7946 \\
         --cluster-key cluster.key --data-dir state &
-    STARLING_LIB=build/libstarling.so PYTHONPATH=python \\
+    STARLING_LIB=build/libstarling.so PYTHONPATH=client/python \\
         python3 examples/pytorch_fmnist.py --socket state/control.sock --shard 0/2
 
 --no-starling runs the same loop alone (for comparisons and overhead
@@ -39,9 +39,9 @@ import torch.nn.functional as F
 
 try:
     import starling
-except ImportError:  # run from a checkout: the package is in python/
+except ImportError:  # run from a checkout: the package is in client/python/
     sys.path.insert(
-        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python")
     )
     import starling
 

@@ -31,6 +31,14 @@ cc -std=c11 -Wall -Wextra -Werror "${san[@]}" "$SRC/examples/client.c" \
   $flags -lm -Wl,-rpath,"$libdir" -o "$CLIENT" ||
   fail "building examples/client.c against the installed library"
 pass "examples/client.c builds against the installed library (pkg-config)"
+# The Python package went in beside it and finds the installed library.
+pydir=$(dirname "$(find "$PREFIX" -path '*/starling/_installed.py' | head -n 1)")
+PYTHONPATH=$(dirname "$pydir") "$NUMPY_PY" -c '
+import sys, starling._lib as L
+c = L._candidates()
+assert c and c[0].startswith(sys.argv[1]), c' "$PREFIX" ||
+  fail "the installed Python package does not find the installed library"
+pass "the installed Python package finds the installed library"
 
 ATTACH=(--attach --gossip-every 0.2 --ring-every 1)
 

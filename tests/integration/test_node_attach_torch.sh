@@ -34,7 +34,7 @@ LIB=$BUILD/libstarling.so
 # ASan runtime loaded first (Python is not built with it), and Python and
 # PyTorch keep memory until exit by design: no leak checks for them (the
 # nodes keep ctest's options), as in test_python_attach.sh.
-PYENV=(env STARLING_LIB="$LIB" PYTHONPATH="$SRC/python" OPENBLAS_NUM_THREADS=1
+PYENV=(env STARLING_LIB="$LIB" PYTHONPATH="$SRC/client/python" OPENBLAS_NUM_THREADS=1
        PYTHONDONTWRITEBYTECODE=1)
 if [ "${ST_SANITIZE:-OFF}" = ON ]; then
   asan=$(${CC:-cc} -print-file-name=libasan.so)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_python_attach.sh: the Python package (python/starling) and the
+# test_python_attach.sh: the Python package (client/python/starling) and the
 # PyTorch example, under ctest: runs tests/python with pytest against this
 # build's starling binary and client library (libstarling.so in
 # $ST_BUILD_DIR). Each pytest test starts real `starling node --attach`
@@ -32,7 +32,7 @@ if [ "${ST_SANITIZE:-OFF}" = ON ]; then
 fi
 
 cd "$SRC"
-STARLING_BIN=$STARLING STARLING_LIB=$LIB PYTHONPATH=$SRC/python \
+STARLING_BIN=$STARLING STARLING_LIB=$LIB PYTHONPATH=$SRC/client/python \
   PYTHONDONTWRITEBYTECODE=1 \
   "$PY" -m pytest -x -q -p no:cacheprovider --basetemp="$SCRATCH/pytest" tests/python ||
   fail "pytest tests/python (STARLING_BIN=$STARLING STARLING_LIB=$LIB)"

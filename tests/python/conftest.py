@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "client" / "python"))
 
 STARLING_BIN = os.environ.get("STARLING_BIN", str(REPO / "build" / "starling"))
 os.environ.setdefault("STARLING_LIB", str(REPO / "build" / "libstarling.so"))
@@ -163,7 +163,7 @@ class Cluster:
     def example(self, name: str, args: Sequence[str]) -> subprocess.Popen:
         """Starts examples/pytorch_fmnist.py with args; its output goes to
         ROOT/NAME.out."""
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+        env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
         out = open(self.root / f"{name}.out", "wb")
         p = subprocess.Popen(
             [sys.executable, str(EXAMPLE), *args],

@@ -1,4 +1,4 @@
-"""test_attach_torch.py: the Python package (python/starling) against real
+"""test_attach_torch.py: the Python package (client/python/starling) against real
 PyTorch models and real `starling node --attach` processes on 127.0.0.1.
 
   - which tensors attach registers, and the refusals made before any node
@@ -126,7 +126,7 @@ def test_library_not_found_says_set_starling_lib(tmp_path: Path) -> None:
     env = dict(
         os.environ,
         STARLING_LIB=str(tmp_path / "libnone.so"),
-        PYTHONPATH=str(REPO / "python"),
+        PYTHONPATH=str(REPO / "client" / "python"),
     )
     r = subprocess.run(
         [sys.executable, "-c", code],

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 from pytorch_fmnist import Net  # noqa: E402  (the example's CNN)
 
-import starling  # noqa: E402  (PYTHONPATH=python, or the example's fallback)
+import starling  # noqa: E402  (PYTHONPATH=client/python, or the example's fallback)
 
 
 class Flat(torch.nn.Module):

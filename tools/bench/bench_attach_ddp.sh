@@ -181,7 +181,7 @@ run_ddp() {
   for ((r = 0; r < WORLD; r++)); do
     ns_prefix "$link" "$r"
     "${NSP[@]}" env GLOO_SOCKET_IFNAME=$ifname OPENBLAS_NUM_THREADS=1 \
-      PYTHONPATH=python "$PY" tools/bench/ddp_fmnist_cnn.py --rank "$r" \
+      PYTHONPATH=client/python "$PY" tools/bench/ddp_fmnist_cnn.py --rank "$r" \
       --world "$WORLD" --master "$(host_of "$link" 0):$port" --target "$TARGET" \
       --t0 "$T0" --json-out "$work/ddp.json" "${TRAIN[@]}" >"$work/ddp$r.log" 2>&1 &
     pids+=($!)
@@ -240,7 +240,7 @@ start_node() {
 }
 start_prog() {
   local k=$1
-  env STARLING_LIB="$LIB" PYTHONPATH=python OPENBLAS_NUM_THREADS=1 \
+  env STARLING_LIB="$LIB" PYTHONPATH=client/python OPENBLAS_NUM_THREADS=1 \
     "$PY" examples/pytorch_fmnist.py --socket "$work/s/n$k/control.sock" \
     --shard "$k/$WORLD" --target "$TARGET" --log-every 100000 \
     --json-out "$work/s/p$k.json" "${TRAIN[@]}" >"$work/s/p$k.log" 2>&1 &

@@ -69,7 +69,7 @@ for f in "$S" "$LIB"; do
   [ -e "$f" ] || { echo "bench_attach_overhead: $f is missing (build first)" >&2; exit 1; }
 done
 "$S" keygen --cluster --out "$work/ck" >/dev/null
-export STARLING_LIB=$LIB PYTHONPATH=python OPENBLAS_NUM_THREADS=1
+export STARLING_LIB=$LIB PYTHONPATH=client/python OPENBLAS_NUM_THREADS=1
 
 # node_start NAME [FLAGS...]: an attached node on 127.0.0.1 in the
 # background, waited for on its control socket (20 s).

@@ -115,7 +115,7 @@ start_node() { # start_node K [--join ADDR]
 
 start_prog() { # start_prog K: the example on node K's socket, shard K/N
   local k=$1
-  STARLING_LIB=$LIB PYTHONPATH=python OPENBLAS_NUM_THREADS=1 \
+  STARLING_LIB=$LIB PYTHONPATH=client/python OPENBLAS_NUM_THREADS=1 \
     "$PY" examples/pytorch_fmnist.py --socket "$dir/node$k/control.sock" \
     --shard "$k/$nodes" --epochs "$epochs" ${target:+--target "$target"} \
     --json-out "$dir/prog$k.json" "${prog_args[@]}" >"$dir/prog$k.log" 2>&1 &

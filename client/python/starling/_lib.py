@@ -3,8 +3,9 @@ declares its functions for ctypes, mirroring client/starling/client.h.
 
 The library is looked up when a program first attaches, not at import, so
 that ``import starling`` works on a machine without it: $STARLING_LIB, then a
-libstarling.so beside this package (the installed layout), then the system
-library path (ctypes.util.find_library).
+libstarling.so beside this package, then the library directory `cmake
+--install` recorded (starling/_installed.py), then the system library path
+(ctypes.util.find_library).
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def _candidates() -> list:
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libstarling.so")
     if os.path.exists(here):
         out.append(here)
+    try:
+        from ._installed import LIBDIR  # written by cmake --install
+
+        installed = os.path.join(LIBDIR, "libstarling.so")
+        if os.path.exists(installed):
+            out.append(installed)
+    except ImportError:
+        pass
     found = ctypes.util.find_library("starling")
     if found:
         out.append(found)
