@@ -218,15 +218,36 @@ static int node_gone(st_client_t* c) {
 /* ---- Serving a request -----------------------------------------------------
  */
 
+/* Nonzero when src[0..n) holds a NaN or an infinity (exponent bits all
+ * ones), copying it to dst when dst is not NULL. On the bits, as integers:
+ * GCC vectorizes this loop, not one that compares floats into a flag
+ * (measured: a 16 MB snapshot took 2.6 copies' time with the float
+ * comparison, scalar). */
+static uint32_t nonfinite_bits(float* restrict dst, const float* restrict src,
+                               uint64_t n) {
+  uint32_t bad = 0, b;
+  if (dst == NULL) {
+    for (uint64_t j = 0; j < n; j++) {
+      memcpy(&b, &src[j], sizeof b); /* the bits, without aliasing */
+      bad |= (uint32_t) ((b & 0x7f800000u) == 0x7f800000u);
+    }
+  } else {
+    for (uint64_t j = 0; j < n; j++) { /* one pass: copy and check */
+      memcpy(&b, &src[j], sizeof b);
+      dst[j] = src[j];
+      bad |= (uint32_t) ((b & 0x7f800000u) == 0x7f800000u);
+    }
+  }
+  return bad;
+}
+
 /* The index (in the concatenation) of the first non-finite parameter, or
  * -1. */
 static long long first_nonfinite(const st_client_t* c) {
   for (size_t i = 0; i < c->model.n; i++) {
     const float* p = c->data[i];
     uint64_t n = c->model.t[i].n_elems;
-    int bad = 0;
-    for (uint64_t j = 0; j < n; j++) /* vectorizes; isfinite does not */
-      bad |= !(fabsf(p[j]) <= FLT_MAX);
+    uint32_t bad = nonfinite_bits(NULL, p, n);
     if (!bad)
       continue;
     for (uint64_t j = 0; j < n; j++)
@@ -242,12 +263,7 @@ static long long snapshot_checked(const st_client_t* c, float* a) {
     const float* p = c->data[i];
     float* dst = a + c->model.t[i].offset;
     uint64_t n = c->model.t[i].n_elems;
-    int bad = 0;
-    for (uint64_t j = 0; j < n; j++) {
-      dst[j] = p[j];
-      bad |= !(fabsf(p[j]) <= FLT_MAX);
-    }
-    if (bad)
+    if (nonfinite_bits(dst, p, n))
       return first_nonfinite(c);
   }
   return -1;
