@@ -38,6 +38,7 @@
 # Every process is killed by PID, every namespace removed by name, on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/bench_lib.sh
 
 WORLD=4
 TARGET=${TARGET:-0.90}
@@ -66,31 +67,9 @@ pids=()      # what a run waits for: its programs, or its DDP ranks
 node_pids=() # the run's starling nodes
 up_ns=()
 
-# ---- Namespaces: the same shape as tools/bench/bench_ring.sh's ------------------
-ns_up() { # TAG N: bridge namespace st-att-TAG-br, members st-att-TAG-R (10.77.0.R+1)
-  local t=$1 n=$2 br="st-att-$1-br" r ns
-  up_ns+=("$t $n")
-  ip netns add "$br"
-  ip -n "$br" link add br0 type bridge
-  ip -n "$br" link set br0 up
-  for ((r = 0; r < n; r++)); do
-    ns="st-att-$t-$r"
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$r" mtu "$MTU" netns "$br"
-    ip -n "$br" link set "p$r" master br0
-    ip -n "$br" link set "p$r" up
-    ip -n "$ns" addr add "10.77.0.$((r + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    tc -n "$ns" qdisc add dev eth0 root tbf rate "$RATE" burst 64kb latency 50ms
-    tc -n "$br" qdisc add dev "p$r" root tbf rate "$RATE" burst 64kb latency 50ms
-  done
-}
-ns_down() { # TAG N; ignores what is not there
-  local t=$1 n=$2 r
-  for ((r = 0; r < n; r++)); do ip netns del "st-att-$t-$r" 2>/dev/null || true; done
-  ip netns del "st-att-$t-br" 2>/dev/null || true
-}
+# ---- Namespaces: bench_lib.sh's, named st-att-* ------------------
+ns_up() { bench_ns_up st-att "$@"; }     # TAG N
+ns_down() { bench_ns_down st-att "$@"; } # TAG N
 
 kill_all() { # every process of the run, by PID
   local p
@@ -114,7 +93,6 @@ trap 'exit 130' INT TERM
 
 # ---- Setup ----------------------------------------------------------------------
 if [ "$SETUP" = 1 ]; then
-  source tools/bench/bench_lib.sh
   bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread iproute2
 fi
 for f in "$S" "$LIB"; do

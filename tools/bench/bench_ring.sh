@@ -43,6 +43,7 @@
 # by name on exit, failure or interrupt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/bench_lib.sh
 
 MEMBERS=${MEMBERS:-"2 4 8"}
 MIBS=${MIBS:-"1 16 64"}
@@ -74,30 +75,8 @@ up_ns=()            # "TAG N" of the namespace sets up now
 status=0
 
 # ---- Namespaces, the twin of tools/bench/bench_ring_netns.c ------------------------
-ns_up() { # TAG N: bridge namespace st-ring-TAG-br, members st-ring-TAG-R
-  local t=$1 n=$2 br="st-ring-$1-br" r ns
-  up_ns+=("$t $n")
-  ip netns add "$br"
-  ip -n "$br" link add br0 type bridge
-  ip -n "$br" link set br0 up
-  for ((r = 0; r < n; r++)); do
-    ns="st-ring-$t-$r"
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$r" mtu "$MTU" netns "$br"
-    ip -n "$br" link set "p$r" master br0
-    ip -n "$br" link set "p$r" up
-    ip -n "$ns" addr add "10.77.0.$((r + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    tc -n "$ns" qdisc add dev eth0 root tbf rate "$RATE" burst 64kb latency 50ms
-    tc -n "$br" qdisc add dev "p$r" root tbf rate "$RATE" burst 64kb latency 50ms
-  done
-}
-ns_down() { # TAG N; ignores what is not there
-  local t=$1 n=$2 r
-  for ((r = 0; r < n; r++)); do ip netns del "st-ring-$t-$r" 2>/dev/null || true; done
-  ip netns del "st-ring-$t-br" 2>/dev/null || true
-}
+ns_up() { bench_ns_up st-ring "$@"; }     # TAG N
+ns_down() { bench_ns_down st-ring "$@"; } # TAG N
 host_link_up() { # TAG: the root namespace's veth to the bridge, for PMIx
   ip link add "$host_if" mtu "$MTU" type veth peer name phost mtu "$MTU" netns "st-ring-$1-br"
   ip -n "st-ring-$1-br" link set phost master br0
@@ -121,7 +100,6 @@ trap 'exit 130' INT TERM
 # ---- Setup ---------------------------------------------------------------------
 mkdir -p "$build"
 if [ "$SETUP" = 1 ]; then
-  source tools/bench/bench_lib.sh
   bench_setup "$build" libgloo-dev openmpi-bin libopenmpi-dev iproute2
 fi
 # The comparison programs: built after setup; with SETUP=0 a program already
