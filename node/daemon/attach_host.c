@@ -143,15 +143,6 @@ static int write_checkpoint(st__tt_t* tt, char* err, size_t err_len) {
   return rc;
 }
 
-static void save_and_post(st__tt_t* tt, double now) {
-  st__tt_event_t ev;
-  st__tt_make_event(tt, &ev, ST__TT_EV_CHECKPOINT, 0, 0);
-  int rc = write_checkpoint(tt, ev.err, sizeof(ev.err));
-  ev.ok = rc == 0;
-  tt->next_ckpt = now + tt->checkpoint_every_s;
-  st__tt_post(tt, &ev);
-}
-
 /* ---- Serving ------------------------------------------------------------- */
 
 /* dst NULL: the thread's own refresh, which nobody waits for. */
@@ -505,12 +496,12 @@ static bool turn(st__tt_t* tt) {
   double now = st_now_s();
   take_requests(tt, now);
   if (ckpt_req)
-    save_and_post(tt, now);
+    st__tt_save_and_post(tt, now);
   if (ah->seg != NULL)
     program_cycle(tt, now);
   if (tt->checkpoint_every_s > 0 && now >= tt->next_ckpt &&
       tt->ckpt_version != tt->version)
-    save_and_post(tt, now);
+    st__tt_save_and_post(tt, now);
   return true;
 }
 
@@ -570,6 +561,7 @@ int st__tt_start_attached(const st__tt_attach_config_t* cfg, st__tt_t** out) {
     return -ENOMEM;
   }
   tt->ah = ah;
+  tt->write_checkpoint = write_checkpoint;
   ah->n = cfg->model->n_floats;
   ah->step = cfg->step;
   ah->shadow = malloc(ah->n * sizeof(float));

@@ -186,10 +186,10 @@ static int write_checkpoint(st__tt_t* tt, char* err, size_t err_len) {
   return rc;
 }
 
-static void save_and_post(st__tt_t* tt, double now) {
+void st__tt_save_and_post(st__tt_t* tt, double now) {
   st__tt_event_t ev;
   st__tt_make_event(tt, &ev, ST__TT_EV_CHECKPOINT, 0, 0);
-  int rc = write_checkpoint(tt, ev.err, sizeof(ev.err));
+  int rc = tt->write_checkpoint(tt, ev.err, sizeof(ev.err));
   ev.ok = rc == 0;
   /* A failed periodic write is retried a period later, not at once. */
   tt->next_ckpt = now + tt->checkpoint_every_s;
@@ -393,7 +393,7 @@ static void step_once(st__tt_t* tt) {
   pthread_mutex_unlock(&tt->mu);
 
   if (tt->checkpoint_every_s > 0 && can_checkpoint(tt) && now >= tt->next_ckpt)
-    save_and_post(tt, now);
+    st__tt_save_and_post(tt, now);
   if (st_trainer_done(t))
     epochs_done(tt, now);
 }
@@ -424,7 +424,7 @@ static void* thread_main(void* arg) {
 
     double now = st_now_s();
     if (ckpt_req) {
-      save_and_post(tt, now);
+      st__tt_save_and_post(tt, now);
       continue;
     }
     if (go && !tt->started) {
@@ -449,7 +449,7 @@ static void* thread_main(void* arg) {
       if (eval)
         evaluate(tt, now);
       if (ckpt)
-        save_and_post(tt, now);
+        st__tt_save_and_post(tt, now);
       continue;
     }
     struct timespec ts;
@@ -528,6 +528,7 @@ int st__tt_start(const st__tt_config_t* cfg, st__tt_t** out) {
   if (tt == NULL)
     return -ENOMEM;
   tt->t = t;
+  tt->write_checkpoint = write_checkpoint;
   tt->test = cfg->test != NULL && cfg->test->n > 0 ? cfg->test : NULL;
   tt->eval_every_s = cfg->eval_every_s;
   tt->checkpoint_every_s = cfg->checkpoint_every_s;

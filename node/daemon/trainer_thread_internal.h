@@ -51,8 +51,10 @@ typedef struct {
 
 struct st__tt_s {
   /* Fixed at start. */
-  st_trainer_t* t;          /* NULL in attach mode */
-  st__ah_t* ah;             /* attach mode only */
+  st_trainer_t* t; /* NULL in attach mode */
+  st__ah_t* ah;    /* attach mode only */
+  /* The body's checkpoint writer (err: one sentence on failure). */
+  int (*write_checkpoint)(st__tt_t* tt, char* err, size_t err_len);
   const st_dataset_t* test; /* NULL when there is nothing to evaluate on */
   double eval_every_s;
   double checkpoint_every_s;
@@ -101,6 +103,10 @@ void st__tt_post(st__tt_t* tt, const st__tt_event_t* ev);
 /* An event of `kind` at the current step; ok when rc is 0. */
 void st__tt_make_event(st__tt_t* tt, st__tt_event_t* ev, st__tt_ev_kind_t kind,
                        uint64_t tag, int rc);
+/* Writes a checkpoint with the body's writer and posts its result;
+ * schedules the next periodic one a period from now (a failed write is
+ * retried then, not at once). */
+void st__tt_save_and_post(st__tt_t* tt, double now);
 /* Takes the oldest request out; false when none. Caller holds mu. */
 bool st__tt_pop_request_locked(st__tt_t* tt, req_t* r);
 /* Sets up the mutex and condition variables and starts thread_main with
