@@ -373,6 +373,89 @@ void st_attach_model_describe(const st_attach_model_t* m, char* out,
     snprintf(out + n, len - (size_t) n, ",%s", m->t[0].name);
 }
 
+/* One dimension of a canonical line: decimal digits only (no sign, space
+ * or leading zero, as the canonical text writes them), within u64. */
+static int parse_dim(const char* p, const char* end, uint64_t* out) {
+  if (p == end || (*p == '0' && end - p > 1))
+    return -1;
+  uint64_t v = 0;
+  for (; p < end; p++) {
+    if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10)
+      return -1;
+    v = v * 10 + (uint64_t) (*p - '0');
+  }
+  *out = v;
+  return 0;
+}
+
+/* One line "name\tdtype\td0,d1,..." (without its '\n') appended to m. */
+static int parse_line(const char* p, const char* nl, st_attach_model_t* m,
+                      char* err, size_t err_len) {
+  const char* tab1 = memchr(p, '\t', (size_t) (nl - p));
+  const char* tab2 =
+      tab1 != NULL ? memchr(tab1 + 1, '\t', (size_t) (nl - tab1 - 1)) : NULL;
+  char name[ST_ATTACH_NAME_MAX + 1], dtype[8];
+  size_t nlen = tab1 != NULL ? (size_t) (tab1 - p) : 0;
+  size_t dlen = tab2 != NULL ? (size_t) (tab2 - tab1 - 1) : 0;
+  if (tab2 == NULL || nlen > ST_ATTACH_NAME_MAX || dlen >= sizeof(dtype)) {
+    st_set_err(err, err_len, "line %zu of the tensor list is malformed",
+               m->n + 1);
+    return -EINVAL;
+  }
+  memcpy(name, p, nlen);
+  name[nlen] = '\0';
+  memcpy(dtype, tab1 + 1, dlen);
+  dtype[dlen] = '\0';
+  uint64_t shape[ST_ATTACH_MAX_DIMS];
+  int ndim = 0;
+  for (const char* q = tab2 + 1; q < nl;) {
+    const char* comma = memchr(q, ',', (size_t) (nl - q));
+    const char* end = comma != NULL ? comma : nl;
+    if (ndim == ST_ATTACH_MAX_DIMS || parse_dim(q, end, &shape[ndim]) != 0 ||
+        (comma != NULL && comma + 1 == nl)) {
+      char shown[64];
+      st__attach_printable(name, shown, sizeof shown);
+      st_set_err(err, err_len,
+                 "the shape of tensor %zu ('%s') in the tensor list is "
+                 "malformed",
+                 m->n, shown);
+      return -EINVAL;
+    }
+    ndim++;
+    q = end == nl ? nl : end + 1;
+  }
+  return st__attach_model_append(m, name, dtype, ndim, shape, err, err_len);
+}
+
+int st_attach_model_parse(const char* text, size_t len, st_attach_model_t* m,
+                          char* err, size_t err_len) {
+  memset(m, 0, sizeof *m);
+  int rc = memchr(text, '\0', len) != NULL ? -EINVAL : 0;
+  if (rc != 0)
+    st_set_err(err, err_len, "the tensor list holds a NUL byte");
+  const char* p = text;
+  const char* end = text + len;
+  while (rc == 0 && p < end) {
+    const char* nl = memchr(p, '\n', (size_t) (end - p));
+    if (nl == NULL) {
+      st_set_err(err, err_len, "the tensor list does not end with a newline");
+      rc = -EINVAL;
+      break;
+    }
+    rc = parse_line(p, nl, m, err, err_len);
+    p = nl + 1;
+  }
+  if (rc == 0 && m->n == 0) {
+    st_set_err(err, err_len, "the tensor list is empty");
+    rc = -EINVAL;
+  }
+  if (rc == 0)
+    rc = st__attach_model_unique(m, err, err_len);
+  if (rc != 0)
+    st_attach_model_free(m);
+  return rc;
+}
+
 char* st_attach_model_canonical(const st_attach_model_t* m, size_t* len) {
   st_json_buf_t b;
   st_json_buf_init(&b);

@@ -169,6 +169,16 @@ void st_attach_model_describe(const st_attach_model_t* m, char* out,
  * tensor, "name\tdtype\td0,d1,...\n". Owned by the caller (free). */
 char* st_attach_model_canonical(const st_attach_model_t* m, size_t* len);
 
+/* The inverse of st_attach_model_canonical, for lists read from files and
+ * from other nodes (hostile input): every line "name\tdtype\td0,d1,...\n"
+ * with decimal dimensions as the canonical text writes them (no sign,
+ * space or leading zero), every tensor checked as st_attach_model_add does,
+ * names unique, at least one tensor, no NUL byte. On success *m is a new
+ * list (the caller frees it); on error *m is empty and err says which line
+ * or tensor is wrong. */
+int st_attach_model_parse(const char* text, size_t len, st_attach_model_t* m,
+                          char* err, size_t err_len);
+
 /* ---- Frames ------------------------------------------------------------- */
 
 /* The attach request: {"version":1,"pid":P,"tensors":[{"name":..,

@@ -32,7 +32,8 @@
  *   another model; another n_params -> MISMATCH; busy -> BUSY; its buffers
  *   cannot be allocated -> BUSY (it cannot take part now; the initiator
  *   tries another). Every REPLY carries the responder's own fingerprint,
- *   model, n_params and local->step. Then it finishes with DONE(that
+ *   model, n_params and local->step, and a MISMATCH one its tensor list
+ *   (local->tensors, when it has one). Then it finishes with DONE(that
  *   status), peer_model = the requester's model; or, on OK, it asks for a
  *   snapshot (WANT_SNAPSHOT) and streams it.
  * - FETCH: the donor's step is local->step as sent in its REPLY (the
@@ -41,7 +42,8 @@
  *   took in between; the step given with st_xchg_snapshot is not sent.
  * - The initiator, on a REPLY: BUSY, NOT_READY -> DONE with that result;
  *   MISMATCH, or an OK whose fingerprint or n_params is not ours ->
- *   DONE(MISMATCH, peer_model = the responder's model).
+ *   DONE(MISMATCH, peer_model = the responder's model; peer_tensors = the
+ *   tensor list a MISMATCH REPLY carried, unchecked).
  * - Receiving: chunks have transfer_id 0 (one snapshot a direction per
  *   connection); each must start where the last ended (offset == floats
  *   received so far) and hold at least one float, else FAIL_PROTOCOL; its
@@ -101,8 +103,9 @@
 #define CHUNK_FLOATS (ST_WIRE_CHUNK_MAX_BYTES / sizeof(float))
 /* The one transfer a direction carries on a connection. */
 #define TRANSFER_ID 0
-/* XCHG_REQ/REPLY at their largest: envelope 3, status 1, fingerprint 18,
- * model 2 + 95, two uint64 of 9: 137 bytes. */
+/* XCHG_REQ/REPLY at their largest without a tensor list: envelope 3,
+ * status 1, fingerprint 18, model 2 + 95, two uint64 of 9, an empty str 1:
+ * 138 bytes. A REPLY with one is encoded into reply_buf. */
 #define CTL_BYTES 256
 #define QUEUE_CAP 8
 
@@ -138,6 +141,9 @@ struct st_xchg_s {
   bool peer_known;      /* peer_model holds the peer's model */
   char peer_model[ST_XCHG_MODEL_MAX];
   uint64_t peer_step; /* FETCH: the donor's step, from its REPLY */
+  char* peer_tensors; /* a MISMATCH REPLY's tensor list, when it had one */
+  size_t peer_tensors_len;
+  uint8_t* reply_buf; /* a MISMATCH REPLY with our tensor list */
 
   /* Our snapshot, streamed (tx): AVERAGE both sides, the FETCH donor. */
   float* own;
@@ -342,6 +348,8 @@ static int new_machine(const st_xchg_config_t* cfg,
   if (local->n_params > ST__WIRE_MAX_TENSOR_FLOATS ||
       local->n_params > SIZE_MAX / sizeof(float))
     return -EINVAL;
+  if (local->tensors == NULL && local->tensors_len > 0)
+    return -EINVAL;
   if (!(cfg->norm_mult >= 0) || isinf(cfg->norm_mult))
     return -EINVAL;
   /* st_hash_t is 64-byte aligned; malloc promises 16. */
@@ -402,6 +410,8 @@ void st_xchg_free(st_xchg_t* x) {
   if (x == NULL)
     return;
   free_buffers(x);
+  free(x->peer_tensors);
+  free(x->reply_buf);
   free(x);
 }
 
@@ -450,6 +460,15 @@ static void on_req(st_xchg_t* x, const st_msg_xchg_req_t* m) {
   }
 }
 
+/* A copy of the tensor list a MISMATCH REPLY carried (none when the
+ * allocation fails: the message then names the models only). */
+static void keep_peer_tensors(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
+  if (m->tensors_len == 0 || (x->peer_tensors = malloc(m->tensors_len)) == NULL)
+    return;
+  memcpy(x->peer_tensors, m->tensors, m->tensors_len);
+  x->peer_tensors_len = m->tensors_len;
+}
+
 static void on_reply(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
   set_peer_model(x, m->model);
   switch ((st_xchg_status_t) m->status) {
@@ -460,6 +479,7 @@ static void on_reply(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
       finish(x, ST_XCHG_NOT_READY);
       return;
     case ST_XCHG_STATUS_MISMATCH:
+      keep_peer_tensors(x, m);
       finish(x, ST_XCHG_MISMATCH);
       return;
     case ST_XCHG_STATUS_OK:
@@ -608,6 +628,22 @@ static void encode(const st_msg_t* m, uint8_t* buf, size_t cap,
   out->len = len;
 }
 
+/* A MISMATCH REPLY carries our tensor list when we have one within
+ * ST_XCHG_TENSORS_MAX (and the buffer for it); every other REPLY an empty
+ * one. */
+static void encode_reply(st_xchg_t* x, st_msg_t* m, st_xact_t* out) {
+  size_t n = x->local.tensors_len;
+  if (x->reply_status == ST_XCHG_STATUS_MISMATCH && n > 0 &&
+      n <= ST_XCHG_TENSORS_MAX && x->reply_buf == NULL &&
+      (x->reply_buf = malloc(n + CTL_BYTES)) != NULL) {
+    m->u.xchg_reply.tensors = x->local.tensors;
+    m->u.xchg_reply.tensors_len = (uint32_t) n;
+    encode(m, x->reply_buf, n + CTL_BYTES, out);
+    return;
+  }
+  encode(m, x->ctl, sizeof x->ctl, out);
+}
+
 static void encode_info(st_xchg_t* x, st_msg_t* m) {
   uint8_t* fp = m->type == ST_MSG_XCHG_REQ ? m->u.xchg_req.fingerprint
                                            : m->u.xchg_reply.fingerprint;
@@ -680,7 +716,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       m.type = ST_MSG_XCHG_REPLY;
       m.u.xchg_reply.status = x->reply_status;
       encode_info(x, &m);
-      encode(&m, x->ctl, sizeof x->ctl, out);
+      encode_reply(x, &m, out);
       break;
     case Q_STREAM:
       if (!next_stream_send(x, out)) {
@@ -701,6 +737,8 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->kind = ST_XACT_DONE;
       out->result = x->result;
       out->peer_model = x->peer_known ? x->peer_model : NULL;
+      out->peer_tensors = x->peer_tensors;
+      out->peer_tensors_len = x->peer_tensors_len;
       break;
   }
   if (is_send)

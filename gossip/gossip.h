@@ -175,6 +175,8 @@ typedef struct {
 } st_msg_tensor_chunk_t;
 
 #define ST_XCHG_MODEL_MAX 96
+/* The most bytes of a tensor list a MISMATCH XCHG_REPLY carries. */
+#define ST_XCHG_TENSORS_MAX (256u * 1024u)
 #define ST_XCHG_CHUNKS_IN_FLIGHT 2
 #define ST_XCHG_HASH_BYTES 32
 
@@ -201,6 +203,12 @@ typedef struct {
   char model[ST_XCHG_MODEL_MAX];
   uint64_t n_params;
   uint64_t step;
+  /* The responder's tensor list (an attached model's canonical text,
+   * attach/attach.h) on MISMATCH, so that the other side can name the first
+   * differing tensor; empty otherwise. Not NUL-terminated; when decoded,
+   * borrowed from the input buffer. At most ST_XCHG_TENSORS_MAX bytes. */
+  const char* tensors;
+  uint32_t tensors_len;
 } st_msg_xchg_reply_t;
 
 typedef struct {
@@ -500,10 +508,13 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  *   XCHG_REQ   [kind u8, fingerprint bin16, model str, n_params u64,
  *               step u64]
  *   XCHG_REPLY [status u8, fingerprint bin16, model str, n_params u64,
- *               step u64]
+ *               step u64, tensors str]
  *   XCHG_DONE  [hash bin32]
  * model is a short description for messages ("mlp:784-256-128-10 f32"),
- * at most ST_XCHG_MODEL_MAX - 1 bytes.
+ * at most ST_XCHG_MODEL_MAX - 1 bytes. tensors is empty except in a
+ * MISMATCH reply from a responder that runs an attached model, where it is
+ * that model's tensor list (st_xchg_local_t.tensors), so that a joiner can
+ * say which tensor differs; a list over ST_XCHG_TENSORS_MAX is not sent.
  */
 
 /* How an exchange ended (ST_XACT_DONE). The failures are the node's
@@ -540,6 +551,10 @@ typedef struct {
   char model[ST_XCHG_MODEL_MAX];
   uint64_t n_params;
   uint64_t step; /* informational in REQ; the donor's step in FETCH */
+  /* The tensor list sent in a MISMATCH reply (NULL or len 0: none);
+   * borrowed, valid for the machine's life. */
+  const char* tensors;
+  size_t tensors_len;
 } st_xchg_local_t;
 
 typedef enum {
@@ -567,8 +582,13 @@ typedef struct {
   uint64_t step;
   uint64_t at_ms;
   st_xchg_result_t result;
-  const char* peer_model; /* DONE: the peer's model description, when known
-                             (borrowed until st_xchg_free) */
+  const char* peer_model;   /* DONE: the peer's model description, when known
+                               (borrowed until st_xchg_free) */
+  const char* peer_tensors; /* DONE(MISMATCH) as initiator: the responder's
+                               tensor list when it sent one, else NULL
+                               (borrowed until st_xchg_free; not checked:
+                               parse it as hostile input) */
+  size_t peer_tensors_len;
 } st_xact_t;
 
 typedef struct st_xchg_s st_xchg_t;

@@ -26,7 +26,10 @@
  * of st_xchg_status_t, and the model description a str of at most
  * ST_XCHG_MODEL_MAX - 1 bytes of printable UTF-8 (st__wire_model_ok), since
  * `starling` prints it in its messages; anything else is a field error,
- * and the encoder refuses it (-EINVAL).
+ * and the encoder refuses it (-EINVAL). A REPLY's tensor list is a str of
+ * at most ST_XCHG_TENSORS_MAX bytes (beyond: LIMIT), borrowed from the
+ * input; its contents are the reader's to check (attach/attach.h parses
+ * it as hostile input).
  *
  * Ring segments (RING_SEG): phase 0 or 1, data whole float32 within
  * ST_WIRE_CHUNK_MAX_BYTES, borrowed from the input like a tensor chunk's;
@@ -96,8 +99,9 @@ static size_t field_count(uint64_t type) {
     case ST_MSG_TENSOR_CHUNK:
       return 4;
     case ST_MSG_XCHG_REQ:
-    case ST_MSG_XCHG_REPLY:
       return 5;
+    case ST_MSG_XCHG_REPLY:
+      return 6;
     case ST_MSG_XCHG_DONE:
       return 1;
     case ST_MSG_RING_SEG:
@@ -297,7 +301,10 @@ static int encode_check(const st_msg_t* msg) {
       break;
     case ST_MSG_XCHG_REPLY:
       if (msg->u.xchg_reply.status > ST_XCHG_STATUS_NOT_READY ||
-          !model_ok(msg->u.xchg_reply.model))
+          !model_ok(msg->u.xchg_reply.model) ||
+          msg->u.xchg_reply.tensors_len > ST_XCHG_TENSORS_MAX ||
+          (msg->u.xchg_reply.tensors == NULL &&
+           msg->u.xchg_reply.tensors_len > 0))
         return -EINVAL;
       break;
     case ST_MSG_RING_SEG:
@@ -429,7 +436,9 @@ static int pack_exchange(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_XCHG_REPLY: {
       const st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
       r |= msgpack_pack_uint8(pk, m->status) |
-           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step);
+           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step) |
+           msgpack_pack_str(pk, m->tensors_len) |
+           msgpack_pack_str_body(pk, m->tensors, m->tensors_len);
       break;
     }
     case ST_MSG_XCHG_DONE:
@@ -823,10 +832,22 @@ static int get_exchange(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_XCHG_REPLY: {
       st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
       if (get_u8(&f[0], &m->status) != 0 ||
-          m->status > ST_XCHG_STATUS_NOT_READY)
+          m->status > ST_XCHG_STATUS_NOT_READY ||
+          get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
+                        &m->step) != 0 ||
+          f[5].type != MSGPACK_OBJECT_STR)
         return -1;
-      return get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
-                           &m->step);
+      if (f[5].via.str.size > ST_XCHG_TENSORS_MAX) {
+        *why = ST_WIRE_DROP_LIMIT;
+        return -1;
+      }
+      /* The last object of the message, borrowed like a chunk's data. */
+      m->tensors_len = f[5].via.str.size;
+      m->tensors = m->tensors_len > 0
+                       ? (const char*) buf + (len - m->tensors_len)
+                       : NULL;
+      assert(m->tensors_len == 0 || f[5].via.str.ptr == m->tensors);
+      return 0;
     }
     case ST_MSG_XCHG_DONE:
       return get_bin(&f[0], msg->u.xchg_done.hash,

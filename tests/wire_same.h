@@ -91,7 +91,9 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
       return x->status == y->status &&
              memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
              strcmp(x->model, y->model) == 0 && x->n_params == y->n_params &&
-             x->step == y->step;
+             x->step == y->step && x->tensors_len == y->tensors_len &&
+             (x->tensors_len == 0 ||
+              memcmp(x->tensors, y->tensors, x->tensors_len) == 0);
     }
     case ST_MSG_XCHG_DONE:
       return memcmp(a->u.xchg_done.hash, b->u.xchg_done.hash,

@@ -162,12 +162,16 @@ static inline void w_bin(w_t* w, const void* p, size_t n) {
   w_raw(w, p, n);
 }
 
-/* A str of n <= 255 bytes (fixstr or str8). */
+/* A str of n bytes in its shortest form (fixstr, str8, str16, str32). */
 static inline void w_str(w_t* w, const void* p, size_t n) {
   if (n <= 31)
     w_byte(w, (uint8_t) (0xa0 | n));
-  else
+  else if (n <= 0xff)
     w_byte(w, 0xd9), w_be(w, n, 1);
+  else if (n <= 0xffff)
+    w_byte(w, 0xda), w_be(w, n, 2);
+  else
+    w_byte(w, 0xdb), w_be(w, n, 4);
   w_raw(w, p, n);
 }
 

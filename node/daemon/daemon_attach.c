@@ -64,69 +64,32 @@ typedef struct st__attach_s {
 
 /* ---- Fingerprint and checkpoint ------------------------------------------ */
 
-void st__attach_fingerprint(const st_attach_model_t* m, uint8_t fp[16],
-                            char* desc, size_t desc_len) {
+/* d->attach_model becomes the node's model: its fingerprint (BLAKE2b-128
+ * of a tag and the canonical tensor list), description and size, and the
+ * canonical text that a MISMATCH reply carries to a peer (local.tensors).
+ * -ENOMEM when the text cannot be built. */
+static int set_local_model(st__daemon_t* d) {
   size_t len = 0;
-  char* canon = st_attach_model_canonical(m, &len);
+  char* canon = st_attach_model_canonical(&d->attach_model, &len);
   static const char tag[] = "starling-attach-v1\n";
   size_t tl = sizeof(tag) - 1;
-  char* text = malloc(tl + len + 1);
-  if (text != NULL) {
-    memcpy(text, tag, tl);
-    if (canon != NULL)
-      memcpy(text + tl, canon, len);
-    st_hash_once(text, tl + (canon != NULL ? len : 0), fp, 16);
-  } else {
-    memset(fp, 0, 16);
+  char* text = canon != NULL ? malloc(tl + len) : NULL;
+  if (text == NULL) {
+    free(canon);
+    return -ENOMEM;
   }
+  memcpy(text, tag, tl);
+  memcpy(text + tl, canon, len);
+  st_hash_once(text, tl + len, d->local.fingerprint, 16);
   free(text);
-  free(canon);
-  st_attach_model_describe(m, desc, desc_len);
-}
-
-/* Rebuilds the tensor list from a checkpoint's "attach_model" metadata:
- * one line per tensor, "name\tF32\td0,d1,...". */
-static int model_from_canonical(const char* text, st_attach_model_t* m,
-                                char* err, size_t err_len) {
-  const char* p = text;
-  while (*p != '\0') {
-    const char* nl = strchr(p, '\n');
-    const char* tab1 = strchr(p, '\t');
-    const char* tab2 = tab1 != NULL ? strchr(tab1 + 1, '\t') : NULL;
-    if (nl == NULL || tab1 == NULL || tab2 == NULL || tab2 > nl) {
-      st_set_err(err, err_len, "its tensor list (attach_model) is malformed");
-      return -EINVAL;
-    }
-    char name[ST_ATTACH_NAME_MAX + 1], dtype[8];
-    size_t nlen = (size_t) (tab1 - p), dlen = (size_t) (tab2 - tab1 - 1);
-    if (nlen > ST_ATTACH_NAME_MAX || dlen >= sizeof(dtype)) {
-      st_set_err(err, err_len, "its tensor list (attach_model) is malformed");
-      return -EINVAL;
-    }
-    memcpy(name, p, nlen);
-    name[nlen] = '\0';
-    memcpy(dtype, tab1 + 1, dlen);
-    dtype[dlen] = '\0';
-    uint64_t shape[ST_ATTACH_MAX_DIMS];
-    int ndim = 0;
-    const char* q = tab2 + 1;
-    while (q < nl) {
-      char* end;
-      unsigned long long v = strtoull(q, &end, 10);
-      if (end == q || ndim == ST_ATTACH_MAX_DIMS ||
-          (*end != ',' && end != nl)) {
-        st_set_err(err, err_len, "the shape of '%s' is malformed", name);
-        return -EINVAL;
-      }
-      shape[ndim++] = v;
-      q = *end == ',' ? end + 1 : end;
-    }
-    int rc = st_attach_model_add(m, name, dtype, ndim, shape, err, err_len);
-    if (rc != 0)
-      return rc;
-    p = nl + 1;
-  }
-  return m->n > 0 ? 0 : -EINVAL;
+  free(d->attach_canon);
+  d->attach_canon = canon;
+  d->local.tensors = canon;
+  d->local.tensors_len = len;
+  st_attach_model_describe(&d->attach_model, d->local.model,
+                           sizeof(d->local.model));
+  d->local.n_params = d->attach_model.n_floats;
+  return 0;
 }
 
 static int load_checkpoint(st__daemon_t* d, char* err, size_t err_len) {
@@ -145,7 +108,8 @@ static int load_checkpoint(st__daemon_t* d, char* err, size_t err_len) {
                "it was not written by an attached node (no attach_model); "
                "it belongs to a node with a built-in model");
   if (rc == 0)
-    rc = model_from_canonical(canon, &d->attach_model, e, sizeof(e));
+    rc = st_attach_model_parse(canon, strlen(canon), &d->attach_model, e,
+                               sizeof(e));
   if (rc == 0 && (d->attach_params =
                       malloc(d->attach_model.n_floats * sizeof(float))) == NULL)
     rc = -ENOMEM;
@@ -176,9 +140,10 @@ int st__attach_setup(st__daemon_t* d, char* err, size_t err_len) {
   int rc = load_checkpoint(d, err, err_len);
   if (rc != 0)
     return rc;
-  st__attach_fingerprint(&d->attach_model, d->local.fingerprint, d->local.model,
-                         sizeof(d->local.model));
-  d->local.n_params = d->attach_model.n_floats;
+  if (set_local_model(d) != 0) {
+    st_set_err(err, err_len, "out of memory for the model's tensor list");
+    return -ENOMEM;
+  }
   d->resumed = true;
   return 0;
 }
@@ -367,9 +332,8 @@ static int adopt_model(st__attach_t* a, st_attach_model_t* m, char* err,
   memcpy(d->attach_params, mine, m->n_floats * sizeof(float));
   d->attach_model = *m;
   memset(m, 0, sizeof(*m));
-  st__attach_fingerprint(&d->attach_model, d->local.fingerprint, d->local.model,
-                         sizeof(d->local.model));
-  d->local.n_params = d->attach_model.n_floats;
+  if (set_local_model(d) != 0)
+    return -ENOMEM;
   a->source = d->n_seeds == 0 ? "its own: the first node" : "the cluster's";
   int rc = st__daemon_start_node(d, err, err_len);
   if (rc != 0)
@@ -566,14 +530,40 @@ void st__attach_takeover(st__daemon_t* d, int fd, bool early_bytes) {
   say_line(own, "ready");
 }
 
-void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs) {
-  st__attach_t* a = d->attach;
-  if (a == NULL || !a->waiting)
+/* ": tensor 3: ... in the program, ... in the cluster" when the peer's
+ * list parses and differs from ours; "" otherwise. */
+static void first_difference(const st__daemon_t* d, const char* text,
+                             size_t len, char* out, size_t out_len) {
+  out[0] = '\0';
+  st_attach_model_t theirs;
+  char diff[600];
+  if (text == NULL || len == 0 ||
+      st_attach_model_parse(text, len, &theirs, NULL, 0) != 0)
     return;
-  refuse(a,
-         "model: the cluster runs %s, the program registered %s: its tensor "
-         "names, shapes or dtypes differ from the cluster's model",
-         theirs, d->local.model);
+  if (st_attach_model_diff(&d->attach_model, "in the program", &theirs,
+                           "in the cluster", diff, sizeof diff))
+    snprintf(out, out_len, ": %s", diff);
+  st_attach_model_free(&theirs);
+}
+
+void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs,
+                                 const char* their_tensors,
+                                 size_t their_tensors_len) {
+  char diff[640];
+  first_difference(d, their_tensors, their_tensors_len, diff, sizeof diff);
+  if (diff[0] == '\0')
+    snprintf(diff, sizeof diff,
+             ": its tensor names, shapes or dtypes differ from the "
+             "cluster's model");
+  st__attach_t* a = d->attach;
+  if (a != NULL && a->waiting)
+    refuse(a, "model: the cluster runs %s, the program registered %s%s", theirs,
+           d->local.model, diff);
+  st__daemon_fatal(d,
+                   "the cluster runs %s but the attached program registered "
+                   "%s%s; attach the cluster's model, or join another "
+                   "cluster",
+                   theirs, d->local.model, diff);
 }
 
 void st__attach_close(st__daemon_t* d) {
@@ -584,6 +574,10 @@ void st__attach_close(st__daemon_t* d) {
 
 void st__attach_free(st__daemon_t* d) {
   st_attach_model_free(&d->attach_model);
+  free(d->attach_canon);
+  d->attach_canon = NULL;
+  d->local.tensors = NULL;
+  d->local.tensors_len = 0;
   free(d->attach_params);
   d->attach_params = NULL;
 }

@@ -256,6 +256,7 @@ struct st__daemon_s {
                                      checkpoint gives it */
   float* attach_params;           /* the starting state, until the host
                                      thread has its copy */
+  char* attach_canon; /* attach_model's canonical text (local.tensors) */
   uint64_t attach_step;
   struct st__attach_s* attach; /* the program's session, or NULL */
   uint64_t attach_refused;     /* attach requests refused (bad input) */
@@ -299,13 +300,15 @@ void st__attach_takeover(st__daemon_t* d, int fd, bool early_bytes);
  * waiting for its attach reply gets it. */
 void st__attach_node_ready(st__daemon_t* d);
 /* The cluster runs another model than the one the first program brought:
- * that program gets the refusal (the node then stops). */
-void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs);
+ * that program gets the refusal, naming the first differing tensor when
+ * the peer sent its tensor list (NULL or 0: it did not), and the node then
+ * stops with the same sentence. */
+void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs,
+                                 const char* their_tensors,
+                                 size_t their_tensors_len);
 /* Shut-down: closes the session's handle. */
 void st__attach_close(st__daemon_t* d);
 void st__attach_free(st__daemon_t* d);
-void st__attach_fingerprint(const st_attach_model_t* m, uint8_t fp[16],
-                            char* desc, size_t desc_len);
 
 /* daemon_state.c */
 /* The data directory's paths (checkpoint, control socket) into d. */

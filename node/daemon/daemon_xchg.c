@@ -32,7 +32,8 @@ static void fill_local(st__daemon_t* d, st_xchg_local_t* l) {
 }
 
 static void finish_counts(st__conn_t* c, st_xchg_result_t r,
-                          const char* peer_model) {
+                          const st_xact_t* done) {
+  const char* peer_model = done->peer_model;
   st__daemon_t* d = c->d;
   char id[33];
   st_node_id_format(&c->peer, id);
@@ -65,12 +66,8 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
   if (r == ST_XCHG_MISMATCH) {
     const char* theirs = peer_model != NULL ? peer_model : "another model";
     if (c->xkind == ST_XCHG_FETCH && c->initiator && d->cfg->attach) {
-      st__attach_cluster_mismatch(d, theirs);
-      st__daemon_fatal(d,
-                       "the cluster runs %s but the attached program "
-                       "registered %s; attach the cluster's model, or join "
-                       "another cluster",
-                       theirs, d->local.model);
+      st__attach_cluster_mismatch(d, theirs, done->peer_tensors,
+                                  done->peer_tensors_len);
     } else if (c->xkind == ST_XCHG_FETCH && c->initiator) {
       st__daemon_fatal(d,
                        "the cluster runs %s but this node was started "
@@ -133,7 +130,7 @@ static void drain(st__conn_t* c) {
         c->deadline_ms = a.at_ms;
         break;
       case ST_XACT_DONE:
-        finish_counts(c, a.result, a.peer_model);
+        finish_counts(c, a.result, &a);
         st__conn_close(c);
         break;
     }
@@ -192,7 +189,8 @@ void st__xchg_on_closed(st__conn_t* c) {
     st_xchg_closed(c->x, st__dnow(d));
     drain(c);
   } else if (c->counted_active) {
-    finish_counts(c, ST_XCHG_FAIL_CLOSED, NULL);
+    st_xact_t none = {.kind = ST_XACT_DONE, .result = ST_XCHG_FAIL_CLOSED};
+    finish_counts(c, ST_XCHG_FAIL_CLOSED, &none);
   }
 }
 

@@ -97,6 +97,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t role = fuzz_byte(&in);
   l.n_params = fuzz_byte(&in) % (MAX_FLOATS + 1);
   l.step = 5;
+  if (role & 4) { /* a MISMATCH reply then carries this list */
+    l.tensors = "w\tF32\t4\n";
+    l.tensors_len = 8;
+  }
   harness_t h;
   memset(&h, 0, sizeof h);
   h.n = l.n_params;
@@ -149,6 +153,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           strcpy(m.u.xchg_reply.model, "peer");
           m.u.xchg_reply.n_params = n;
           m.u.xchg_reply.step = b;
+          if (b & 0x40) {
+            m.u.xchg_reply.tensors = "peer\tF32\t4\n";
+            m.u.xchg_reply.tensors_len = 11;
+          }
         }
         feed(&h, &m);
         break;

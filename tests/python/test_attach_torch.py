@@ -284,8 +284,13 @@ def test_joiner_refuses_a_model_other_than_the_cluster_one(cluster: Cluster) -> 
     _, n1, pa = attach_detach_first(cluster)
     with pytest.raises(starling.ModelMismatch) as e:
         starling.attach(Small(hidden=32), socket=n1.sock, timeout=30 * SLOW)
-    # Both models are named (tensor count, parameters, first tensor).
+    # Both models are named (tensor count, parameters, first tensor), and
+    # the first differing tensor, from the tensor list the donor sent.
     assert "276 params" in str(e.value) and "548 params" in str(e.value), str(e.value)
+    assert (
+        "tensor 0: 'fc1.weight' F32 [32, 8] in the program, "
+        "'fc1.weight' F32 [16, 8] in the cluster" in str(e.value)
+    ), str(e.value)
     # The node's model was fixed by that program: like a node started with
     # the wrong --model, it stops, saying why.
     deadline = time.monotonic() + 20 * SLOW

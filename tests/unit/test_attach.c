@@ -282,6 +282,89 @@ START_TEST(test_model_canonical) {
 }
 END_TEST
 
+/* The canonical text parses back into the same list, and what parses
+ * prints back to the same text. */
+START_TEST(test_model_parse) {
+  st_attach_model_t m, back;
+  small_model(&m);
+  size_t len = 0;
+  char* text = st_attach_model_canonical(&m, &len);
+  ck_assert_int_eq(st_attach_model_parse(text, len, &back, err, sizeof err), 0);
+  ck_assert(!st_attach_model_diff(&m, "a", &back, "b", err, sizeof err));
+  ck_assert_uint_eq(back.n_floats, m.n_floats);
+  ck_assert_uint_eq(back.t[1].offset, 6);
+  size_t len2 = 0;
+  char* again = st_attach_model_canonical(&back, &len2);
+  ck_assert_uint_eq(len2, len);
+  ck_assert_mem_eq(again, text, len);
+  free(again);
+  free(text);
+  st_attach_model_free(&back);
+  st_attach_model_free(&m);
+  /* Eight dimensions of 1..8, the most there are. */
+  const char* deep = "x\tF32\t1,2,3,4,5,6,7,8\n";
+  ck_assert_int_eq(
+      st_attach_model_parse(deep, strlen(deep), &back, err, sizeof err), 0);
+  ck_assert_int_eq(back.t[0].ndim, 8);
+  ck_assert_uint_eq(back.n_floats, 40320);
+  st_attach_model_free(&back);
+}
+END_TEST
+
+/* Lists from another node are hostile: each is refused with a sentence,
+ * and the model is left empty. */
+START_TEST(test_model_parse_rejects) {
+  static const struct {
+    const char* text;
+    size_t len; /* 0: strlen */
+    const char* says;
+  } bad[] = {
+      {"", 0, "empty"},
+      {"w\tF32\t2", 0, "does not end with a newline"},
+      {"w\tF32\n", 0, "line 1"},
+      {"w F32 2\n", 0, "line 1"},
+      {"w\tF32\t2\nw\tF32\t3\n", 0, "already tensor 0"},
+      {"w\tF16\t2\n", 0, "F16"},
+      {"w\tF32\t-1\n", 0, "malformed"},
+      {"w\tF32\t+1\n", 0, "malformed"},
+      {"w\tF32\t 1\n", 0, "malformed"},
+      {"w\tF32\t01\n", 0, "malformed"},
+      {"w\tF32\t1,\n", 0, "malformed"},
+      {"w\tF32\t,1\n", 0, "malformed"},
+      {"w\tF32\t1,,1\n", 0, "malformed"},
+      {"w\tF32\t0\n", 0, "w"},
+      {"w\tF32\t18446744073709551616\n", 0, "malformed"},
+      {"w\tF32\t99999999999999999999\n", 0, "malformed"},
+      {"w\tF32\t4294967296,4294967296\n", 0, "2^34"},
+      {"w\tF32\t1,1,1,1,1,1,1,1,1\n", 0, "malformed"},
+      {"\tF32\t1\n", 0, "name"},
+      {"a\x1b[31m\tF32\t1\n", 0, "control"},
+      {"w\tF32\t1\nv\0\tF32\t1\n", 16, "NUL"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    st_attach_model_t m;
+    size_t len = bad[i].len ? bad[i].len : strlen(bad[i].text);
+    err[0] = '\0';
+    int rc = st_attach_model_parse(bad[i].text, len, &m, err, sizeof err);
+    ck_assert_msg(rc == -EINVAL, "case %zu: rc %d", i, rc);
+    ck_assert_msg(strstr(err, bad[i].says) != NULL, "case %zu: '%s'", i, err);
+    ck_assert_ptr_null(m.t);
+    ck_assert_uint_eq(m.n, 0);
+  }
+  /* A name of ST_ATTACH_NAME_MAX bytes parses; one more does not. */
+  char line[ST_ATTACH_NAME_MAX + 16];
+  for (int over = 0; over < 2; over++) {
+    size_t n = ST_ATTACH_NAME_MAX + (size_t) over;
+    memset(line, 'n', n);
+    memcpy(line + n, "\tF32\t1\n", 7);
+    st_attach_model_t m;
+    int rc = st_attach_model_parse(line, n + 7, &m, err, sizeof err);
+    ck_assert_msg(rc == (over ? -EINVAL : 0), "%s", err);
+    st_attach_model_free(&m);
+  }
+}
+END_TEST
+
 /* ==== The request ========================================================= */
 
 static const char* const kNasty = "say \"hi\" \\ caf\xc3\xa9 \xf0\x9f\x98\x80";
@@ -652,6 +735,8 @@ static Suite* attach_suite(void) {
   tcase_add_test(tc, test_model_diff);
   tcase_add_test(tc, test_model_describe);
   tcase_add_test(tc, test_model_canonical);
+  tcase_add_test(tc, test_model_parse);
+  tcase_add_test(tc, test_model_parse_rejects);
   tcase_add_test(tc, test_request_round_trip);
   tcase_add_test(tc, test_request_hostile);
   tcase_add_test(tc, test_request_counts);

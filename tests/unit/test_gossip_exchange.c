@@ -76,6 +76,8 @@ typedef struct {
   st_xchg_result_t result;
   bool has_peer_model;
   char peer_model[ST_XCHG_MODEL_MAX];
+  char* peer_tensors; /* a copy of DONE's, NUL-terminated, or NULL */
+  size_t peer_tensors_len;
   bool closed_seen; /* the connection closed while we were not done */
   const float* snap;
   size_t snap_n;
@@ -140,6 +142,14 @@ static void drain(side_t* s) {
         if (a.peer_model != NULL) {
           ck_assert_uint_lt(strlen(a.peer_model), ST_XCHG_MODEL_MAX);
           strcpy(s->peer_model, a.peer_model);
+        }
+        ck_assert((a.peer_tensors == NULL) == (a.peer_tensors_len == 0));
+        if (a.peer_tensors != NULL) {
+          s->peer_tensors = malloc(a.peer_tensors_len + 1);
+          ck_assert_ptr_nonnull(s->peer_tensors);
+          memcpy(s->peer_tensors, a.peer_tensors, a.peer_tensors_len);
+          s->peer_tensors[a.peer_tensors_len] = '\0';
+          s->peer_tensors_len = a.peer_tensors_len;
         }
         ck_assert(st_xchg_finished(s->x));
         break;
@@ -237,6 +247,7 @@ static void pump_free(pump_t* p) {
       free(s->out[k].data);
     free(s->out);
     free(s->apply);
+    free(s->peer_tensors);
   }
 }
 
@@ -411,6 +422,12 @@ START_TEST(test_refusals) {
   run_init(&r, t->kind, 0);
   local_init(&r.la, t->fpa, "mlp:784-256-128-10 f32", t->na, 1);
   local_init(&r.lb, t->fpb, "cnn:\xc3\xa9-32 bf16", t->nb, 2);
+  /* Both have tensor lists; only a MISMATCH REPLY carries B's. */
+  static const char la_t[] = "a\tF32\t3\n", lb_t[] = "b.w\tF32\t2,2\n";
+  r.la.tensors = la_t;
+  r.la.tensors_len = strlen(la_t);
+  r.lb.tensors = lb_t;
+  r.lb.tensors_len = strlen(lb_t);
   r.busy = t->busy;
   float* a = rand_vec(t->na + 1, -1, 1);
   r.snap_a = a;
@@ -428,7 +445,12 @@ START_TEST(test_refusals) {
   ck_assert(sa->has_peer_model && sb->has_peer_model);
   ck_assert_str_eq(sa->peer_model, "cnn:\xc3\xa9-32 bf16");
   ck_assert_str_eq(sb->peer_model, "mlp:784-256-128-10 f32");
-  ck_assert(!sb->closed_seen); /* B finished before A closed */
+  if (t->want == ST_XCHG_MISMATCH)
+    ck_assert_str_eq(sa->peer_tensors, lb_t);
+  else
+    ck_assert_ptr_null(sa->peer_tensors);
+  ck_assert_ptr_null(sb->peer_tensors); /* a REQ carries none */
+  ck_assert(!sb->closed_seen);          /* B finished before A closed */
   pump_free(&p);
   free(a);
 }
@@ -740,6 +762,7 @@ static void side_free(side_t* s) {
     free(s->out[k].data);
   free(s->out);
   free(s->apply);
+  free(s->peer_tensors);
 }
 
 /* Without acknowledgements the machine stops at ST_XCHG_CHUNKS_IN_FLIGHT
@@ -1001,6 +1024,30 @@ START_TEST(test_reply_checked) {
 }
 END_TEST
 
+/* A tensor list over ST_XCHG_TENSORS_MAX is not sent: the MISMATCH REPLY
+ * goes out with an empty one (the initiator then names the models only);
+ * at ST_XCHG_TENSORS_MAX it is sent whole. */
+START_TEST(test_mismatch_tensors_bounded) {
+  char* big = malloc(ST_XCHG_TENSORS_MAX + 1);
+  ck_assert_ptr_nonnull(big);
+  memset(big, 'x', ST_XCHG_TENSORS_MAX + 1);
+  for (int over = 0; over < 2; over++) {
+    run_t r;
+    run_init(&r, ST_XCHG_FETCH, 0);
+    local_init(&r.la, 1, "a", 10, 0);
+    local_init(&r.lb, 2, "b", 10, 0);
+    r.lb.tensors = big;
+    r.lb.tensors_len = ST_XCHG_TENSORS_MAX + (size_t) over;
+    pump_t p;
+    pump_start(&p, &r);
+    ck_assert_int_eq(p.s[0].result, ST_XCHG_MISMATCH);
+    ck_assert_uint_eq(p.s[0].peer_tensors_len, over ? 0 : ST_XCHG_TENSORS_MAX);
+    pump_free(&p);
+  }
+  free(big);
+}
+END_TEST
+
 /* ==== Misuse and names ======================================================
  */
 
@@ -1077,6 +1124,7 @@ static Suite* exchange_suite(void) {
   tcase_add_test(bad, test_timeout_mid_transfer);
   tcase_add_test(bad, test_donor_refuses_data);
   tcase_add_test(bad, test_reply_checked);
+  tcase_add_test(bad, test_mismatch_tensors_bounded);
   tcase_add_test(bad, test_misuse);
   tcase_add_test(bad, test_result_names);
   tcase_set_timeout(bad, 120);

@@ -5,8 +5,9 @@
  * decoder's rejections, each checked by its return code and by the counter
  * it bumps: truncation at every length, trailing bytes, field counts,
  * every field with wrong msgpack types and sizes, out-of-range kinds and
- * statuses, model strings too long or not printable UTF-8, and hostile
- * declared lengths.
+ * statuses, model strings too long or not printable UTF-8, a REPLY's
+ * tensor list over ST_XCHG_TENSORS_MAX or not a str, and hostile declared
+ * lengths.
  *
  * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR
@@ -41,6 +42,9 @@ static void rand_model(char* dst, size_t n) {
   dst[n] = '\0';
 }
 
+/* A REPLY's tensor list: any bytes (the wire does not read them). */
+static char rand_tensors[1024];
+
 /* A random valid message of type t whose model is model_len bytes. */
 static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
   memset(m, 0, sizeof *m);
@@ -59,6 +63,12 @@ static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
       rand_model(m->u.xchg_reply.model, model_len);
       m->u.xchg_reply.n_params = tw_rand_bits(&rng, 64);
       m->u.xchg_reply.step = tw_rand_bits(&rng, 64);
+      m->u.xchg_reply.tensors_len =
+          st_rng_below(&rng, 2) == 0
+              ? 0
+              : (uint32_t) st_rng_below(&rng, sizeof rand_tensors + 1);
+      tw_rand_bytes(&rng, (uint8_t*) rand_tensors, sizeof rand_tensors);
+      m->u.xchg_reply.tensors = rand_tensors;
       break;
     default:
       tw_rand_bytes(&rng, m->u.xchg_done.hash, ST_XCHG_HASH_BYTES);
@@ -77,10 +87,14 @@ static const st_msg_type_t types[] = {ST_MSG_XCHG_REQ, ST_MSG_XCHG_REPLY,
                                       ST_MSG_XCHG_DONE};
 #define NTYPES 3
 
-/* Writes [type, 1, kind/status, fingerprint, model, n_params, step]
- * field by field, so that one field at a time can be made wrong. */
+/* Fields of a valid message of type t. */
+#define FIELDS(t) ((t) == ST_MSG_XCHG_REPLY ? 6 : 5)
+
+/* Writes [type, 1, kind/status, fingerprint, model, n_params, step] and,
+ * for a REPLY, an empty tensor list, field by field, so that one field at
+ * a time can be made wrong. */
 typedef struct {
-  int n_fields; /* 5 for a valid REQ/REPLY */
+  int n_fields; /* FIELDS(t) for a valid one */
   int first;    /* kind or status; -1: a str instead */
   int fp_len;   /* bin length of the fingerprint; -1: a str */
   const char* model;
@@ -120,6 +134,10 @@ static void w_info(w_t* w, st_msg_type_t t, const xw_t* x) {
       w_byte(w, 0xff); /* -1 */
     else
       w_uint(w, 7);
+  }
+  if (t == ST_MSG_XCHG_REPLY && f < x->n_fields) {
+    w_str(w, "", 0);
+    f++;
   }
   for (; f < x->n_fields; f++)
     w_uint(w, 0);
@@ -259,7 +277,7 @@ END_TEST
 START_TEST(test_reject_field_count) {
   st_msg_type_t t = types[_i];
   w_t* w = w_new(BUF_CAP);
-  int want = t == ST_MSG_XCHG_DONE ? 1 : 5;
+  int want = t == ST_MSG_XCHG_DONE ? 1 : FIELDS(t);
   for (int n = 0; n <= 7; n++) {
     if (n == want)
       continue;
@@ -287,7 +305,7 @@ START_TEST(test_reject_fields) {
   int min_first = t == ST_MSG_XCHG_REQ ? 1 : 0;
   w_t* w = w_new(BUF_CAP);
   /* The valid one decodes, so each rejection below is its one change. */
-  xw_t ok = {5, min_first, 16, "m", 1, 0, 0};
+  xw_t ok = {FIELDS(t), min_first, 16, "m", 1, 0, 0};
   w_info(w, t, &ok);
   st_msg_t d;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
@@ -393,7 +411,7 @@ START_TEST(test_reject_models) {
       char s[64] = "mlp:4-4 ";
       size_t at = pre ? strlen(s) : 0;
       memcpy(s + at, b->s, b->n);
-      xw_t x = {5, 1, 16, s, at + b->n, 0, 0};
+      xw_t x = {FIELDS(t), 1, 16, s, at + b->n, 0, 0};
       w_info(w, t, &x);
       tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, b->what);
     }
@@ -403,11 +421,11 @@ START_TEST(test_reject_models) {
   memset(longest, 'm', sizeof longest);
   static const size_t lens[] = {ST_XCHG_MODEL_MAX, ST_XCHG_MODEL_MAX + 1, 255};
   for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-    xw_t x = {5, 1, 16, longest, lens[i], 0, 0};
+    xw_t x = {FIELDS(t), 1, 16, longest, lens[i], 0, 0};
     w_info(w, t, &x);
     tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "too long");
   }
-  xw_t x = {5, 1, 16, longest, ST_XCHG_MODEL_MAX - 1, 0, 0};
+  xw_t x = {FIELDS(t), 1, 16, longest, ST_XCHG_MODEL_MAX - 1, 0, 0};
   w_info(w, t, &x);
   st_msg_t d;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
@@ -469,6 +487,55 @@ START_TEST(test_mutations) {
 }
 END_TEST
 
+/* A REPLY's tensor list: up to ST_XCHG_TENSORS_MAX bytes decode (borrowed
+ * from the input); one more is LIMIT, a bin or an integer is FIELD, and the
+ * encoder refuses what the decoder would. */
+START_TEST(test_reply_tensors) {
+  size_t cap = ST_XCHG_TENSORS_MAX + 1024;
+  char* big = malloc(ST_XCHG_TENSORS_MAX + 1);
+  uint8_t* buf = malloc(cap);
+  ck_assert(big != NULL && buf != NULL);
+  memset(big, 'a', ST_XCHG_TENSORS_MAX + 1);
+  st_msg_t m, d;
+  rand_xchg(ST_MSG_XCHG_REPLY, 3, &m);
+  m.u.xchg_reply.tensors = big;
+  m.u.xchg_reply.tensors_len = ST_XCHG_TENSORS_MAX;
+  size_t len = 0;
+  ck_assert_int_eq(st_wire_encode(&m, buf, cap, &len), 0);
+  ck_assert_int_eq(st_wire_decode(buf, len, &d, NULL), 0);
+  ck_assert_uint_eq(d.u.xchg_reply.tensors_len, ST_XCHG_TENSORS_MAX);
+  ck_assert_ptr_eq(d.u.xchg_reply.tensors,
+                   (const char*) buf + len - ST_XCHG_TENSORS_MAX);
+  m.u.xchg_reply.tensors_len = ST_XCHG_TENSORS_MAX + 1;
+  ck_assert_int_eq(st_wire_encode(&m, buf, cap, &len), -EINVAL);
+  m.u.xchg_reply.tensors = NULL;
+  m.u.xchg_reply.tensors_len = 1;
+  ck_assert_int_eq(st_wire_encode(&m, buf, cap, &len), -EINVAL);
+
+  w_t* w = w_new(cap);
+  xw_t x = {5, 2, 16, "m", 1, 0, 0}; /* the tensor list written below */
+  w_info(w, ST_MSG_XCHG_REPLY, &x);
+  w->b[0] = 0x98; /* 8 elements */
+  size_t head = w->n;
+  w_str(w, big, ST_XCHG_TENSORS_MAX + 1);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "tensors too long");
+  w->n = head;
+  w_bin(w, big, 10);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "tensors as bin");
+  w->n = head;
+  w_uint(w, 7);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "tensors as int");
+  w->n = head;
+  w_str(w, "x\tF32\t1\n", 8);
+  ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
+  ck_assert_uint_eq(d.u.xchg_reply.tensors_len, 8);
+  ck_assert_mem_eq(d.u.xchg_reply.tensors, "x\tF32\t1\n", 8);
+  w_free(w);
+  free(buf);
+  free(big);
+}
+END_TEST
+
 /* ==== The fuzz seeds ========================================================
  */
 
@@ -484,9 +551,12 @@ static void seed_msg(int i, st_msg_t* m) {
     strcpy(m->u.xchg_req.model, "mlp:784-256-128-10 f32");
     m->u.xchg_req.n_params = 235146;
   } else if (types[i] == ST_MSG_XCHG_REPLY) {
+    static const char tensors[] = "fc.weight\tF32\t10,784\nfc.bias\tF32\t10\n";
     m->u.xchg_reply.status = ST_XCHG_STATUS_MISMATCH;
-    strcpy(m->u.xchg_reply.model, "mlp:784-512-10 f32");
-    m->u.xchg_reply.n_params = 407050;
+    strcpy(m->u.xchg_reply.model, "attached:2 tensors,7850 params,fc.weight");
+    m->u.xchg_reply.n_params = 7850;
+    m->u.xchg_reply.tensors = tensors;
+    m->u.xchg_reply.tensors_len = sizeof tensors - 1;
   }
 }
 
@@ -539,6 +609,7 @@ static Suite* wire_xchg_suite(void) {
   tcase_add_test(td, test_reject_done_hash);
   tcase_add_loop_test(td, test_reject_models, 0, 2);
   tcase_add_test(td, test_reject_hostile_lengths);
+  tcase_add_test(td, test_reply_tensors);
   tcase_add_test(td, test_mutations);
   tcase_add_test(td, test_regress_empty_strings);
   suite_add_tcase(s, td);
