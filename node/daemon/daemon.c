@@ -628,6 +628,7 @@ static void cleanup(st__daemon_t* d) {
     st_allowlist_free(d->allow);
   st_keyring_wipe(&d->keys);
   st_identity_wipe(&d->ident);
+  st__state_release(d); /* the last write (the checkpoint) is done */
 }
 
 /* Process-wide settings a node needs before anything starts. */
@@ -752,6 +753,7 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   if (d == NULL)
     return -ENOMEM;
   d->cfg = cfg;
+  d->lock_fd = -1;
   d->started_ms = st__dnow(d);
   prepare_process(d);
   st_xchg_config_default(&d->xcfg);

@@ -10,9 +10,12 @@
  * The data directory holds what survives a restart: the node's identity
  * (identity.key, made on first start unless --identity names one), its
  * boot epoch (boot_epoch, raised on every start so that its incarnation
- * outranks its previous life), the latest checkpoint
- * (checkpoint.safetensors, the format `starling train` writes) and, by
- * default, the control socket (control.sock).
+ * outranks its previous life, and bound to the identity), the latest
+ * checkpoint (checkpoint.safetensors, the format `starling train` writes)
+ * and, by default, the control socket (control.sock). A node holds the
+ * directory's lock (lock, with its PID) for its whole life: a second node
+ * on the same directory is refused. Every file is mode 0600, and the
+ * directory, when the node makes it, 0700.
  */
 #ifndef STARLING_NODE_DAEMON_H
 #define STARLING_NODE_DAEMON_H

@@ -28,13 +28,25 @@
  *
  * Every connection has a deadline (the sweep timer closes it when it
  * passes) and the number of connections is capped, so a peer that opens
- * connections and says nothing cannot pin memory.
+ * connections and says nothing cannot pin memory. A closing connection
+ * whose peer does not read its last frames is aborted after
+ * ST__CLOSE_DEADLINE_MS, and the kernel ends one whose writes go
+ * unacknowledged for ST__TCP_USER_TIMEOUT_MS.
+ *
+ * Admission: an accepted connection is "pre-auth" until its handshake is
+ * done, since until then anyone can hold it. Pre-auth connections are
+ * limited per source address and in all, the oldest is evicted for a
+ * newcomer when their share is full, and their deadline is shortened
+ * under pressure (the limits and their reasons: daemon_internal.h).
  */
 #include "node/daemon/daemon_internal.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 enum { P_CONNECTING = 0, P_HANDSHAKE, P_HEADER, P_OPEN };
 
@@ -70,8 +82,22 @@ static void conn_abort(st__conn_t* c);
 static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
 static void alloc_cb(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
 
+/* The connection no longer counts as pre-auth: authenticated, or
+ * closing. */
+static void preauth_end(st__conn_t* c) {
+  if (c->preauth) {
+    c->preauth = false;
+    c->d->n_preauth--;
+  }
+}
+
 static void conn_free(st__conn_t* c) {
   st__daemon_t* d = c->d;
+  preauth_end(c);
+  if (c->released)
+    d->n_released--;
+  if (c->serving_fetch)
+    d->fetch_serving--;
   for (st__conn_t** p = &d->conns; *p != NULL; p = &(*p)->next) {
     if (*p == c) {
       *p = c->next;
@@ -128,13 +154,17 @@ static void conn_abort(st__conn_t* c) {
   if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
     return;
   c->closing = true;
+  preauth_end(c);
   notify_closed(c); /* its owner may close it itself */
   if (!uv_is_closing((uv_handle_t*) &c->tcp))
     uv_close((uv_handle_t*) &c->tcp, close_cb);
 }
 
 void st__conn_close(st__conn_t* c) {
+  if (!c->closing)
+    c->close_deadline_ms = st__dnow(c->d) + ST__CLOSE_DEADLINE_MS;
   c->closing = true;
+  preauth_end(c);
   if (c->frames_out_pending == 0 && !uv_is_closing((uv_handle_t*) &c->tcp))
     uv_close((uv_handle_t*) &c->tcp, close_cb);
 }
@@ -418,6 +448,14 @@ static int session_up(st__conn_t* c) {
   c->peer = c->sf.peer;
   st__net_heard(c->d, &c->peer);
   c->phase = P_HEADER;
+  if (c->preauth) {
+    /* A member now: a deadline shortened under pressure still leaves it
+     * time for its first message. */
+    preauth_end(c);
+    uint64_t least = st__dnow(c->d) + ST__PREAUTH_SHORT_DEADLINE_MS;
+    if (c->deadline_ms < least)
+      c->deadline_ms = least;
+  }
   if (c->initiator && c->ops != NULL && c->ops->on_open != NULL)
     return c->ops->on_open(c);
   return 0;
@@ -568,7 +606,7 @@ static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
 
 static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
                             const st_node_id_t* expected) {
-  if (d->n_conns >= ST__MAX_CONNS) {
+  if (d->n_conns - d->n_released >= ST__MAX_CONNS) {
     d->c.conns_refused++;
     return NULL;
   }
@@ -592,6 +630,19 @@ static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
   return c;
 }
 
+/* Node-to-node sockets: the kernel ends a connection whose writes go
+ * unacknowledged, or meet a closed window, for ST__TCP_USER_TIMEOUT_MS. */
+static void set_user_timeout(st__conn_t* c) {
+#ifdef TCP_USER_TIMEOUT
+  uv_os_fd_t fd;
+  unsigned int ms = ST__TCP_USER_TIMEOUT_MS;
+  if (uv_fileno((uv_handle_t*) &c->tcp, &fd) == 0)
+    (void) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+#else
+  (void) c;
+#endif
+}
+
 static void connect_cb(uv_connect_t* req, int status) {
   st__conn_t* c = req->data;
   free(req);
@@ -603,6 +654,7 @@ static void connect_cb(uv_connect_t* req, int status) {
     return;
   }
   c->phase = P_HANDSHAKE;
+  set_user_timeout(c);
   if (c->sf.phase == ST_SESSION_FAILED || flush_session(c) != 0 ||
       uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb) != 0) {
     conn_abort(c);
@@ -638,21 +690,95 @@ st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
   return c;
 }
 
+/* ---- Admission ----------------------------------------------------------
+ */
+
+/* How many leading bytes of an address name its source: an IPv4 address
+ * (also mapped into IPv6), or an IPv6 /64, which is what one subscriber
+ * or host is given. */
+static size_t source_bytes(const st_wire_addr_t* a) {
+  static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0,    0,
+                                        0, 0, 0, 0, 0xff, 0xff};
+  if (a->ip_len == 16 && memcmp(a->ip, v4_mapped, sizeof(v4_mapped)) != 0)
+    return 8;
+  return a->ip_len;
+}
+
+/* The live pre-auth connections from a's source. */
+static size_t preauth_from(const st__daemon_t* d, const st_wire_addr_t* a) {
+  size_t n = 0, len = source_bytes(a);
+  for (const st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (c->preauth && c->peer_addr.ip_len == a->ip_len &&
+        memcmp(c->peer_addr.ip, a->ip, len) == 0)
+      n++;
+  return n;
+}
+
+/* Closes a pre-auth connection that admission refuses or evicts. It no
+ * longer counts against the table: no pool job or trainer request holds
+ * it, so it is freed when its close callback runs, at the end of this
+ * loop iteration. */
+static void release(st__conn_t* c) {
+  if (!c->released) {
+    c->released = true;
+    c->d->n_released++;
+  }
+  conn_abort(c);
+}
+
+/* Evicts the oldest live pre-auth connection (ids grow with age); false
+ * when there is none. */
+static bool evict_oldest(st__daemon_t* d) {
+  st__conn_t* old = NULL;
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (c->preauth && (old == NULL || c->id < old->id))
+      old = c;
+  if (old == NULL)
+    return false;
+  d->c.conns_evicted++;
+  release(old);
+  return true;
+}
+
+/* Admits an accepted connection whose address is known, as pre-auth;
+ * false when it is refused (and closed). */
+static bool admit(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if (preauth_from(d, &c->peer_addr) >= ST__PREAUTH_PER_ADDR) {
+    d->c.conns_per_addr++;
+    release(c);
+    return false;
+  }
+  if (d->n_preauth >= ST__PREAUTH_MAX)
+    evict_oldest(d);
+  if (d->n_preauth >= ST__PREAUTH_PRESSURE)
+    c->deadline_ms = st__dnow(d) + ST__PREAUTH_SHORT_DEADLINE_MS;
+  c->preauth = true;
+  d->n_preauth++;
+  return true;
+}
+
+/* Accepts and closes at once, so that the backlog does not fill. */
+static void accept_and_drop(st__daemon_t* d, uv_stream_t* server) {
+  uv_tcp_t* t = malloc(sizeof(*t));
+  if (t == NULL)
+    return;
+  uv_tcp_init(&d->loop, t);
+  (void) uv_accept(server, (uv_stream_t*) t);
+  uv_close((uv_handle_t*) t, (uv_close_cb) free);
+}
+
 static void accept_cb(uv_stream_t* server, int status) {
   st__daemon_t* d = server->data;
   if (status != 0)
     return;
+  /* A full table makes room at the expense of the oldest pre-auth one:
+   * authenticated connections and our own dials keep theirs. */
+  if (d->n_conns - d->n_released >= ST__MAX_CONNS)
+    evict_oldest(d);
   st__conn_t* c = conn_new(d, false, NULL);
   if (c == NULL) {
-    /* Accept and drop, so the backlog does not fill. */
-    uv_tcp_t* t = malloc(sizeof(*t));
-    if (t != NULL) {
-      uv_tcp_init(&d->loop, t);
-      if (uv_accept(server, (uv_stream_t*) t) == 0)
-        uv_close((uv_handle_t*) t, (uv_close_cb) free);
-      else
-        uv_close((uv_handle_t*) t, (uv_close_cb) free);
-    }
+    accept_and_drop(d, server);
     return;
   }
   if (uv_accept(server, (uv_stream_t*) &c->tcp) != 0) {
@@ -663,6 +789,9 @@ static void accept_cb(uv_stream_t* server, int status) {
   int len = sizeof(ss);
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr*) &ss, &len) == 0)
     st__addr_from_sockaddr((struct sockaddr*) &ss, &c->peer_addr);
+  if (!admit(c))
+    return;
+  set_user_timeout(c);
   c->phase = P_HANDSHAKE;
   if (uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb) != 0)
     conn_abort(c);
@@ -706,10 +835,22 @@ void st__conn_sweep(st__daemon_t* d) {
     next = c->next;
     if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
       continue;
+    if (c->closing) {
+      /* Its last frames wait for a peer that does not read them (its
+       * purpose's own timeout no longer applies: it is done). */
+      if (now >= c->close_deadline_ms) {
+        d->c.conns_close_timeout++;
+        conn_abort(c);
+      }
+      continue;
+    }
     if (c->ops != NULL && c->ops->owns_deadline != NULL &&
         c->ops->owns_deadline(c))
       continue;
-    if (now >= c->deadline_ms)
+    if (now >= c->deadline_ms) {
+      if (c->preauth)
+        d->c.conns_hs_timeout++;
       conn_abort(c);
+    }
   }
 }

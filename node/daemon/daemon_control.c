@@ -6,7 +6,14 @@
  * table for people, or one JSON document) and closes the connection. The
  * socket is created with mode 0600 in the data directory (only the user
  * that runs the node may control it); a stale socket left by a crashed
- * node is replaced, a live one is refused.
+ * node is replaced, a live one is refused (a second node on the same data
+ * directory never gets here: daemon_state.c's lock refuses it first).
+ *
+ * Limits: at most CTL_MAX_CLIENTS clients at a time, CTL_REQUEST_DEADLINE_MS
+ * for a client to send its line and CTL_ANSWER_DEADLINE_MS to take its
+ * answer; each closure is counted (control_* under "rejected" in status
+ * --json). A connection that says "attach" leaves this table when the
+ * session takes it over (daemon_attach.c has its own limits).
  */
 #include "node/daemon/daemon_internal.h"
 #include "base/base.h"
@@ -24,9 +31,30 @@
 
 #define REQUEST_MAX 128
 
-typedef struct {
+/* A client sends one short line and gets one document, so a few at a time
+ * suffice; the cap bounds what idle connections (a stuck script, a runaway
+ * local process of the same user) can hold. When every slot is taken the
+ * oldest client that has not sent its whole request is closed for the
+ * newcomer: `starling status` sends its line as soon as it connects and is
+ * answered in the same turn of the loop, so it gets in however many idle
+ * connections there are. Only when every slot holds an answered client
+ * whose document is still being written is a newcomer closed at once. */
+#define CTL_MAX_CLIENTS 32
+/* The CLI sends its line right after connecting: 5 s is generous for a
+ * live client and short for a connection that never speaks. */
+#define CTL_REQUEST_DEADLINE_MS 5000u
+/* An answered client that does not take its document (a peers table of
+ * many members can exceed the socket buffer) gives its slot back. */
+#define CTL_ANSWER_DEADLINE_MS 30000u
+#define CTL_SWEEP_MS 500u
+
+typedef struct st__ctl_client_s {
   uv_pipe_t pipe;
   st__daemon_t* d;
+  struct st__ctl_client_s* prev; /* d->ctl_head .. ctl_tail, oldest first */
+  struct st__ctl_client_s* next;
+  bool listed;
+  uint64_t deadline_ms; /* for the request, then for the answer */
   char req[REQUEST_MAX];
   size_t len;
   bool answered;
@@ -232,6 +260,14 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "packet_unbound", d->c.udp_unbound);
   kv_u64(b, &f2, "handshake_wrong_peer", d->c.peer_mismatch);
   kv_u64(b, &f2, "connections_over_limit", d->c.conns_refused);
+  kv_u64(b, &f2, "connections_per_address", d->c.conns_per_addr);
+  kv_u64(b, &f2, "connections_evicted", d->c.conns_evicted);
+  kv_u64(b, &f2, "connections_handshake_timeout", d->c.conns_hs_timeout);
+  kv_u64(b, &f2, "connections_close_timeout", d->c.conns_close_timeout);
+  kv_u64(b, &f2, "fetches_over_limit", d->c.fetches_refused);
+  kv_u64(b, &f2, "control_evicted", d->ctl_evicted);
+  kv_u64(b, &f2, "control_timed_out", d->ctl_timed_out);
+  kv_u64(b, &f2, "control_over_limit", d->ctl_refused);
 }
 
 static void status_json(st__daemon_t* d, st_json_buf_t* b) {
@@ -243,7 +279,11 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
   kv_u64(b, &first, "packets_in", d->c.packets_in);
   kv_u64(b, &first, "packets_out", d->c.packets_out);
+  kv_u64(b, &first, "connections", d->n_conns);
+  kv_u64(b, &first, "connections_preauth", d->n_preauth);
+  kv_u64(b, &first, "fetches_serving", (uint64_t) d->fetch_serving);
   kv_num(b, &first, "uptime_s", (double) (st__dnow(d) - d->started_ms) / 1e3);
+  kv_u64(b, &first, "control_clients", d->ctl_n);
   status_json_rejected(d, b, &first);
   st_json_buf_puts(b, "}}\n");
 }
@@ -305,7 +345,7 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
   else
     st_json_buf_puts(b,
                      "ID            ADDRESS                STATE    "
-                     "   STEP    LOSS     ACC  SAMPLES/S  HEARD\n");
+                     "   STEP    LOSS     ACC  SAMPLES/S  HEARD  CLIPPED\n");
   for (size_t i = 0; i < n; i++) {
     const st_member_t* mb = st_membership_at(d->m, i);
     if (mb == NULL)
@@ -350,7 +390,7 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
       st_json_buf_puts(b, in_ring ? "true" : "false");
       st_json_buf_puts(b, "}");
     } else {
-      char line[256], heard_s[32];
+      char line[320], heard_s[32];
       if (heard < 0)
         snprintf(heard_s, sizeof(heard_s), "-");
       else
@@ -365,8 +405,45 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
   st_json_buf_puts(b, json ? "]\n" : "(* this node)\n");
 }
 
+/* ---- Clients ------------------------------------------------------------- */
+
 static void client_close_cb(uv_handle_t* h) {
   free(h->data);
+}
+
+static void list_add(st__daemon_t* d, client_t* cl) {
+  cl->prev = d->ctl_tail;
+  cl->next = NULL;
+  if (d->ctl_tail != NULL)
+    d->ctl_tail->next = cl;
+  else
+    d->ctl_head = cl;
+  d->ctl_tail = cl;
+  cl->listed = true;
+  d->ctl_n++;
+}
+
+static void list_remove(st__daemon_t* d, client_t* cl) {
+  if (!cl->listed)
+    return;
+  if (cl->prev != NULL)
+    cl->prev->next = cl->next;
+  else
+    d->ctl_head = cl->next;
+  if (cl->next != NULL)
+    cl->next->prev = cl->prev;
+  else
+    d->ctl_tail = cl->prev;
+  cl->listed = false;
+  d->ctl_n--;
+}
+
+/* Leaves the table at once (its slot is free) and closes the handle; the
+ * memory goes in the close callback, after any write callback. */
+static void client_close(client_t* cl) {
+  list_remove(cl->d, cl);
+  if (!uv_is_closing((uv_handle_t*) &cl->pipe))
+    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
 }
 
 static void cwrite_cb(uv_write_t* req, int status) {
@@ -375,16 +452,16 @@ static void cwrite_cb(uv_write_t* req, int status) {
   client_t* cl = w->cl;
   st_json_buf_free(&w->buf);
   free(w);
-  if (!uv_is_closing((uv_handle_t*) &cl->pipe))
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+  client_close(cl);
 }
 
 static void answer(client_t* cl) {
   st__daemon_t* d = cl->d;
   cl->answered = true;
+  cl->deadline_ms = st__dnow(d) + CTL_ANSWER_DEADLINE_MS;
   cwrite_t* w = calloc(1, sizeof(*w));
   if (w == NULL) {
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    client_close(cl);
     return;
   }
   w->cl = cl;
@@ -404,7 +481,7 @@ static void answer(client_t* cl) {
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
       st__attach_takeover(d, fd, more);
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    client_close(cl);
     return;
   }
   if (strncmp(cl->req, "status", 6) == 0) {
@@ -427,14 +504,14 @@ static void answer(client_t* cl) {
   if (w->buf.failed) {
     st_json_buf_free(&w->buf);
     free(w);
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    client_close(cl);
     return;
   }
   uv_buf_t b = uv_buf_init(w->buf.p, (unsigned) w->buf.len);
   if (uv_write(&w->req, (uv_stream_t*) &cl->pipe, &b, 1, cwrite_cb) != 0) {
     st_json_buf_free(&w->buf);
     free(w);
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+    client_close(cl);
   }
   if (leave)
     st__daemon_leave(d, "asked by `starling leave`");
@@ -455,13 +532,26 @@ static void client_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
     if (cl->len > 0)
       answer(cl);
     else
-      uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+      client_close(cl);
     return;
   }
   cl->len += (size_t) nread;
   cl->req[cl->len] = '\0';
   if (memchr(cl->req, '\n', cl->len) != NULL || cl->len >= REQUEST_MAX - 1)
     answer(cl);
+}
+
+/* Frees a slot by closing the oldest client that has not sent its whole
+ * request. false when every client has been answered. */
+static bool evict_idle(st__daemon_t* d) {
+  for (client_t* cl = d->ctl_head; cl != NULL; cl = cl->next) {
+    if (!cl->answered) {
+      d->ctl_evicted++;
+      client_close(cl);
+      return true;
+    }
+  }
+  return false;
 }
 
 static void on_connection(uv_stream_t* server, int status) {
@@ -474,9 +564,34 @@ static void on_connection(uv_stream_t* server, int status) {
   cl->d = d;
   uv_pipe_init(&d->loop, &cl->pipe, 0);
   cl->pipe.data = cl;
-  if (uv_accept(server, (uv_stream_t*) &cl->pipe) != 0 ||
-      uv_read_start((uv_stream_t*) &cl->pipe, client_alloc, client_read) != 0) {
-    uv_close((uv_handle_t*) &cl->pipe, client_close_cb);
+  /* Accepted even when it is to be closed: libuv stops listening until
+   * the pending connection is taken. */
+  if (uv_accept(server, (uv_stream_t*) &cl->pipe) != 0) {
+    client_close(cl);
+    return;
+  }
+  if (d->ctl_n >= CTL_MAX_CLIENTS && !evict_idle(d)) {
+    d->ctl_refused++;
+    client_close(cl);
+    return;
+  }
+  list_add(d, cl);
+  cl->deadline_ms = st__dnow(d) + CTL_REQUEST_DEADLINE_MS;
+  if (uv_read_start((uv_stream_t*) &cl->pipe, client_alloc, client_read) != 0)
+    client_close(cl);
+}
+
+/* Closes the clients past their deadline: the request's, or the answer's. */
+static void sweep_cb(uv_timer_t* t) {
+  st__daemon_t* d = t->data;
+  uint64_t now = st__dnow(d);
+  client_t* next;
+  for (client_t* cl = d->ctl_head; cl != NULL; cl = next) {
+    next = cl->next;
+    if (now >= cl->deadline_ms) {
+      d->ctl_timed_out++;
+      client_close(cl);
+    }
   }
 }
 
@@ -537,10 +652,23 @@ int st__control_start(st__daemon_t* d, char* err, size_t err_len) {
     return rc;
   }
   d->control_open = true;
+  uv_timer_init(&d->loop, &d->ctl_timer);
+  d->ctl_timer.data = d;
+  uv_timer_start(&d->ctl_timer, sweep_cb, CTL_SWEEP_MS, CTL_SWEEP_MS);
+  d->ctl_timer_open = true;
   return 0;
 }
 
+/* Closes the socket, its timer and every client still connected (an idle
+ * one would otherwise keep the loop, and the node, from ending). */
 void st__control_close(st__daemon_t* d) {
+  if (d->ctl_timer_open) {
+    d->ctl_timer_open = false;
+    if (!uv_is_closing((uv_handle_t*) &d->ctl_timer))
+      uv_close((uv_handle_t*) &d->ctl_timer, NULL);
+  }
+  while (d->ctl_head != NULL)
+    client_close(d->ctl_head);
   if (!d->control_open)
     return;
   d->control_open = false;

@@ -90,6 +90,14 @@ struct st__conn_s {
   int tt_pending; /* trainer requests that still borrow this conn */
   uint64_t deadline_ms;
   uint64_t started_us; /* dial or accept */
+  /* Closing (st__conn_close): aborted when this passes. */
+  uint64_t close_deadline_ms;
+  /* An accepted connection whose handshake is not done: the peer has
+   * proved nothing (daemon_conn.c, "Admission"). released: refused or
+   * evicted as such, closing, and no longer counted against the table. */
+  bool preauth, released;
+  /* A FETCH we answer: one of d->fetch_serving. */
+  bool serving_fetch;
   st_wire_addr_t peer_addr;
   st_node_id_t peer;
   st_session_framer_t sf; /* the handshake's framing; writes tx and rx */
@@ -153,6 +161,14 @@ typedef struct {
   uint64_t udp_send_fail; /* sends the kernel refused */
   uint64_t conns_refused; /* connections closed for a limit */
   uint64_t peer_mismatch; /* handshake peer is not the node dialled */
+  /* Admission (daemon_conn.c): accepted and closed because the address
+   * held ST__PREAUTH_PER_ADDR pre-auth connections; pre-auth closed to
+   * make room for a newer one; pre-auth closed at its deadline. */
+  uint64_t conns_per_addr, conns_evicted, conns_hs_timeout;
+  /* Closing, not drained within ST__CLOSE_DEADLINE_MS: aborted. */
+  uint64_t conns_close_timeout;
+  /* FETCHes that came while ST__FETCH_SERVE_MAX were served (busy). */
+  uint64_t fetches_refused;
 } st__dcounters_t;
 
 /* When this node last heard from each member (authenticated traffic). */
@@ -165,6 +181,39 @@ typedef struct {
 
 #define ST__HEARD_SLOTS 1024
 #define ST__MAX_CONNS 256
+/* Admission (daemon_conn.c). An outsider can open connections that never
+ * finish a handshake; these limits keep a flood of them from locking out
+ * members. Pre-auth connections (accepted, handshake not done) take at
+ * most half the table, so that authenticated connections and our own
+ * dials always have the other half; when that half is full the oldest
+ * pre-auth one is evicted for the newcomer, so that a member that retries
+ * gets in (its handshake takes one round trip, an idle flood's never
+ * ends). One address (an IPv6 /64) holds at most 16: a member's burst is a
+ * ring round's lanes (up to ST_RING_MAX_LANES = 8) plus a push-pull and an
+ * exchange, and loopback tests run several members on one address. Past a
+ * quarter of the table in pre-auth, a new one has 1 s instead of 5 for its
+ * handshake (a loopback handshake takes under a millisecond, one across
+ * the world a few hundred). */
+#define ST__PREAUTH_MAX (ST__MAX_CONNS / 2)
+#define ST__PREAUTH_PER_ADDR 16u
+#define ST__PREAUTH_PRESSURE (ST__MAX_CONNS / 4)
+#define ST__PREAUTH_SHORT_DEADLINE_MS 1000u
+/* A closing connection whose last frames a peer does not read is aborted
+ * after this: what is left to write at close is an exchange's last chunk
+ * and XCHG_DONE, a push-pull reply or a ring's last segments, each at most
+ * ST_XCHG_CHUNKS_IN_FLIGHT MiB or so, which 5 s drain at 400 KB/s. */
+#define ST__CLOSE_DEADLINE_MS 5000u
+/* TCP_USER_TIMEOUT on node-to-node sockets: data unacknowledged, or a
+ * zero window, for this long ends the connection in the kernel (Linux
+ * acts at its next retransmission or window probe, so within about
+ * 13 s). Every connection also has an application deadline; this one
+ * catches a reader that stops while we write. */
+#define ST__TCP_USER_TIMEOUT_MS 10000u
+/* State transfers this node serves at once as donor; each holds a copy of
+ * the parameters until it ends (the exchange's 30 s timeout, then
+ * ST__CLOSE_DEADLINE_MS at most). More answer BUSY and the joiner tries
+ * another member at its next sync tick. */
+#define ST__FETCH_SERVE_MAX 2
 
 struct st__daemon_s {
   const st_daemon_config_t* cfg;
@@ -179,6 +228,8 @@ struct st__daemon_s {
   bool control_open;
 
   char data_dir[512];
+  int lock_fd; /* DATA_DIR/lock, held (flock) for the node's life; -1: not
+                  taken */
   char control_path[600];
   char checkpoint_path[600];
   st_identity_t ident;
@@ -224,6 +275,10 @@ struct st__daemon_s {
   uint64_t next_conn_id;
   st__conn_t* conns;
   size_t n_conns;
+  /* Conns with preauth set; with released set (not yet freed); FETCH
+   * responders holding a slot (serving_fetch). */
+  size_t n_preauth, n_released;
+  int fetch_serving;
 
   /* The ring all-reduce (daemon_ring.c). */
   st_ring_form_t* rf; /* NULL: rings off (--ring-every 0) */
@@ -268,6 +323,16 @@ struct st__daemon_s {
   uint64_t started_ms;
   int exit_code; /* set by a fatal condition (model mismatch) */
   char fatal[512];
+  /* The control socket's clients (daemon_control.c), oldest first, and
+   * what their limits did. */
+  struct st__ctl_client_s* ctl_head;
+  struct st__ctl_client_s* ctl_tail;
+  size_t ctl_n;
+  uv_timer_t ctl_timer; /* the request deadline's sweep */
+  bool ctl_timer_open;
+  uint64_t ctl_evicted;   /* idle clients closed to make room */
+  uint64_t ctl_timed_out; /* clients closed at their deadline */
+  uint64_t ctl_refused;   /* closed at once: every slot was answering */
 };
 
 uint64_t st__dnow(const st__daemon_t* d);
@@ -316,6 +381,19 @@ void st__state_paths(st__daemon_t* d);
 /* Makes the data directory, refuses one a running node uses, loads or
  * makes the identity and raises the boot epoch. */
 int st__state_prepare(st__daemon_t* d, char* err, size_t err_len);
+/* st__state_prepare's refusal is the directory's lock (DATA_DIR/lock, with
+ * the holder's PID), taken before anything is written there; it also
+ * removes the temporary files an interrupted write left. d->lock_fd must
+ * be -1 before. This lets go of the lock (at exit, after the last write). */
+void st__state_release(st__daemon_t* d);
+/* Seconds from the Unix epoch to 2024-01-01T00:00:00Z, where the clock's
+ * part of a boot epoch starts: 32 bits last until 2160. */
+#define ST__BOOT_EPOCH_ORIGIN_S 1704067200
+/* The boot epoch after prev (0: none known) at Unix time unix_now_s:
+ * max(prev + 1, seconds since ST__BOOT_EPOCH_ORIGIN_S), so that an epoch
+ * file lost or restored from a backup still moves forward. -EOVERFLOW
+ * when prev leaves no larger 32-bit epoch. */
+int st__boot_epoch_next(uint64_t prev, int64_t unix_now_s, uint32_t* next);
 void st__model_fingerprint(const st_model_spec_t* spec, uint8_t fp[16],
                            char* desc, size_t desc_len);
 int st__addr_parse(const char* text, struct sockaddr_storage* ss,
@@ -330,6 +408,11 @@ int st__net_start(st__daemon_t* d, char* err, size_t err_len);
 void st__net_drain(st__daemon_t* d);
 void st__net_heard(st__daemon_t* d, const st_node_id_t* id);
 uint64_t st__net_last_heard(const st__daemon_t* d, const st_node_id_t* id);
+/* The member's slot (made when new), or NULL when the table is full. */
+st__heard_t* st__net_heard_slot(st__daemon_t* d, const st_node_id_t* id);
+/* The member's slot when it has one, else NULL. */
+const st__heard_t* st__net_heard_find(const st__daemon_t* d,
+                                      const st_node_id_t* id);
 
 /* daemon_conn.c */
 int st__conn_listen(st__daemon_t* d, char* err, size_t err_len);

@@ -172,6 +172,18 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
         c->counted_active = true;
       }
     }
+    if (c->xkind == ST_XCHG_FETCH) {
+      /* A donor serves ST__FETCH_SERVE_MAX transfers at a time (each
+       * holds a copy of the parameters); the slot is freed with the
+       * connection (daemon_conn.c). */
+      busy = d->fetch_serving >= ST__FETCH_SERVE_MAX;
+      if (busy) {
+        d->c.fetches_refused++;
+      } else {
+        d->fetch_serving++;
+        c->serving_fetch = true;
+      }
+    }
     if (st_xchg_new_responder(&d->xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
       st__conn_close(c);
       return;

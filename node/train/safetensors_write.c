@@ -8,7 +8,10 @@
  * atomically: a temporary file "<path>.tmp.XXXXXX" in the same directory,
  * write, fsync, close, rename over path, fsync of the directory. A crash
  * leaves either the old checkpoint or the new one, never a mix; any
- * failure (a full disk included) removes the temporary file.
+ * failure (a full disk included) removes the temporary file. A crash
+ * during the write leaves the temporary file (the node removes its own
+ * at start, node/daemon/daemon_state.c). Checkpoints are created with
+ * mode 0600: only their owner may read the model.
  */
 #include "node/train/train.h"
 
@@ -310,13 +313,11 @@ static int create_temp(const char* path, char** tmp_out, int* fd_out,
   }
   *fd_out = fd;
   (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
-  /* mkstemp creates 0600; a replaced checkpoint keeps its mode, a new one
-   * gets the usual 0644. */
-  struct stat old;
-  mode_t mode = 0644;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode))
-    mode = old.st_mode & 0777;
-  if (fchmod(fd, mode) != 0) {
+  /* A checkpoint is the model: 0600, like the key files, whatever the mode
+   * of the one it replaces (mkstemp creates 0600 already; the fchmod says
+   * so where a umask or an odd filesystem might not). Sharing one is a
+   * deliberate chmod or copy. */
+  if (fchmod(fd, 0600) != 0) {
     *step = "setting the mode of";
     return -errno;
   }

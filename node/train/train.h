@@ -153,9 +153,11 @@ typedef struct {
 
 /* Writes the tensors, in the order given, and the string metadata
  * ("__metadata__") to path atomically: a temporary file in the same
- * directory, fsync, rename over path, fsync of the directory. On any
- * failure (a full disk included) the temporary file is removed, path is
- * left as it was, and err names the file and the cause. */
+ * directory ("<path>.tmp.XXXXXX"), fsync, rename over path, fsync of the
+ * directory. The file has mode 0600 (owner only), whatever the mode of
+ * the file it replaces. On any failure (a full disk included) the
+ * temporary file is removed, path is left as it was, and err names the
+ * file and the cause. */
 int st_safetensors_write(const char* path, const st_tensor_desc_t* tensors,
                          size_t n_tensors, const st_meta_kv_t* meta,
                          size_t n_meta, char* err, size_t err_len);

@@ -1,0 +1,351 @@
+/* fetch_probe.c: a test client that asks a running `starling node` for
+ * state transfers (FETCH) as a cluster-key holder would, and then reads the
+ * parameters slowly or not at all: an insider tying up a donor
+ * (tests/integration/test_node_slow_reader.sh).
+ *
+ *   fetch_probe --cluster-key PATH --connect HOST:PORT --readers LIST
+ *               [--hold S]
+ *
+ * First learns the node's model: a FETCH naming no model gets a MISMATCH
+ * reply that carries the node's fingerprint, description and parameter
+ * count. Then, one after the other, opens a connection per entry of LIST
+ * (comma-separated), with a small receive buffer, runs the
+ * daemon's handshake with a fresh identity, sends XCHG_REQ FETCH for the
+ * node's model and reads the reply. A reader whose reply is not OK is
+ * closed. Those answered OK are then, for S seconds (default 45):
+ *   drip   read 96 KiB every 2 s (48 KiB/s: far slower than a model of
+ *          megabytes needs, but never a closed window for long enough for
+ *          the node's TCP_USER_TIMEOUT);
+ *   stall  never read again.
+ * Prints one JSON object:
+ *   {"model":"...","n_params":N,"replies":["ok","busy",...],
+ *    "bytes_read":[...],"ended_s":[seconds after the reply at which the
+ *    node ended the connection, or null]}
+ * Exit status: 0 done, 1 the connection or handshake failed, 2 bad
+ * usage. */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crypto/crypto.h"
+#include "gossip/gossip.h"
+#include "tools/bench/bench.h"
+
+#define MAX_READERS 8
+/* A stalled reader's receive buffer: the node's window closes at once. */
+#define STALL_RCVBUF_BYTES 4096
+/* A dripping reader reads 96 KiB every 2 s into a 256 KiB buffer: each
+ * read opens a window of more than one loopback segment (64 KiB), so the
+ * node's kernel never sits on a closed window for long (which
+ * TCP_USER_TIMEOUT would end), yet at 48 KiB/s a 10 MB model takes
+ * minutes, and after 30 s most of it is still in the node's queue (its
+ * kernel buffers hold a few MB at most). */
+#define DRIP_RCVBUF_BYTES (256 * 1024)
+#define DRIP_BYTES (96 * 1024)
+#define DRIP_EVERY_MS 2000
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static int usage(const char* why) {
+  fprintf(stderr,
+          "fetch_probe: %s\nusage: fetch_probe --cluster-key PATH --connect "
+          "HOST:PORT --readers drip|stall[,...] [--hold S]\n",
+          why);
+  return 2;
+}
+
+/* A connected socket with a receive buffer of rcvbuf bytes (set before
+ * connect, so that it bounds the window the node sees), or -1. */
+static int dial(const char* hostport, int rcvbuf) {
+  char host[64];
+  const char* colon = strrchr(hostport, ':');
+  if (colon == NULL || (size_t) (colon - hostport) >= sizeof(host))
+    return -1;
+  memcpy(host, hostport, (size_t) (colon - hostport));
+  host[colon - hostport] = '\0';
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t) atoi(colon + 1));
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+    return -1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0)
+    (void) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  if (fd >= 0 && connect(fd, (struct sockaddr*) &a, sizeof(a)) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+typedef struct {
+  const char* key_path;
+  const char* target;
+  char kinds[MAX_READERS][8]; /* "drip" or "stall" */
+  int n;
+  double hold_s;
+} args_t;
+
+static int parse_readers(const char* v, args_t* a) {
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", v);
+  for (char* t = strtok(buf, ","); t != NULL; t = strtok(NULL, ",")) {
+    if ((strcmp(t, "drip") != 0 && strcmp(t, "stall") != 0) ||
+        a->n == MAX_READERS)
+      return usage("--readers: drip or stall, at most 8");
+    snprintf(a->kinds[a->n++], sizeof(a->kinds[0]), "%s", t);
+  }
+  return a->n > 0 ? 0 : usage("--readers: none given");
+}
+
+static int parse_args(int argc, char** argv, args_t* a) {
+  memset(a, 0, sizeof(*a));
+  a->hold_s = 45;
+  if (argc % 2 == 0)
+    return usage("every option takes a value");
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const char* k = argv[i];
+    const char* v = argv[i + 1];
+    int bad = 0;
+    if (strcmp(k, "--cluster-key") == 0)
+      a->key_path = v;
+    else if (strcmp(k, "--connect") == 0)
+      a->target = v;
+    else if (strcmp(k, "--readers") == 0)
+      bad = parse_readers(v, a);
+    else if (strcmp(k, "--hold") == 0)
+      a->hold_s = strtod(v, NULL);
+    else
+      bad = usage("unknown option");
+    if (bad != 0)
+      return bad;
+  }
+  if (a->key_path == NULL || a->target == NULL || a->n == 0)
+    return usage("--cluster-key, --connect and --readers are required");
+  return 0;
+}
+
+/* Seals msg as one frame and writes it. */
+static int send_msg(int fd, st_stream_t* tx, const st_msg_t* m) {
+  uint8_t msg[512], frame[512 + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES];
+  size_t len = 0, flen = 0;
+  if (st_wire_encode(m, msg, sizeof(msg), &len) != 0 ||
+      st_stream_seal_frame(tx, msg, len, false, frame, sizeof(frame), &flen) !=
+          0 ||
+      st__bench_write_all(fd, frame, flen) != 0)
+    return -EIO;
+  return 0;
+}
+
+/* Reads one frame and decodes it as XCHG_REPLY into *out (its tensor list
+ * dropped). */
+static int read_reply(int fd, st_stream_t* rx, st_msg_xchg_reply_t* out) {
+  uint8_t hdr[ST_FRAME_LENGTH_BYTES];
+  size_t ct_len = 0, len = 0;
+  bool final = false;
+  if (st__bench_read_all(fd, hdr, sizeof(hdr)) != 0 ||
+      st_frame_length(hdr, ST_FRAME_MAX_DEFAULT, NULL, &ct_len) != 0)
+    return -EIO;
+  uint8_t* ct = malloc(ct_len);
+  uint8_t* msg = malloc(ct_len);
+  int rc = ct == NULL || msg == NULL ? -ENOMEM : 0;
+  if (rc == 0)
+    rc = st__bench_read_all(fd, ct, ct_len);
+  if (rc == 0)
+    rc = st_stream_open_frame(rx, NULL, ct, ct_len, msg, ct_len, &len, &final);
+  st_msg_t m;
+  if (rc == 0 && (rc = st_wire_decode(msg, len, &m, NULL)) == 0) {
+    if (m.type == ST_MSG_XCHG_REPLY) {
+      *out = m.u.xchg_reply;
+      out->tensors = NULL;
+      out->tensors_len = 0;
+    } else {
+      rc = -EPROTO;
+    }
+    st_wire_msg_free(&m);
+  }
+  free(ct);
+  free(msg);
+  return rc;
+}
+
+/* One connection: handshake as a fresh identity, XCHG_REQ FETCH with the
+ * given model, the reply. Returns the fd (reply in *reply), or -1. */
+static int fetch_once(const args_t* a, const st_keyring_t* keys,
+                      const st_msg_xchg_req_t* req, int rcvbuf,
+                      st_msg_xchg_reply_t* reply) {
+  st_identity_t me;
+  st_stream_t tx, rx;
+  memset(&tx, 0, sizeof(tx));
+  memset(&rx, 0, sizeof(rx));
+  int fd = dial(a->target, rcvbuf);
+  if (fd < 0 || st_identity_generate(&me) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  st_msg_t m;
+  memset(&m, 0, sizeof(m));
+  m.type = ST_MSG_XCHG_REQ;
+  m.u.xchg_req = *req;
+  int rc = st__bench_handshake(fd, true, &me, keys, NULL, NULL, &tx, &rx);
+  if (rc == 0)
+    rc = send_msg(fd, &tx, &m);
+  if (rc == 0)
+    rc = read_reply(fd, &rx, reply);
+  st_identity_wipe(&me);
+  st_stream_wipe(&tx);
+  st_stream_wipe(&rx);
+  if (rc != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static const char* status_name(uint8_t s) {
+  switch (s) {
+    case ST_XCHG_STATUS_OK:
+      return "ok";
+    case ST_XCHG_STATUS_BUSY:
+      return "busy";
+    case ST_XCHG_STATUS_MISMATCH:
+      return "mismatch";
+    case ST_XCHG_STATUS_NOT_READY:
+      return "not_ready";
+  }
+  return "?";
+}
+
+/* Holds the readers answered OK for hold_s seconds, dripping or stalled;
+ * ended[i] gets when the node ended reader i (-1: it did not). */
+static void hold(const args_t* a, const int* fds, uint64_t* got,
+                 double* ended) {
+  double t0 = now_s(), next_drip = t0;
+  uint8_t buf[DRIP_BYTES];
+  while (now_s() - t0 < a->hold_s) {
+    bool drip = now_s() >= next_drip;
+    if (drip)
+      next_drip += DRIP_EVERY_MS / 1000.0;
+    for (int i = 0; i < a->n; i++) {
+      if (fds[i] < 0 || ended[i] >= 0)
+        continue;
+      bool reads = strcmp(a->kinds[i], "drip") == 0;
+      /* A stalled reader only looks for an error or a hang-up. */
+      struct pollfd p = {fds[i], reads ? POLLIN : POLLRDHUP, 0};
+      if (poll(&p, 1, 0) <= 0 || (reads && !drip && !(p.revents & POLLERR)))
+        continue;
+      if (!reads) {
+        ended[i] = now_s() - t0;
+        continue;
+      }
+      ssize_t r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
+      if (r > 0)
+        got[i] += (uint64_t) r;
+      else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+        ended[i] = now_s() - t0;
+    }
+    usleep(20 * 1000);
+  }
+}
+
+static void print_result(const args_t* a, const st_msg_xchg_reply_t* node,
+                         const char** replies, const uint64_t* got,
+                         const double* ended) {
+  printf("{\"model\":\"%s\",\"n_params\":%llu,\"replies\":[", node->model,
+         (unsigned long long) node->n_params);
+  for (int i = 0; i < a->n; i++)
+    printf("%s\"%s\"", i > 0 ? "," : "", replies[i]);
+  printf("],\"bytes_read\":[");
+  for (int i = 0; i < a->n; i++)
+    printf("%s%llu", i > 0 ? "," : "", (unsigned long long) got[i]);
+  printf("],\"ended_s\":[");
+  for (int i = 0; i < a->n; i++) {
+    if (ended[i] >= 0)
+      printf("%s%.1f", i > 0 ? "," : "", ended[i]);
+    else
+      printf("%snull", i > 0 ? "," : "");
+  }
+  printf("]}\n");
+}
+
+/* The readers, one after the other, then the hold. */
+static int run(const args_t* a, const st_keyring_t* keys) {
+  /* The node's model, from the MISMATCH answer to a FETCH naming none. */
+  st_msg_xchg_req_t req;
+  memset(&req, 0, sizeof(req));
+  req.kind = ST_XCHG_FETCH;
+  snprintf(req.model, sizeof(req.model), "fetch_probe");
+  st_msg_xchg_reply_t node;
+  int fd = fetch_once(a, keys, &req, STALL_RCVBUF_BYTES, &node);
+  if (fd < 0 || node.status != ST_XCHG_STATUS_MISMATCH) {
+    fprintf(stderr, "fetch_probe: could not learn %s's model\n", a->target);
+    if (fd >= 0)
+      close(fd);
+    return 1;
+  }
+  close(fd);
+  memcpy(req.fingerprint, node.fingerprint, sizeof(req.fingerprint));
+  memcpy(req.model, node.model, sizeof(req.model));
+  req.n_params = node.n_params;
+  int fds[MAX_READERS];
+  const char* replies[MAX_READERS];
+  uint64_t got[MAX_READERS] = {0};
+  double ended[MAX_READERS];
+  for (int i = 0; i < a->n; i++) {
+    st_msg_xchg_reply_t r;
+    ended[i] = -1;
+    bool drip = strcmp(a->kinds[i], "drip") == 0;
+    fds[i] = fetch_once(a, keys, &req,
+                        drip ? DRIP_RCVBUF_BYTES : STALL_RCVBUF_BYTES, &r);
+    if (fds[i] < 0) {
+      fprintf(stderr, "fetch_probe: reader %d: no reply from %s\n", i,
+              a->target);
+      return 1;
+    }
+    replies[i] = status_name(r.status);
+    if (r.status != ST_XCHG_STATUS_OK) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  }
+  hold(a, fds, got, ended);
+  print_result(a, &node, replies, got, ended);
+  for (int i = 0; i < a->n; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  args_t a;
+  int bad = parse_args(argc, argv, &a);
+  if (bad != 0)
+    return bad;
+  char err[256] = "";
+  st_cluster_key_t ck;
+  st_keyring_t keys;
+  if (st_crypto_init() != 0 ||
+      st_cluster_key_load(a.key_path, &ck, err, sizeof(err)) != 0 ||
+      st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0) {
+    fprintf(stderr, "fetch_probe: keys: %s\n", err);
+    return 1;
+  }
+  int rc = run(&a, &keys);
+  st_keyring_wipe(&keys);
+  st_cluster_key_wipe(&ck);
+  return rc;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# test_node_slow_reader.sh: an insider (a cluster-key holder, fetch_probe)
+# asks a donor for state transfers of a 10.6 MB model and then reads them
+# slowly or not at all. Before, a finished exchange whose writes were not
+# drained never closed, and every such transfer held a copy of the
+# parameters. Now, against node A:
+#   (a) A serves at most 2 transfers at once: a third request is answered
+#       busy (fetches_over_limit);
+#   (b) the reader that stops reading is cut by the kernel
+#       (TCP_USER_TIMEOUT, 10 s; Linux acts at its next window probe)
+#       before the exchange's own 30 s timeout: exchange_closed;
+#   (c) the reader that drips 48 KiB/s reaches the exchange timeout, and
+#       the connection, closing with its last frames unread, is aborted
+#       5 s later (connections_close_timeout);
+#   (d) then no transfer holds a slot, and a new member fetches from A.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/node_lib.sh"
+
+PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/fetch_probe
+[ -x "$PROBE" ] || fail "no fetch_probe next to $STARLING (build it: cmake --build build)"
+
+# A 2.7M-parameter model (10.6 MB), far more than the socket buffers hold;
+# A waits for a second node (--min-nodes 2), so it serves without training.
+ARGS=(--model mlp:784-2048-512-10 --data fashion-mnist --batch 64 --lr 0.01
+      --device cpu --threads 1 --epochs 50 --ring-every 0 --gossip-every 0
+      --eval-every 60 --min-nodes 2)
+node_start 0 --shard 0/2 "${ARGS[@]}"
+node_up 0
+addr_a=$NODE_ADDR
+wait_for 20 "node A waiting for a second node" node_state_is 0 waiting
+
+# rejected KEY: one of A's rejected counters.
+rejected() { node_field 0 "rejected.$1"; }
+at_least() { local n; n=$(rejected "$1" 2>/dev/null) && [ "$n" -ge "$2" ]; }
+
+started=$SECONDS
+"$PROBE" --cluster-key "$KEY" --connect "$addr_a" --readers drip,stall,drip \
+  --hold "$(scaled 50)" >"$SCRATCH/probe.json" 2>"$SCRATCH/probe.err" &
+PROBE_PID=$!
+PIDS+=("$PROBE_PID")
+
+# (a) the third request is busy, while two transfers are served.
+wait_for 10 "(a) node A refusing a third transfer" at_least fetches_over_limit 1
+[ "$(node_field 0 fetches_serving)" -eq 2 ] || node_fail "(a) A serves $(node_field 0 fetches_serving) transfers, want 2"
+pass "(a) A serves 2 transfers and refused the third ($(rejected fetches_over_limit))"
+
+# (b) the stalled reader is cut by the kernel before the 30 s timeout.
+wait_for 25 "(b) node A ending the stalled transfer" at_least exchange_closed 1
+[ "$(rejected exchange_timeout)" -eq 0 ] ||
+  node_fail "(b) the exchange timeout came first: the stalled reader was not cut by TCP_USER_TIMEOUT"
+pass "(b) the stalled transfer ended after $((SECONDS - started)) s (exchange_closed $(rejected exchange_closed))"
+
+# (c) the dripping reader: the exchange times out at 30 s, the close 5 s on.
+wait_for 45 "(c) node A aborting the undrained closing connection" at_least connections_close_timeout 1
+took=$((SECONDS - started))
+[ "$(rejected exchange_timeout)" -ge 1 ] || node_fail "(c) no exchange timeout before the close deadline"
+ge "$took" 34 || node_fail "(c) aborted after $took s, before the 30 s timeout and the 5 s close deadline"
+pass "(c) the dripping transfer timed out and its connection was aborted $took s in"
+
+# (d) nothing holds a slot now; a new member fetches from A.
+[ "$(node_field 0 fetches_serving)" -eq 0 ] || node_fail "(d) A still serves $(node_field 0 fetches_serving) transfers"
+node_start 1 --shard 1/2 --join "$addr_a" "${ARGS[@]}"
+node_up 1
+wait_for 30 "(d) node 1 synchronizing from A" grep -q "synchronized from" "$(node_log 1)"
+pass "(d) a new member synchronized from A; A holds $(node_field 0 connections) connections"
+
+wait "$PROBE_PID" || node_fail "fetch_probe failed: $(cat "$SCRATCH/probe.err")"
+grep -q '"replies":\["ok","ok","busy"\]' "$SCRATCH/probe.json" ||
+  node_fail "fetch_probe's replies: $(cat "$SCRATCH/probe.json")"
+pass "fetch_probe: $(cat "$SCRATCH/probe.json")"
+
+for k in 1 0; do node_leave "$k"; done
+echo "all slow reader tests passed in $(elapsed) s"

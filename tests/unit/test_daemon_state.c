@@ -1,0 +1,288 @@
+/* test_daemon_state.c: the Check suite of the daemon's data directory
+ * (node/daemon/daemon_state.c): the boot epoch rule (max(previous + 1,
+ * the clock)), the epoch file bound to the identity, the directory's lock,
+ * the removal of stale temporary files, and the modes of what the node
+ * writes there. st__state_prepare runs on a bare daemon struct, as
+ * st_daemon_run calls it before any socket exists. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/daemon/daemon_internal.h"
+#include "tests/unit/testutil.h"
+
+static char root[256];    /* scratch, removed after each test */
+static char datadir[512]; /* root/data: made by st__state_prepare */
+static char err[1024];
+
+static void setup(void) {
+  ck_assert_int_eq(st_crypto_init(), 0);
+  ck_assert_int_eq(tu_mkdtemp(root, sizeof(root)), 0);
+  snprintf(datadir, sizeof(datadir), "%s/data", root);
+}
+
+static void teardown(void) {
+  tu_rmtree(root);
+}
+
+typedef struct {
+  st_daemon_config_t cfg;
+  st__daemon_t d;
+} node_t;
+
+/* A daemon struct on datadir, as st_daemon_run makes it. */
+static node_t* node_new(void) {
+  node_t* n = calloc(1, sizeof(*n));
+  ck_assert_ptr_nonnull(n);
+  st_daemon_config_default(&n->cfg);
+  n->cfg.data_dir = datadir;
+  n->cfg.quiet = true;
+  n->d.cfg = &n->cfg;
+  n->d.lock_fd = -1;
+  n->d.started_ms = st__dnow(&n->d);
+  return n;
+}
+
+static void node_free(node_t* n) {
+  st__state_release(&n->d);
+  st_identity_wipe(&n->d.ident);
+  free(n);
+}
+
+/* Starts a node's data directory and lets go of it: its boot epoch. */
+static uint32_t boot_once(void) {
+  node_t* n = node_new();
+  int rc = st__state_prepare(&n->d, err, sizeof(err));
+  ck_assert_msg(rc == 0, "%d %s", rc, err);
+  uint32_t e = n->d.boot_epoch;
+  node_free(n);
+  return e;
+}
+
+static const char* path_in(const char* name) {
+  static char buf[4][700];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof(buf[k]), "%s/%s", datadir, name);
+  return buf[k];
+}
+
+static void write_text(const char* name, const char* text) {
+  ck_assert_int_eq(tu_write_file(path_in(name), text, strlen(text)), 0);
+}
+
+static uint32_t clock_epoch(void) {
+  return (uint32_t) (time(NULL) - ST__BOOT_EPOCH_ORIGIN_S);
+}
+
+/* ==== The epoch rule ===================================================== */
+
+START_TEST(test_epoch_rule) {
+  const int64_t o = ST__BOOT_EPOCH_ORIGIN_S;
+  static const struct {
+    const char* name;
+    uint64_t prev;
+    int64_t now_offset; /* from the origin */
+    uint32_t want;
+    int rc;
+  } cases[] = {
+      {"no file, clock before the origin", 0, -5, 1, 0},
+      {"no file: the clock", 0, 1000, 1000, 0},
+      {"behind the clock: the clock", 7, 1000, 1000, 0},
+      {"ahead of the clock: one more", 5000, 1000, 5001, 0},
+      {"equal to the clock: one more", 1000, 1000, 1001, 0},
+      {"clock past 32 bits: capped", 3, (int64_t) UINT32_MAX + 10, UINT32_MAX,
+       0},
+      {"the last epoch", UINT32_MAX - 1, 0, UINT32_MAX, 0},
+      {"no epoch left", UINT32_MAX, 0, 0, -EOVERFLOW},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint32_t got = 0;
+    int rc = st__boot_epoch_next(cases[i].prev, o + cases[i].now_offset, &got);
+    ck_assert_msg(rc == cases[i].rc, "%s: rc %d", cases[i].name, rc);
+    if (rc == 0)
+      ck_assert_msg(got == cases[i].want, "%s: %u, want %u", cases[i].name, got,
+                    cases[i].want);
+  }
+  /* Today's clock part fits 32 bits for more than a century. */
+  ck_assert_uint_lt((uint64_t) time(NULL) - (uint64_t) o, UINT32_MAX / 2);
+}
+END_TEST
+
+/* ==== The epoch file ===================================================== */
+
+START_TEST(test_epoch_grows_and_survives_loss) {
+  uint32_t before = clock_epoch();
+  uint32_t e1 = boot_once();
+  ck_assert_uint_ge(e1, before);
+  uint32_t e2 = boot_once();
+  ck_assert_uint_gt(e2, e1);
+  /* Lost (or restored from an old backup): still forward. */
+  ck_assert_int_eq(unlink(path_in("boot_epoch")), 0);
+  uint32_t e3 = boot_once();
+  ck_assert_uint_ge(e3, clock_epoch() - 1);
+  write_text("boot_epoch", "1\n"); /* a restored old file, old format */
+  uint32_t e4 = boot_once();
+  ck_assert_uint_ge(e4, clock_epoch() - 1);
+  ck_assert_uint_gt(e4, 2);
+}
+END_TEST
+
+START_TEST(test_epoch_file_names_identity) {
+  node_t* n = node_new();
+  ck_assert_int_eq(st__state_prepare(&n->d, err, sizeof(err)), 0);
+  char id[33], want[64], got[64] = {0};
+  st_node_id_format(&n->d.ident.id, id);
+  snprintf(want, sizeof(want), "%u %s\n", n->d.boot_epoch, id);
+  node_free(n);
+  FILE* f = fopen(path_in("boot_epoch"), "r");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_ptr_nonnull(fgets(got, sizeof(got), f));
+  fclose(f);
+  ck_assert_str_eq(got, want);
+}
+END_TEST
+
+START_TEST(test_epoch_file_other_identity_ignored) {
+  boot_once(); /* makes the identity */
+  /* Ahead of the clock, so that whether it was used shows. */
+  write_text("boot_epoch", "4000000000 00112233445566778899aabbccddeeff\n");
+  uint32_t e = boot_once();
+  ck_assert_uint_lt(e, 4000000000u);
+  ck_assert_uint_ge(e, clock_epoch() - 1);
+  /* Its own file, and an older starling's (no id), are used. */
+  write_text("boot_epoch", "4000000000\n");
+  ck_assert_uint_eq(boot_once(), 4000000001u);
+  ck_assert_uint_eq(boot_once(), 4000000002u);
+}
+END_TEST
+
+START_TEST(test_epoch_file_corrupt) {
+  static const char* bad[] = {
+      "x\n",
+      "12 short\n",
+      "12 00112233445566778899aabbccddeeff extra\n",
+      "4294967295\n", /* no epoch after it */
+      "-3\n",
+  };
+  boot_once();
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    write_text("boot_epoch", bad[i]);
+    node_t* n = node_new();
+    int rc = st__state_prepare(&n->d, err, sizeof(err));
+    ck_assert_msg(rc == -EBADMSG, "'%s': %d", bad[i], rc);
+    ck_assert_msg(strstr(err, "boot_epoch") != NULL, "%s", err);
+    node_free(n);
+  }
+}
+END_TEST
+
+/* ==== The lock =========================================================== */
+
+START_TEST(test_second_node_refused) {
+  node_t* a = node_new();
+  ck_assert_int_eq(st__state_prepare(&a->d, err, sizeof(err)), 0);
+  uint32_t epoch_a = a->d.boot_epoch;
+  struct stat before;
+  ck_assert_int_eq(stat(path_in("boot_epoch"), &before), 0);
+
+  node_t* b = node_new();
+  int rc = st__state_prepare(&b->d, err, sizeof(err));
+  ck_assert_int_eq(rc, -EBUSY);
+  char pid[32];
+  snprintf(pid, sizeof(pid), "PID %ld", (long) getpid());
+  ck_assert_msg(strstr(err, pid) != NULL, "%s", err);
+  ck_assert_msg(strstr(err, datadir) != NULL, "%s", err);
+  ck_assert_msg(strstr(err, "another --data-dir") != NULL, "%s", err);
+  ck_assert_int_eq(b->d.lock_fd, -1);
+  node_free(b);
+  /* The refused node wrote nothing: the epoch file is the first's. */
+  struct stat after;
+  ck_assert_int_eq(stat(path_in("boot_epoch"), &after), 0);
+  ck_assert_int_eq(after.st_ino, before.st_ino);
+
+  node_free(a); /* lets go */
+  node_t* c = node_new();
+  ck_assert_int_eq(st__state_prepare(&c->d, err, sizeof(err)), 0);
+  ck_assert_uint_gt(c->d.boot_epoch, epoch_a);
+  node_free(c);
+}
+END_TEST
+
+/* ==== Temporary files and modes ========================================== */
+
+START_TEST(test_stale_temporaries_removed) {
+  boot_once();
+  static const char* gone[] = {"checkpoint.safetensors.tmp.Ab9xYz",
+                               "checkpoint.safetensors.tmp.000000",
+                               "boot_epoch.tmp"};
+  static const char* kept[] = {
+      "checkpoint.safetensors.tmp.Ab9xY",   /* five */
+      "checkpoint.safetensors.tmp.Ab9xYz0", /* seven */
+      "checkpoint.safetensors.tmp.Ab-xYz",  /* not mkstemp's */
+      "model.safetensors.tmp.Ab9xYz",       /* not the node's name */
+      "boot_epoch.tmp.old",
+      "notes.txt",
+  };
+  for (size_t i = 0; i < 3; i++)
+    write_text(gone[i], "x");
+  for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+    write_text(kept[i], "x");
+  /* A directory with the name is not a file the writer left. */
+  ck_assert_int_eq(mkdir(path_in("checkpoint.safetensors.tmp.dirdir"), 0700),
+                   0);
+  boot_once();
+  for (size_t i = 0; i < 3; i++)
+    ck_assert_msg(access(path_in(gone[i]), F_OK) != 0, "%s kept", gone[i]);
+  for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+    ck_assert_msg(access(path_in(kept[i]), F_OK) == 0, "%s gone", kept[i]);
+  ck_assert_int_eq(access(path_in("checkpoint.safetensors.tmp.dirdir"), F_OK),
+                   0);
+}
+END_TEST
+
+START_TEST(test_modes) {
+  mode_t old = umask(0);
+  boot_once();
+  umask(old);
+  struct stat sb;
+  ck_assert_int_eq(stat(datadir, &sb), 0);
+  ck_assert_int_eq(sb.st_mode & 0777, 0700);
+  static const char* files[] = {"lock", "boot_epoch", "identity.key"};
+  for (size_t i = 0; i < 3; i++) {
+    ck_assert_int_eq(stat(path_in(files[i]), &sb), 0);
+    ck_assert_msg((sb.st_mode & 0777) == 0600, "%s: %o", files[i],
+                  sb.st_mode & 0777);
+  }
+}
+END_TEST
+
+static Suite* daemon_state_suite(void) {
+  Suite* s = suite_create("daemon_state");
+  TCase* tc = tcase_create("data_dir");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, test_epoch_rule);
+  tcase_add_test(tc, test_epoch_grows_and_survives_loss);
+  tcase_add_test(tc, test_epoch_file_names_identity);
+  tcase_add_test(tc, test_epoch_file_other_identity_ignored);
+  tcase_add_test(tc, test_epoch_file_corrupt);
+  tcase_add_test(tc, test_second_node_refused);
+  tcase_add_test(tc, test_stale_temporaries_removed);
+  tcase_add_test(tc, test_modes);
+  tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner* sr = srunner_create(daemon_state_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
