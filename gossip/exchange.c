@@ -55,7 +55,9 @@
  * out NaN or Inf (our own snapshot held one, or peer - own overflowed) is
  * FAIL_NONFINITE, with nothing applied.
  * - Finishing: AVERAGE emits APPLY (delta = (peer - own) / 2 computed in
- *   float, so the two sides' deltas are exact negatives of each other) and
+ *   float, so the two sides' deltas are exact negatives of each other,
+ *   unless one side clips: a delta whose L2 norm exceeds cfg.clip_norm > 0
+ *   is scaled to clip_norm, and DONE says so with the norm before) and
  *   DONE(OK) once the peer's snapshot is verified AND our own snapshot has
  *   been sent: all chunks and our XCHG_DONE emitted and acknowledged with
  *   st_xchg_sent. The FETCH donor finishes DONE(OK) once its XCHG_DONE is
@@ -166,7 +168,11 @@ struct st_xchg_s {
   double rx_sumsq;
   double own_sumsq;
   uint64_t delta_floats;
-  bool delta_bad; /* AVERAGE: a delta came out NaN or Inf */
+  bool delta_bad;     /* AVERAGE: a delta came out NaN or Inf */
+  double delta_sumsq; /* AVERAGE: of the delta, as it is computed */
+  double delta_norm;  /* AVERAGE, at the end: |delta| before clipping */
+  bool clipped;       /* AVERAGE: the delta was scaled to clip_used */
+  double clip_used;   /* AVERAGE: the bound applied (0: none) */
 
   uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
   uint8_t ctl[CTL_BYTES];
@@ -287,13 +293,35 @@ static void delta_catch_up(st_xchg_t* x) {
   /* probe turns NaN if any delta is NaN or Inf: our own snapshot held one
    * (the guard checks the peer's), or peer - own overflowed float. */
   float probe = 0.0f;
+  double sq = 0.0;
   for (uint64_t i = x->delta_floats; i < x->rx_floats; i++) {
     x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
     probe += x->peer[i] * 0.0f;
+    sq += (double) x->peer[i] * x->peer[i];
   }
   if (probe != probe)
     x->delta_bad = true;
+  x->delta_sumsq += sq;
   x->delta_floats = x->rx_floats;
+}
+
+/* AVERAGE: a delta longer than cfg.clip_norm is scaled to it (centered
+ * clipping, Karimireddy et al. 2021; He et al., "Byzantine-robust
+ * decentralized learning via ClippedGossip", 2022): whatever the peer
+ * sent, it moves our parameters by at most clip_norm. */
+static void clip_delta(st_xchg_t* x) {
+  x->delta_norm = sqrt(x->delta_sumsq);
+  double bound = x->cfg.clip_norm > 0
+                     ? x->cfg.clip_norm
+                     : x->cfg.clip_rel * (sqrt(x->own_sumsq) + 1.0);
+  x->clip_used = bound;
+  if (!(bound > 0) || x->delta_norm <= bound)
+    return;
+  float scale = (float) (bound / x->delta_norm);
+  size_t n = n_floats(x);
+  for (size_t i = 0; i < n; i++)
+    x->peer[i] *= scale;
+  x->clipped = true;
 }
 
 /* Called after every event: starts our stream once we may, runs the norm
@@ -327,9 +355,27 @@ static void progress(st_xchg_t* x) {
     return;
   }
   if (receives(x)) {
+    if (x->kind == ST_XCHG_AVERAGE)
+      clip_delta(x);
     push(x, Q_APPLY);
   }
   finish(x, ST_XCHG_OK);
+}
+
+double st_xchg_clip_bound(const double* norms, size_t n, double mult) {
+  if (n > ST_XCHG_CLIP_HISTORY)
+    n = ST_XCHG_CLIP_HISTORY;
+  if (!(mult > 0) || n < ST_XCHG_CLIP_WARMUP)
+    return 0;
+  double v[ST_XCHG_CLIP_HISTORY];
+  for (size_t i = 0; i < n; i++) { /* insertion sort: n <= 16 */
+    size_t j = i;
+    for (; j > 0 && v[j - 1] > norms[i]; j--)
+      v[j] = v[j - 1];
+    v[j] = norms[i];
+  }
+  double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return mult * med;
 }
 
 /* ==== Creation ==============================================================
@@ -351,6 +397,9 @@ static int new_machine(const st_xchg_config_t* cfg,
   if (local->tensors == NULL && local->tensors_len > 0)
     return -EINVAL;
   if (!(cfg->norm_mult >= 0) || isinf(cfg->norm_mult))
+    return -EINVAL;
+  if (!(cfg->clip_norm >= 0) || isinf(cfg->clip_norm) ||
+      !(cfg->clip_rel >= 0) || isinf(cfg->clip_rel))
     return -EINVAL;
   /* st_hash_t is 64-byte aligned; malloc promises 16. */
   size_t size = (sizeof(st_xchg_t) + 63) / 64 * 64;
@@ -738,6 +787,9 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->result = x->result;
       out->peer_model = x->peer_known ? x->peer_model : NULL;
       out->peer_tensors = x->peer_tensors;
+      out->delta_norm = x->delta_norm;
+      out->clipped = x->clipped;
+      out->clip_norm = x->clip_used;
       out->peer_tensors_len = x->peer_tensors_len;
       break;
   }

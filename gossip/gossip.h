@@ -541,6 +541,12 @@ const char* st_xchg_result_name(st_xchg_result_t r);
 typedef struct {
   uint32_t timeout_ms; /* the whole exchange; default 30000 */
   double norm_mult;    /* guard; default 10; 0 disables the norm check */
+  double clip_norm;    /* AVERAGE: the most (L2) the delta may move our
+                          parameters; a longer one is scaled to it. 0 (the
+                          default): no clipping */
+  double clip_rel;     /* AVERAGE, when clip_norm is 0: the bound is
+                          clip_rel * (|own| + 1), our snapshot's L2 norm;
+                          0 (the default): none */
 } st_xchg_config_t;
 
 void st_xchg_config_default(st_xchg_config_t* cfg);
@@ -589,9 +595,21 @@ typedef struct {
                                (borrowed until st_xchg_free; not checked:
                                parse it as hostile input) */
   size_t peer_tensors_len;
+  double delta_norm; /* DONE(OK) of an AVERAGE: |delta| (L2) before clipping */
+  bool clipped;      /* DONE(OK) of an AVERAGE: it was scaled to clip_norm */
+  double clip_norm;  /* DONE(OK) of an AVERAGE: the bound applied (0: none) */
 } st_xact_t;
 
 typedef struct st_xchg_s st_xchg_t;
+
+/* Robust averaging: the clip_norm for the next AVERAGE from the delta
+ * norms (before clipping) of the last n exchanges: mult times their
+ * median, so that a minority of peers whose pulls are long cannot raise
+ * it; 0 (no clipping) when mult is 0 or fewer than ST_XCHG_CLIP_WARMUP
+ * norms are known. At most ST_XCHG_CLIP_HISTORY norms are read. */
+#define ST_XCHG_CLIP_HISTORY 16
+#define ST_XCHG_CLIP_WARMUP 8
+double st_xchg_clip_bound(const double* norms, size_t n, double mult);
 
 /* An initiator of `kind`: st_xchg_new queues the XCHG_REQ (and, for
  * AVERAGE, WANT_SNAPSHOT) and allocates the buffers the exchange needs
@@ -812,6 +830,12 @@ typedef struct {
                                proposer's accept_wait_ms plus a paused or
                                lossy proposer's slack. Past it, the member
                                is free again (counted as a timeout) */
+  /* Robust averaging: whether this node averages with member id at all;
+   * a proposal whose list holds a member it does not trust is refused
+   * (counted as distrusted), in any state. NULL: every member is trusted.
+   * Called with ctx = trusts_ctx during st_ring_form_message. */
+  bool (*trusts)(const st_node_id_t* id, void* ctx);
+  void* trusts_ctx;
 } st_ring_form_config_t;
 
 void st_ring_form_config_default(st_ring_form_config_t* cfg);
@@ -862,6 +886,8 @@ typedef struct {
                                proposer, accepted ones cancelled or whose
                                proposer went away */
   uint64_t refused;         /* proposals answered accept=false */
+  uint64_t distrusted;      /* of those, refused for a member this node
+                               does not trust (cfg.trusts) */
   uint64_t stale;           /* messages for a round we do not hold */
   uint64_t timeouts;        /* accepted, then no CONFIRM in time */
   uint64_t resent;          /* retransmissions: PROPOSE to silent

@@ -448,6 +448,25 @@ static void refuse(st_ring_form_t* f, const st_msg_ring_propose_t* m) {
   push_send(f, &m->proposer, ST_MSG_RING_ACCEPT, m->round_id, false);
 }
 
+/* Whether every member of the list but us is one this node averages with
+ * (cfg.trusts). */
+static bool trusts_all(const st_ring_form_t* f,
+                       const st_msg_ring_propose_t* m) {
+  if (f->cfg.trusts == NULL)
+    return true;
+  for (uint32_t i = 0; i < m->n_members; i++)
+    if (!id_eq(&m->members[i], &f->self) &&
+        !f->cfg.trusts(&m->members[i], f->cfg.trusts_ctx))
+      return false;
+  return true;
+}
+
+static void refuse_distrusted(st_ring_form_t* f,
+                              const st_msg_ring_propose_t* m) {
+  f->c.distrusted++;
+  refuse(f, m);
+}
+
 static void on_propose(st_ring_form_t* f, uint64_t now_ms,
                        const st_node_id_t* from,
                        const st_msg_ring_propose_t* m) {
@@ -457,29 +476,39 @@ static void on_propose(st_ring_form_t* f, uint64_t now_ms,
     f->c.invalid++;
     return;
   }
+  bool trusted = trusts_all(f, m);
   switch (f->state) {
     case ST_RING_FORM_IDLE:
-      accept_proposal(f, now_ms, m);
+      if (trusted)
+        accept_proposal(f, now_ms, m);
+      else
+        refuse_distrusted(f, m);
       break;
     case ST_RING_FORM_ACCEPTED:
       if (id_eq(from, &f->acc_proposer)) {
         if (m->round_id == f->acc_round) {
           /* The same proposal again (re-sent): the same answer. */
           push_send(f, from, ST_MSG_RING_ACCEPT, m->round_id, true);
-        } else {
+        } else if (trusted) {
           f->c.cancelled++; /* its proposer moved on to a new round */
           accept_proposal(f, now_ms, m);
+        } else {
+          refuse_distrusted(f, m);
         }
-      } else if (st_node_id_compare(from, &f->acc_proposer) < 0) {
+      } else if (st_node_id_compare(from, &f->acc_proposer) < 0 && trusted) {
         f->c.cancelled++;
         push_send(f, &f->acc_proposer, ST_MSG_RING_ACCEPT, f->acc_round, false);
         accept_proposal(f, now_ms, m);
+      } else if (!trusted) {
+        refuse_distrusted(f, m);
       } else {
         refuse(f, m);
       }
       break;
     case ST_RING_FORM_PROPOSING:
-      if (st_node_id_compare(from, &f->self) < 0) {
+      if (!trusted) {
+        refuse_distrusted(f, m);
+      } else if (st_node_id_compare(from, &f->self) < 0) {
         give_way(f);
         accept_proposal(f, now_ms, m);
       } else {

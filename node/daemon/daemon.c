@@ -46,6 +46,7 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->status_every_s = 1;
   cfg->log_every_s = 5;
   cfg->norm_mult = 10;
+  cfg->clip_mult = 3;
   cfg->min_nodes = 1;
 }
 

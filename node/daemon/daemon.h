@@ -56,6 +56,8 @@ typedef struct {
   double status_every_s;     /* status record refresh */
   double log_every_s;        /* progress lines on stderr; 0: none */
   double norm_mult;          /* exchange guard (st_xchg_config_t) */
+  double clip_mult;          /* robust averaging: clip at this times the median
+                                delta norm (daemon_xchg.c); 0: off */
   uint32_t min_nodes;        /* the first step waits until this many nodes
                                 are alive, this one included (1: at once) */
   uint32_t ring_lanes;       /* encrypted connections a ring link uses, 1 ..

@@ -191,6 +191,8 @@ static void status_json_exchanges(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, first, "exchanges_failed", d->c.failed);
   kv_u64(b, first, "exchanges_busy", d->c.busy);
   kv_u64(b, first, "exchanges_dropped", d->c.dropped);
+  kv_u64(b, first, "exchanges_clipped", d->c.clipped);
+  kv_num(b, first, "clip_bound", d->clip_last);
   kv_u64(b, first, "state_transfers", d->c.fetches_ok);
   kv_num(b, first, "exchange_ms_mean",
          d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
@@ -202,6 +204,9 @@ static void status_json_ring(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_u64(b, first, "ring_rounds_ok", d->c.ring_ok);
   kv_u64(b, first, "ring_rounds_aborted", d->c.ring_aborted);
   kv_u64(b, first, "ring_lanes_refused", d->c.ring_lanes_refused);
+  kv_u64(b, first, "ring_rounds_clipped", d->c.ring_clipped);
+  kv_u64(b, first, "ring_proposals_distrusted",
+         d->rf != NULL ? st_ring_form_counters(d->rf)->distrusted : 0);
   kv_str(b, first, "ring_state",
          d->rf != NULL ? st_ring_form_state_name(st_ring_form_state(d->rf))
                        : "off");
@@ -322,8 +327,8 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
   snprintf(line, sizeof(line),
            "peers      %zu alive, %zu suspect, %zu dead or left\n"
            "exchanges  %" PRIu64 " ok, %" PRIu64 " failed, %" PRIu64
-           " busy, %" PRIu64
-           " dropped by the guard\n"
+           " busy, %" PRIu64 " dropped by the guard, %" PRIu64
+           " clipped\n"
            "rings      %" PRIu64 " ok, %" PRIu64
            " aborted; last: %u members, %.0f ms\n"
            "traffic    %.1f MB in, %.1f MB out\n"
@@ -331,8 +336,8 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
            " packets/handshakes/frames "
            "(status --json has each reason)\n",
            pc.alive, pc.suspect, pc.dead, d->c.ok, d->c.failed, d->c.busy,
-           d->c.dropped, d->c.ring_ok, d->c.ring_aborted, d->c.ring_last_n,
-           d->c.ring_last_ms, (double) d->c.bytes_in / 1e6,
+           d->c.dropped, d->c.clipped, d->c.ring_ok, d->c.ring_aborted,
+           d->c.ring_last_n, d->c.ring_last_ms, (double) d->c.bytes_in / 1e6,
            (double) d->c.bytes_out / 1e6, rejected);
   st_json_buf_puts(b, line);
 }
@@ -367,6 +372,9 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
     double acc = m.has_status ? m.status.accuracy : NAN;
     double sps = m.has_status ? m.status.samples_per_sec : NAN;
     uint64_t step = m.has_status ? m.status.step : 0;
+    const st__heard_t* h = self ? NULL : st__net_heard_find(d, &m.id);
+    uint32_t averaged = h != NULL ? h->averaged : 0;
+    uint32_t clipped = h != NULL ? h->clipped : 0;
     if (json) {
       if (i > 0)
         st_json_buf_puts(b, ",");
@@ -382,6 +390,8 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
       kv_num(b, &first, "samples_per_sec", sps);
       kv_num(b, &first, "last_heard_s", heard < 0 ? NAN : heard);
       kv_u64(b, &first, "incarnation", m.incarnation);
+      kv_u64(b, &first, "averaged", averaged);
+      kv_u64(b, &first, "clipped", clipped);
       bool in_ring = false;
       for (uint32_t k = 0; k < d->c.ring_last_n; k++)
         if (memcmp(&d->ring_last_members[k], &m.id, sizeof(m.id)) == 0)
@@ -396,9 +406,10 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
       else
         snprintf(heard_s, sizeof(heard_s), "%.1fs", heard);
       snprintf(line, sizeof(line),
-               "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %s\n", id,
+               "%.12s%s %-22s %-8s %7" PRIu64 " %7s %7s %10s  %-6s %u/%u\n", id,
                self ? "*" : " ", addr, st_member_state_name(m.state), step,
-               figure(loss, 4).s, figure(acc, 4).s, figure(sps, 0).s, heard_s);
+               figure(loss, 4).s, figure(acc, 4).s, figure(sps, 0).s, heard_s,
+               clipped, averaged);
       st_json_buf_puts(b, line);
     }
   }

@@ -111,6 +111,10 @@ struct st__conn_s {
   /* XCHG */
   st_xchg_t* x;
   st_xchg_kind_t xkind;
+  /* AVERAGE: the bound from the history of pulls, before the peer's
+   * suspicion tightened it (0: none yet; daemon_xchg.c), and the factor
+   * it tightened it by. */
+  double clip_base, clip_trust;
   float* snap; /* the machine's snapshot buffer, lent to the trainer */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
@@ -144,6 +148,8 @@ typedef struct {
   uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
   uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
   uint64_t fetches_ok;
+  uint64_t clipped;       /* averaging exchanges whose pull we clipped */
+  uint64_t ring_clipped;  /* ring rounds whose move we clipped */
   double exchange_ms_sum; /* successful averaging exchanges, connect to
                              done: the mean is sum / ok */
   double exchange_ms_last;
@@ -177,6 +183,10 @@ typedef struct {
   uint64_t at_ms;   /* 0: never heard from */
   int logged_state; /* the state last logged, -1: none */
   bool used;
+  uint32_t averaged; /* averaging exchanges with it that applied */
+  uint32_t clipped;  /* of those, the ones whose pull we clipped */
+  float suspicion;   /* robust averaging: a moving average (1/8) of "its
+                        pull was beyond the bound"; 0 for a newcomer */
 } st__heard_t;
 
 #define ST__HEARD_SLOTS 1024
@@ -262,6 +272,11 @@ struct st__daemon_s {
   bool trainer_ready;
   st__tt_t* tt;
   st_xchg_config_t xcfg;
+  /* Robust averaging (daemon_xchg.c): the delta norms of the last
+   * averaging exchanges, a ring; clip_n of them known. */
+  double clip_norms[ST_XCHG_CLIP_HISTORY];
+  uint32_t clip_n, clip_at;
+  double clip_last;      /* the bound the last exchange ran with (0: none) */
   st_xchg_local_t local; /* fingerprint, model, n_params */
   uint64_t status_seq;
 
@@ -374,6 +389,19 @@ void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs,
 /* Shut-down: closes the session's handle. */
 void st__attach_close(st__daemon_t* d);
 void st__attach_free(st__daemon_t* d);
+
+/* daemon_robust.c: how far a peer may move this node's model. */
+/* The exchange configuration for connection c (its peer's bound); notes
+ * the bound on c for st__robust_record. */
+st_xchg_config_t st__robust_xchg_config(st__conn_t* c);
+/* An averaging exchange on c applied (DONE OK): history, suspicion,
+ * counters. */
+void st__robust_record(st__conn_t* c, const st_xact_t* done);
+/* Whether this node averages with member id in rings (not a suspect). */
+bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id);
+/* The factor (at most 1) that a ring round's move delta[0..n) is applied
+ * with: the gossip bound over its norm when longer (counted). */
+float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n);
 
 /* daemon_state.c */
 /* The data directory's paths (checkpoint, control socket) into d. */

@@ -39,6 +39,23 @@ static st__heard_t* heard_get(st__daemon_t* d, const st_node_id_t* id) {
   return NULL;
 }
 
+st__heard_t* st__net_heard_slot(st__daemon_t* d, const st_node_id_t* id) {
+  return heard_get(d, id);
+}
+
+const st__heard_t* st__net_heard_find(const st__daemon_t* d,
+                                      const st_node_id_t* id) {
+  uint32_t s = heard_slot(id);
+  for (uint32_t i = 0; i < ST__HEARD_SLOTS; i++) {
+    const st__heard_t* h = &d->heard[(s + i) % ST__HEARD_SLOTS];
+    if (!h->used)
+      return NULL;
+    if (memcmp(&h->id, id, sizeof(*id)) == 0)
+      return h;
+  }
+  return NULL;
+}
+
 void st__net_heard(st__daemon_t* d, const st_node_id_t* id) {
   st__heard_t* h = heard_get(d, id);
   if (h != NULL)
@@ -46,15 +63,8 @@ void st__net_heard(st__daemon_t* d, const st_node_id_t* id) {
 }
 
 uint64_t st__net_last_heard(const st__daemon_t* d, const st_node_id_t* id) {
-  uint32_t s = heard_slot(id);
-  for (uint32_t i = 0; i < ST__HEARD_SLOTS; i++) {
-    const st__heard_t* h = &d->heard[(s + i) % ST__HEARD_SLOTS];
-    if (!h->used)
-      return 0;
-    if (memcmp(&h->id, id, sizeof(*id)) == 0)
-      return h->at_ms;
-  }
-  return 0;
+  const st__heard_t* h = st__net_heard_find(d, id);
+  return h != NULL ? h->at_ms : 0;
 }
 
 static bool id_zero(const st_node_id_t* id) {

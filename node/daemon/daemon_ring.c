@@ -4,7 +4,9 @@
  *
  * Formation: every --ring-every seconds a node that is training (or done)
  * and sees itself as the smallest id among the live, ring-capable members
- * running its model proposes a round to those members. RING_* messages
+ * running its model that it does not suspect (daemon_robust.c) proposes a
+ * round to those members; it refuses proposals that hold a suspect, and
+ * applies a round's result with the robust bound. RING_* messages
  * arrive on the membership's UDP socket; daemon_net.c routes them here.
  *
  * Data plane: on START the node takes a snapshot into the ring machine's
@@ -197,7 +199,7 @@ static void drain_ring(st__daemon_t* d) {
       }
       case ST_RACT_APPLY:
         if (st__tt_request_apply(d->tt, RING_TAG_BIT | d->ring_seq, a.values,
-                                 1.0f) == 0)
+                                 st__robust_ring_scale(d, a.values, a.n)) == 0)
           d->ring_tt_pending++;
         break;
       case ST_RACT_TIMER: {
@@ -467,7 +469,8 @@ void st__ring_tick(st__daemon_t* d) {
     if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
         !mb->status.ring_capable ||
         memcmp(mb->status.fingerprint, d->local.fingerprint, 16) != 0 ||
-        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0 ||
+        !st__robust_trusts(d, &mb->id))
       continue;
     if (st_node_id_compare(&mb->id, &d->ident.id) < 0)
       return; /* a smaller member proposes */
@@ -639,11 +642,19 @@ bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
   return true;
 }
 
+/* Robust averaging: a member this node suspects is in none of its rounds
+ * (daemon_robust.c). */
+static bool trusts(const st_node_id_t* id, void* ctx) {
+  return st__robust_trusts(ctx, id);
+}
+
 int st__ring_start(st__daemon_t* d) {
   if (d->cfg->ring_every_s <= 0)
     return 0;
   st_ring_form_config_t fc;
   st_ring_form_config_default(&fc);
+  fc.trusts = trusts;
+  fc.trusts_ctx = d;
   int rc = st_ring_form_new(&fc, &d->ident.id, &d->rng, &d->rf);
   if (rc != 0)
     return rc;

@@ -48,6 +48,7 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
   if (c->xkind == ST_XCHG_AVERAGE) {
     if (r == ST_XCHG_OK) {
       d->c.ok++;
+      st__robust_record(c, done);
       double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
       d->c.exchange_ms_sum += ms;
       d->c.exchange_ms_last = ms;
@@ -142,7 +143,8 @@ void st__xchg_on_ready(st__conn_t* c) {
   st_xchg_local_t l;
   fill_local(d, &l);
   l.n_params = d->local.n_params;
-  if (st_xchg_new_initiator(&d->xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
+  st_xchg_config_t xcfg = st__robust_xchg_config(c);
+  if (st_xchg_new_initiator(&xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
     st__conn_close(c);
     return;
   }
@@ -184,7 +186,8 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
         c->serving_fetch = true;
       }
     }
-    if (st_xchg_new_responder(&d->xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
+    st_xchg_config_t xcfg = st__robust_xchg_config(c);
+    if (st_xchg_new_responder(&xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
       st__conn_close(c);
       return;
     }

@@ -90,6 +90,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st_xchg_config_t cfg;
   st_xchg_config_default(&cfg);
   cfg.timeout_ms = 1000;
+  uint8_t clip = fuzz_byte(&in); /* robust averaging's bounds, or none */
+  cfg.clip_norm = clip & 1 ? 0.5 : 0;
+  cfg.clip_rel = clip & 2 ? 0.25 : 0;
   st_xchg_local_t l;
   memset(&l, 0, sizeof l);
   memset(l.fingerprint, 0x33, 16);

@@ -76,6 +76,9 @@ typedef struct {
   st_xchg_result_t result;
   bool has_peer_model;
   char peer_model[ST_XCHG_MODEL_MAX];
+  double delta_norm; /* DONE's */
+  bool clipped;
+  double clip_norm;
   char* peer_tensors; /* a copy of DONE's, NUL-terminated, or NULL */
   size_t peer_tensors_len;
   bool closed_seen; /* the connection closed while we were not done */
@@ -138,6 +141,9 @@ static void drain(side_t* s) {
         ck_assert_int_eq(s->n_done, 0);
         s->n_done++;
         s->result = a.result;
+        s->delta_norm = a.delta_norm;
+        s->clipped = a.clipped;
+        s->clip_norm = a.clip_norm;
         s->has_peer_model = a.peer_model != NULL;
         if (a.peer_model != NULL) {
           ck_assert_uint_lt(strlen(a.peer_model), ST_XCHG_MODEL_MAX);
@@ -275,6 +281,8 @@ typedef struct {
   st_xchg_local_t la, lb;
   bool busy;
   st_xchg_config_t cfg;
+  bool split_cfg; /* the responder runs cfg_b, not cfg */
+  st_xchg_config_t cfg_b;
   const float *snap_a, *snap_b;
   hook_fn hook;
   void* hook_ctx;
@@ -296,8 +304,9 @@ static void pump_start(pump_t* p, const run_t* r) {
   p->lazy_acks = r->lazy_acks;
   ck_assert_int_eq(
       st_xchg_new_initiator(&r->cfg, r->kind, &r->la, T0, &p->s[0].x), 0);
-  ck_assert_int_eq(
-      st_xchg_new_responder(&r->cfg, &r->lb, r->busy, T0, &p->s[1].x), 0);
+  ck_assert_int_eq(st_xchg_new_responder(r->split_cfg ? &r->cfg_b : &r->cfg,
+                                         &r->lb, r->busy, T0, &p->s[1].x),
+                   0);
   p->s[0].snap = r->snap_a;
   p->s[0].snap_n = r->la.n_params;
   p->s[1].snap = r->snap_b;
@@ -354,6 +363,119 @@ START_TEST(test_average) {
   pump_free(&p);
   free(a);
   free(b);
+}
+END_TEST
+
+/* Clipping: A (clip_norm 1) gets B's pull scaled to norm 1 along the same
+ * direction, B (no clipping) the whole delta; both report the norm before.
+ * A bound above the delta changes nothing. BIG_N spans several chunks, so
+ * the norm is summed across them. */
+START_TEST(test_average_clipped) {
+  size_t n = BIG_N;
+  float* a = calloc(n, sizeof(float));
+  float* b = malloc(n * sizeof(float));
+  ck_assert(a != NULL && b != NULL);
+  for (size_t i = 0; i < n; i++)
+    b[i] = 1.0f;
+  double norm = 0.5 * sqrt((double) n);
+  for (int above = 0; above < 2; above++) {
+    run_t r;
+    run_init(&r, ST_XCHG_AVERAGE, n);
+    r.cfg.norm_mult = 0; /* the norm guard would refuse B's from 0 */
+    r.split_cfg = true;
+    r.cfg_b = r.cfg;
+    r.cfg.clip_norm = above ? norm * 1.01 : 1.0;
+    r.snap_a = a;
+    r.snap_b = b;
+    pump_t p;
+    pump_start(&p, &r);
+    side_t *sa = &p.s[0], *sb = &p.s[1];
+    ck_assert_int_eq(sa->result, ST_XCHG_OK);
+    ck_assert_int_eq(sb->result, ST_XCHG_OK);
+    ck_assert_double_eq_tol(sa->delta_norm, norm, norm * 1e-6);
+    ck_assert_double_eq_tol(sb->delta_norm, norm, norm * 1e-6);
+    ck_assert(sa->clipped == !above);
+    ck_assert(!sb->clipped);
+    float want_a = above ? 0.5f : (float) (1.0 / sqrt((double) n));
+    long bad = -1;
+    double sq = 0;
+    for (size_t i = 0; i < n && bad < 0; i++) {
+      sq += (double) sa->apply[i] * sa->apply[i];
+      if (fabsf(sa->apply[i] - want_a) > want_a * 1e-6f ||
+          sb->apply[i] != -0.5f)
+        bad = (long) i;
+    }
+    ck_assert_msg(bad < 0, "delta wrong at %ld", bad);
+    ck_assert_double_eq_tol(sqrt(sq), above ? norm : 1.0,
+                            (above ? norm : 1.0) * 1e-5);
+    pump_free(&p);
+  }
+  /* clip_rel (clip_norm 0): the bound is clip_rel * (|own| + 1); A's own
+   * snapshot is 0, so 0.5 * 1. DONE says which bound applied. */
+  {
+    run_t r;
+    run_init(&r, ST_XCHG_AVERAGE, n);
+    r.cfg.norm_mult = 0;
+    r.split_cfg = true;
+    r.cfg_b = r.cfg;
+    r.cfg.clip_rel = 0.5;
+    r.snap_a = a;
+    r.snap_b = b;
+    pump_t p;
+    pump_start(&p, &r);
+    ck_assert(p.s[0].clipped && !p.s[1].clipped);
+    ck_assert_double_eq_tol(p.s[0].clip_norm, 0.5, 1e-12);
+    ck_assert(p.s[1].clip_norm == 0);
+    double sq = 0;
+    for (size_t i = 0; i < n; i++)
+      sq += (double) p.s[0].apply[i] * p.s[0].apply[i];
+    ck_assert_double_eq_tol(sqrt(sq), 0.5, 1e-5);
+    pump_free(&p);
+  }
+  /* A negative, NaN or infinite bound is misuse. */
+  st_xchg_config_t cfg;
+  st_xchg_config_default(&cfg);
+  st_xchg_local_t l;
+  local_init(&l, 1, "m", 10, 0);
+  st_xchg_t* x = NULL;
+  static const double bad_clip[] = {-1.0, NAN, INFINITY};
+  for (size_t i = 0; i < 3; i++) {
+    cfg.clip_norm = bad_clip[i];
+    ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x),
+                     -EINVAL);
+    cfg.clip_norm = 0;
+    cfg.clip_rel = bad_clip[i];
+    ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x),
+                     -EINVAL);
+    cfg.clip_rel = 0;
+  }
+  free(a);
+  free(b);
+}
+END_TEST
+
+/* The bound: none before ST_XCHG_CLIP_WARMUP norms or with mult 0; then
+ * mult times the median of at most ST_XCHG_CLIP_HISTORY, which a minority
+ * of huge norms does not move. */
+START_TEST(test_clip_bound) {
+  double h[ST_XCHG_CLIP_HISTORY + 4];
+  for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+    h[i] = (double) (i + 1); /* 1, 2, 3, ... */
+  ck_assert(st_xchg_clip_bound(h, ST_XCHG_CLIP_WARMUP - 1, 3) == 0);
+  ck_assert(st_xchg_clip_bound(h, ST_XCHG_CLIP_HISTORY, 0) == 0);
+  ck_assert(st_xchg_clip_bound(h, ST_XCHG_CLIP_HISTORY, NAN) == 0);
+  /* 8 norms 1..8: median 4.5; 9 norms: 5. */
+  ck_assert_double_eq(st_xchg_clip_bound(h, 8, 2), 9.0);
+  ck_assert_double_eq(st_xchg_clip_bound(h, 9, 2), 10.0);
+  /* Only the first ST_XCHG_CLIP_HISTORY count (16: median 8.5). */
+  ck_assert_double_eq(st_xchg_clip_bound(h, sizeof h / sizeof h[0], 1), 8.5);
+  /* Seven of sixteen a million times larger, in any order: the median
+   * stays among the honest ones. */
+  double mixed[ST_XCHG_CLIP_HISTORY];
+  for (size_t i = 0; i < ST_XCHG_CLIP_HISTORY; i++)
+    mixed[i] = i % 16 < 7 ? 1e6 : 1.0 + (double) i / 100;
+  double b = st_xchg_clip_bound(mixed, ST_XCHG_CLIP_HISTORY, 3);
+  ck_assert(b > 3.0 && b < 3.5);
 }
 END_TEST
 
@@ -1112,6 +1234,8 @@ static Suite* exchange_suite(void) {
   tcase_add_checked_fixture(ok, setup, NULL);
   tcase_add_loop_test(ok, test_average, 0, 2 * NSIZES);
   tcase_add_loop_test(ok, test_fetch, 0, 2 * NSIZES);
+  tcase_add_test(ok, test_average_clipped);
+  tcase_add_test(ok, test_clip_bound);
   tcase_add_loop_test(ok, test_refusals, 0, NREFUSALS);
   tcase_add_test(ok, test_flow_control);
   tcase_set_timeout(ok, 120);

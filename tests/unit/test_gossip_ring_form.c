@@ -67,16 +67,27 @@ typedef struct {
   st_ring_form_t* f;
   st_rng_t rng;
   char self;
-  uint64_t own_round; /* the latest own proposal's round */
+  uint64_t own_round;   /* the latest own proposal's round */
+  const char* distrust; /* members this node does not trust (cfg.trusts) */
   char acts[4096];
 } h_t;
 
-static void h_init(h_t* h, char self) {
+static bool h_trusts(const st_node_id_t* id, void* ctx) {
+  const h_t* h = ctx;
+  return h->distrust == NULL || strchr(h->distrust, (char) id->b[0]) == NULL;
+}
+
+static void h_init(h_t* h, char self, const char* distrust) {
   memset(h, 0, sizeof *h);
   st_rng_seed(&h->rng, 7);
   h->self = self;
+  h->distrust = distrust;
   st_ring_form_config_t cfg;
   st_ring_form_config_default(&cfg);
+  if (distrust != NULL) {
+    cfg.trusts = h_trusts;
+    cfg.trusts_ctx = h;
+  }
   st_node_id_t id = id_of(self);
   ck_assert_int_eq(st_ring_form_new(&cfg, &id, &h->rng, &h->f), 0);
 }
@@ -571,6 +582,7 @@ static const struct {
     {"invalid", offsetof(st_ring_form_counters_t, invalid)},
     {"finished_ok", offsetof(st_ring_form_counters_t, finished_ok)},
     {"finished_failed", offsetof(st_ring_form_counters_t, finished_failed)},
+    {"distrusted", offsetof(st_ring_form_counters_t, distrusted)},
 };
 
 static void check_counters(const st_ring_form_t* f, const char* spec,
@@ -615,9 +627,9 @@ static char state_char(st_ring_form_state_t s) {
                                                 : 'i';
 }
 
-static void run_rule(const rule_t* r) {
+static void run_rule(const rule_t* r, const char* distrust) {
   h_t h;
-  h_init(&h, r->self);
+  h_init(&h, r->self, distrust);
   for (int k = 0; k < 16 && r->s[k].op != 0; k++) {
     const step_t* s = &r->s[k];
     char where[160];
@@ -677,7 +689,33 @@ static void run_rule(const rule_t* r) {
  * its rule and step. */
 START_TEST(test_rules) {
   for (int i = 0; i < NRULES; i++)
-    run_rule(&rules[i]);
+    run_rule(&rules[i], NULL);
+}
+END_TEST
+
+/* Robust averaging (cfg.trusts): self does not trust member 9. */
+static const rule_t distrust_rule = {
+    "distrust: a list holding a member we do not trust is refused, in any "
+    "state but running",
+    '2',
+    {{M('P', '1', 1, "129"), .want = "a1:1", .state = 'i',
+      .counters = "distrusted=1 refused=1"},
+     {M('P', '1', 2, "12"), .want = "A1:2 T250", .state = 'a'},
+     {M('P', '0', 3, "029"), .at = 10, .want = "a0:3", .state = 'a',
+      .counters = "distrusted=2"},
+     {M('P', '1', 4, "192"), .at = 20, .want = "a1:4", .state = 'a',
+      .counters = "distrusted=3"},
+     {.op = 't', .at = 3000, .want = "", .state = 'i'},
+     {.op = 'p',
+      .at = 3000,
+      .list = "34",
+      .want = "P3:0=234 P4:0=234 T3250",
+      .state = 'p'},
+     {M('P', '1', 5, "129"), .at = 3001, .want = "a1:5", .state = 'p',
+      .counters = "distrusted=4"}}};
+
+START_TEST(test_distrust) {
+  run_rule(&distrust_rule, "9");
 }
 END_TEST
 
@@ -1476,6 +1514,7 @@ static Suite* ring_form_suite(void) {
   Suite* s = suite_create("gossip_ring_form");
   TCase* tr = tcase_create("rules");
   tcase_add_test(tr, test_rules);
+  tcase_add_test(tr, test_distrust);
   tcase_add_test(tr, test_many_candidates);
   tcase_add_test(tr, test_full_round);
   tcase_add_test(tr, test_misuse);

@@ -27,6 +27,7 @@ enum {
   OPT_EVAL_EVERY,
   OPT_LOG_EVERY,
   OPT_NORM_MULT,
+  OPT_CLIP_MULT,
   OPT_MIN_NODES,
   OPT_RING_LANES,
   OPT_QUIET,
@@ -48,6 +49,7 @@ static const struct option own_opts[] = {
     {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
     {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
+    {"clip", required_argument, NULL, OPT_CLIP_MULT},
     {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
     {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
@@ -127,6 +129,11 @@ static void usage(FILE* f) {
       "  --norm-guard X       drop a peer's model whose norm exceeds X times "
       "ours\n"
       "                       (default 10; 0: off)\n"
+      "  --clip X             scale a peer's pull on our model down to X "
+      "times the\n"
+      "                       median of the last 16 (robust averaging; "
+      "default 3;\n"
+      "                       0: off)\n"
       "  --quiet              only warnings and errors\n"
       "\n"
       "Training (as in 'starling train'):\n");
@@ -166,6 +173,7 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
        offsetof(st_daemon_config_t, log_every_s)},
       {OPT_NORM_MULT, "--norm-guard", 1e12,
        offsetof(st_daemon_config_t, norm_mult)},
+      {OPT_CLIP_MULT, "--clip", 1e6, offsetof(st_daemon_config_t, clip_mult)},
   };
   for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
     if (flags[i].opt != opt)
@@ -219,6 +227,7 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
     case OPT_EVAL_EVERY:
     case OPT_LOG_EVERY:
     case OPT_NORM_MULT:
+    case OPT_CLIP_MULT:
       rc = seconds_flag(cfg, opt, v);
       break;
     case OPT_RING_LANES: {

@@ -1,0 +1,114 @@
+/* daemon_robust.c: robust averaging (docs/operations.md, "Robust
+ * averaging"; docs/security.md): how far a peer's model may move this
+ * node's, in gossip exchanges and in ring rounds.
+ *
+ * Gossip: an exchange's delta is clipped (gossip/exchange.c) at --clip
+ * times the median pull of this node's last ST_XCHG_CLIP_HISTORY exchanges
+ * (st_xchg_clip_bound), tightened for a peer in proportion to its
+ * suspicion: a moving average of "its pull was beyond the untightened
+ * bound". A member that keeps pulling far (one serving a poisoned or
+ * scaled model) is clipped to almost nothing within a few exchanges; an
+ * honest one whose pull was long once is barely touched, and its suspicion
+ * decays as its pulls come back within the bound. Until the history holds
+ * ST_XCHG_CLIP_WARMUP pulls, the bound is a tenth of this node's own norm (+1).
+ *
+ * Rings: a member this node suspects (suspicion at or above
+ * SUSPECT_LEVEL) is not proposed, and a proposal that holds one is
+ * refused (gossip/ring_form.c, cfg.trusts); and a round's result moves the
+ * parameters by at most the gossip bound (untightened: a ring's sum has no
+ * single author), so that a member this node does not suspect yet cannot
+ * move it arbitrarily either. A node takes part in rings only once its
+ * gossip history has ST_XCHG_CLIP_WARMUP pulls (with gossip off, rings run
+ * unclipped).
+ */
+#include "node/daemon/daemon_internal.h"
+
+#include <math.h>
+
+#define SUSPICION_RATE 0.125f
+#define SUSPECT_LEVEL 0.5f
+#define MIN_TRUST 0.01
+#define WARMUP_REL 0.1
+
+st_xchg_config_t st__robust_xchg_config(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  st_xchg_config_t cfg = d->xcfg;
+  double bound =
+      st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
+  const st__heard_t* h = st__net_heard_find(d, &c->peer);
+  double trust = h != NULL ? 1.0 - (double) h->suspicion : 1.0;
+  trust = trust > MIN_TRUST ? trust : MIN_TRUST;
+  cfg.clip_norm = bound * trust;
+  if (bound == 0 && d->cfg->clip_mult > 0)
+    cfg.clip_rel = WARMUP_REL * trust;
+  c->clip_base = d->clip_last = bound;
+  c->clip_trust = trust;
+  return cfg;
+}
+
+void st__robust_record(st__conn_t* c, const st_xact_t* done) {
+  st__daemon_t* d = c->d;
+  double base =
+      c->clip_base > 0 ? c->clip_base : done->clip_norm / c->clip_trust;
+  double pull = done->delta_norm;
+  st__heard_t* h = st__net_heard_slot(d, &c->peer);
+  /* The history is of the pulls of members not suspected, a pull beyond
+   * the bound counting as the bound: a suspect's pulls would otherwise
+   * hold the median at the bound, and a bound of --clip times itself
+   * grows without end (one member among three averages often enough
+   * for that); clipped pulls counted as what was applied (near 0 for a
+   * suspect) would drag it to nothing instead. */
+  if (h == NULL || h->suspicion < SUSPECT_LEVEL) {
+    d->clip_norms[d->clip_at] = base > 0 && pull > base ? base : pull;
+    d->clip_at = (d->clip_at + 1) % ST_XCHG_CLIP_HISTORY;
+    if (d->clip_n < ST_XCHG_CLIP_HISTORY)
+      d->clip_n++;
+  }
+  if (h != NULL) {
+    h->averaged++;
+    float beyond = base > 0 && pull > base;
+    h->suspicion += SUSPICION_RATE * (beyond - h->suspicion);
+  }
+  if (!done->clipped)
+    return;
+  d->c.clipped++;
+  uint32_t n = h != NULL ? ++h->clipped : 1;
+  if (n % 10 == 1) {
+    char id[33];
+    st_node_id_format(&c->peer, id);
+    st__dwarn(d,
+              "clipped the pull of %.12s (norm %.3g, bound %.3g, suspicion "
+              "%.2f): %u of its %u averagings so far",
+              id, done->delta_norm, done->clip_norm,
+              h != NULL ? h->suspicion : 1.0, n, h != NULL ? h->averaged : 1);
+  }
+}
+
+bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id) {
+  /* Rings wait for the gossip history: a round's move is clipped at the
+   * gossip bound, and before there is one a poisoned member could move
+   * the whole cluster in one round. Without gossip there is no bound:
+   * rings run unclipped. */
+  if (d->cfg->clip_mult > 0 && d->cfg->gossip_every_s > 0 &&
+      d->clip_n < ST_XCHG_CLIP_WARMUP)
+    return false;
+  const st__heard_t* h = st__net_heard_find(d, id);
+  return h == NULL || h->suspicion < SUSPECT_LEVEL;
+}
+
+float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n) {
+  double bound =
+      st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
+  if (!(bound > 0))
+    return 1.0f;
+  double sq = 0;
+  for (size_t i = 0; i < n; i++)
+    sq += (double) delta[i] * delta[i];
+  double norm = sqrt(sq);
+  if (!(norm > bound))
+    return 1.0f;
+  d->c.ring_clipped++;
+  st__dwarn(d, "clipped a ring round's move (norm %.3g, bound %.3g)", norm,
+            bound);
+  return (float) (bound / norm);
+}
