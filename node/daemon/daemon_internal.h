@@ -148,10 +148,12 @@ typedef struct {
   uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
   uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
   uint64_t fetches_ok;
-  uint64_t clipped;       /* averaging exchanges whose pull we clipped */
-  uint64_t ring_clipped;  /* ring rounds whose move we clipped */
-  double exchange_ms_sum; /* successful averaging exchanges, connect to
-                             done: the mean is sum / ok */
+  uint64_t clipped;            /* averaging exchanges whose pull we clipped */
+  uint64_t ring_clipped;       /* ring rounds whose move we clipped */
+  uint64_t fetch_step_refused; /* state transfers refused: the donor's step
+                                  beyond st__robust_step_bound */
+  double exchange_ms_sum;      /* successful averaging exchanges, connect to
+                                  done: the mean is sum / ok */
   double exchange_ms_last;
   uint64_t ring_ok, ring_aborted; /* ring rounds this node took part in */
   double ring_last_ms;
@@ -284,6 +286,7 @@ struct st__daemon_s {
   bool resumed; /* started from a checkpoint */
   bool synced;  /* has parameters of its own: checkpoint them at exit */
   uint64_t fetch_attempts;
+  uint64_t sync_ticks;     /* st__xchg_sync_tick calls while syncing */
   uint64_t wait_logged_ms; /* last "waiting for N nodes" line */
   bool fetch_active;
   int avg_active; /* averaging exchanges in progress, either role */
@@ -402,6 +405,13 @@ bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id);
 /* The factor (at most 1) that a ring round's move delta[0..n) is applied
  * with: the gossip bound over its norm when longer (counted). */
 float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n);
+/* The highest step a joiner believes: 4 times the lower median of steps[]
+ * plus 100,000 (saturating; UINT64_MAX when n is 0: nothing to compare). */
+uint64_t st__robust_step_bound_of(const uint64_t* steps, size_t n);
+/* The same over the steps the live members report in their status records,
+ * this node, `except` (NULL: none) and members at step 0 left out. */
+uint64_t st__robust_step_bound(const st__daemon_t* d,
+                               const st_node_id_t* except);
 
 /* daemon_state.c */
 /* The data directory's paths (checkpoint, control socket) into d. */

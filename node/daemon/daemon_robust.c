@@ -20,15 +20,24 @@
  * move it arbitrarily either. A node takes part in rings only once its
  * gossip history has ST_XCHG_CLIP_WARMUP pulls (with gossip off, rings run
  * unclipped).
+ *
+ * Joining: a donor's step is believed only within st__robust_step_bound of
+ * the steps the other members report (a donor claiming step 2^64-1 would
+ * otherwise leave the joiner with no steps to train), and a member
+ * reporting a step beyond it is not asked.
  */
 #include "node/daemon/daemon_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define SUSPICION_RATE 0.125f
 #define SUSPECT_LEVEL 0.5f
 #define MIN_TRUST 0.01
 #define WARMUP_REL 0.1
+#define STEP_MULT 4u
+#define STEP_SLACK 100000u
 
 st_xchg_config_t st__robust_xchg_config(st__conn_t* c) {
   st__daemon_t* d = c->d;
@@ -111,4 +120,46 @@ float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n) {
   st__dwarn(d, "clipped a ring round's move (norm %.3g, bound %.3g)", norm,
             bound);
   return (float) (bound / norm);
+}
+
+static int by_step(const void* a, const void* b) {
+  uint64_t x = *(const uint64_t*) a, y = *(const uint64_t*) b;
+  return (x > y) - (x < y);
+}
+
+uint64_t st__robust_step_bound_of(const uint64_t* steps, size_t n) {
+  if (n == 0)
+    return UINT64_MAX;
+  uint64_t* v = malloc(n * sizeof(*v));
+  if (v == NULL)
+    return UINT64_MAX;
+  memcpy(v, steps, n * sizeof(*v));
+  qsort(v, n, sizeof(*v), by_step);
+  uint64_t median = v[(n - 1) / 2]; /* the lower one: a liar cannot lift it */
+  free(v);
+  /* Four times the median and 100,000 steps: far past the spread of nodes
+   * of different speeds, far short of a step that ends training. */
+  if (median > (UINT64_MAX - STEP_SLACK) / STEP_MULT)
+    return UINT64_MAX;
+  return median * STEP_MULT + STEP_SLACK;
+}
+
+uint64_t st__robust_step_bound(const st__daemon_t* d,
+                               const st_node_id_t* except) {
+  size_t count = st_membership_count(d->m), n = 0;
+  uint64_t* steps = malloc((count + 1) * sizeof(*steps));
+  if (steps == NULL)
+    return UINT64_MAX;
+  for (size_t i = 0; i < count; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0 ||
+        (except != NULL && memcmp(&mb->id, except, sizeof(mb->id)) == 0) ||
+        mb->status.step == 0) /* a joiner, or a cluster that just began */
+      continue;
+    steps[n++] = mb->status.step;
+  }
+  uint64_t bound = st__robust_step_bound_of(steps, n);
+  free(steps);
+  return bound;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #define SYNC_RETRY_LOG_EVERY 10
+#define SYNC_WAIT_TICKS 20 /* 5 s at the 250 ms sync tick */
 
 static void fill_local(st__daemon_t* d, st_xchg_local_t* l) {
   *l = d->local;
@@ -114,6 +115,18 @@ static void drain(st__conn_t* c) {
       }
       case ST_XACT_APPLY:
         if (c->xkind == ST_XCHG_FETCH && c->initiator) {
+          uint64_t bound = st__robust_step_bound(d, &c->peer);
+          if (a.step > bound) {
+            char id[33];
+            st_node_id_format(&c->peer, id);
+            d->c.fetch_step_refused++;
+            st__dwarn(d,
+                      "refused the state of %.12s: its step %llu is beyond "
+                      "what the other members report (at most %llu)",
+                      id, (unsigned long long) a.step,
+                      (unsigned long long) bound);
+            break;
+          }
           int rc = st__tt_set_state(d->tt, a.values, a.n, a.step);
           if (rc == 0 && d->state == ST__D_SYNCING) {
             char id[33];
@@ -258,7 +271,12 @@ static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
     if (same_model && memcmp(mb->status.fingerprint, d->local.fingerprint,
                              sizeof(d->local.fingerprint)) != 0)
       continue;
-    *out = *mb;
+    /* A donor whose reported step is implausible is not asked. (The copy
+     * first: the bound's own queries reuse st_membership_at's buffers.) */
+    st_member_t cand = *mb;
+    if (!same_model && cand.status.step > st__robust_step_bound(d, &cand.id))
+      continue;
+    *out = cand;
     return true;
   }
   return false;
@@ -287,8 +305,25 @@ void st__xchg_gossip_tick(st__daemon_t* d) {
     start_exchange(d, &peer, ST_XCHG_AVERAGE);
 }
 
+/* Whether every live member but this node has a status record: the steps
+ * a donor's is judged against (st__robust_step_bound). */
+static bool statuses_known(const st__daemon_t* d) {
+  size_t n = st_membership_count(d->m);
+  for (size_t i = 0; i < n; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb != NULL && mb->state == ST_MEMBER_ALIVE && !mb->has_status &&
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) != 0)
+      return false;
+  }
+  return true;
+}
+
 void st__xchg_sync_tick(st__daemon_t* d) {
   if (d->state != ST__D_SYNCING || d->fetch_active)
+    return;
+  /* A joiner first hears every member's status (or waits SYNC_WAIT_TICKS
+   * for it): a donor's step is believed only next to the others'. */
+  if (++d->sync_ticks < SYNC_WAIT_TICKS && !statuses_known(d))
     return;
   st_member_t peer;
   if (!pick_peer(d, false, &peer)) {

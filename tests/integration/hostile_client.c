@@ -12,7 +12,10 @@
  *                      norm guard lets through for V of a few units);
  *   --attack flip:K    every step, the parameters are -K times what the
  *                      node gave back (a sign-flipped, scaled model; each
- *                      exchange pulls its peer away from the consensus).
+ *                      exchange pulls its peer away from the consensus);
+ *   --attack step:S    the parameters are left alone, but the program says
+ *                      it is at step S (and counts on from there), so its
+ *                      node reports, and would hand a joiner, that step.
  *
  * It runs --steps steps, one every --step-us microseconds, and exits 0, or
  * 1 with the library's sentence.
@@ -67,11 +70,14 @@ int main(int argc, char** argv) {
       step_us = strtoull(argv[i + 1], NULL, 10);
   }
   float v = 0;
+  unsigned long long step_from = 0;
   int is_poison = sscanf(attack, "poison:%f", &v) == 1;
-  if (socket == NULL || (!is_poison && sscanf(attack, "flip:%f", &v) != 1)) {
+  int is_step = !is_poison && sscanf(attack, "step:%llu", &step_from) == 1;
+  if (socket == NULL ||
+      (!is_poison && !is_step && sscanf(attack, "flip:%f", &v) != 1)) {
     fprintf(stderr,
-            "usage: hostile_client --socket PATH [--attack poison:V|flip:K] "
-            "[--steps N] [--step-us U]\n");
+            "usage: hostile_client --socket PATH "
+            "[--attack poison:V|flip:K|step:S] [--steps N] [--step-us U]\n");
     return 2;
   }
   st_client_tensor_t t[] = {{"fc.weight", ST_CLIENT_F32, 2, {C, D}, weight},
@@ -85,13 +91,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "hostile_client: %s\n", err);
     return 1;
   }
-  uint64_t s = st_client_cluster_step(c);
+  uint64_t s = is_step ? step_from : st_client_cluster_step(c);
   printf("attacking (%s) from step %llu\n", attack, (unsigned long long) s);
   fflush(stdout);
   for (unsigned long long k = 0; k < steps; k++) {
     if (is_poison)
       poison(v);
-    else
+    else if (!is_step)
       flip(v);
     struct timespec ts = {(time_t) (step_us / 1000000),
                           (long) (step_us % 1000000) * 1000};

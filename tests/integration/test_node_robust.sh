@@ -9,7 +9,10 @@
 #       end far below the problem's ceiling (the test of the test);
 #   (b) with the default clipping the honest programs reach the target, the
 #       honest nodes count clipped pulls, and `starling peers` puts them on
-#       the attacker: most of its averagings clipped, few of anyone else's.
+#       the attacker: most of its averagings clipped, few of anyone else's;
+#   (c) two of three members claim step 2^52 (a donor could hand a joiner
+#       a step that leaves it nothing to train): four joiners in turn each
+#       take the honest member's state and step.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -35,8 +38,8 @@ run_cluster() {
   local flags=(--attach --gossip-every 0.1 --ring-every 1 --clip "$clip")
   node_start $base "${flags[@]}"
   wait_for 20 "node $base's control socket" test -S "$(node_dir $base)/control.sock"
-  "$CLIENT" --socket "$(node_dir $base)/control.sock" --steps 1 >/dev/null ||
-    node_fail "($tag) the first program"
+  "$CLIENT" --socket "$(node_dir $base)/control.sock" --steps 1 >"$SCRATCH/first$tag.out" 2>&1 ||
+    node_fail "($tag) the first program: $(cat "$SCRATCH/first$tag.out")"
   node_up $base
   local seed=$NODE_ADDR k
   for k in 1 2 3; do
@@ -104,3 +107,41 @@ for p in peers:
 EOF
 done
 pass "(b) with clipping the honest programs reach ${ACC[*]}; the attacker's pulls are clipped and named in peers"
+for k in 10 11 12 13; do kill -9 "${NODE_PID[$k]}"; done
+
+# (c) lying about the step. Node 20 is honest (its program trains a little
+# and leaves), nodes 21 and 22 run programs that claim step 2^52.
+flags=(--attach --gossip-every 0.5 --ring-every 0)
+node_start 20 "${flags[@]}"
+wait_for 20 "node 20's control socket" test -S "$(node_dir 20)/control.sock"
+"$CLIENT" --socket "$(node_dir 20)/control.sock" --steps 300 >/dev/null ||
+  node_fail "(c) the first program"
+node_up 20
+seed=$NODE_ADDR
+for k in 21 22; do
+  node_start $k "${flags[@]}" --join "$seed"
+  wait_for 20 "node $k's control socket" test -S "$(node_dir $k)/control.sock"
+  "$HOSTILE" --socket "$(node_dir $k)/control.sock" --attack step:4503599627370496 \
+    --steps 100000 --step-us 2000 >"$SCRATCH/liar$k.out" 2>&1 &
+  PIDS+=($!)
+done
+for k in 21 22; do wait_for 20 "node $k at the lying step" step_over $k 4503599627370000; done
+wait_for 10 "the lies to reach node 20" "$NUMPY_PY" -c '
+import json, subprocess, sys
+peers = json.loads(subprocess.run(sys.argv[1:], capture_output=True, text=True).stdout)
+sys.exit(sum(p["step"] > 1 << 50 for p in peers) < 2)' \
+  "$STARLING" peers --json --data-dir "$(node_dir 20)"
+refused=0
+for j in 1 2 3 4; do
+  k=$((30 + j))
+  node_start $k "${flags[@]}" --join "$seed"
+  wait_for 20 "node $k's control socket" test -S "$(node_dir $k)/control.sock"
+  "$CLIENT" --socket "$(node_dir $k)/control.sock" --steps 1 >"$SCRATCH/j$k.out" 2>&1 ||
+    node_fail "(c) joiner $k's program: $(cat "$SCRATCH/j$k.out")"
+  from=$(sed -n 's/^training from step \([0-9]*\) .*/\1/p' "$SCRATCH/j$k.out")
+  [ -n "$from" ] && [ "$from" -le 300 ] ||
+    node_fail "(c) joiner $k started at step '$from', not the honest member's (at most 300)"
+  refused=$((refused + $(node_field $k state_transfers_refused_step)))
+  kill -9 "${NODE_PID[$k]}"
+done
+pass "(c) four joiners took the honest member's step (state transfers refused for their step: $refused)"

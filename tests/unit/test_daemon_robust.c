@@ -1,0 +1,45 @@
+/* test_daemon_robust.c: the Check suite for the pure parts of robust
+ * averaging in the daemon (node/daemon/daemon_robust.c): the bound on the
+ * step a joiner believes. (The clip bound is gossip/exchange.c's
+ * st_xchg_clip_bound, tested in test_gossip_exchange.c; the rest runs on
+ * real processes in tests/integration/test_node_robust.sh.) */
+#include <check.h>
+#include <stdint.h>
+
+#include "node/daemon/daemon_internal.h"
+
+START_TEST(test_step_bound) {
+  /* Nothing to compare with: anything goes. */
+  ck_assert(st__robust_step_bound_of(NULL, 0) == UINT64_MAX);
+  uint64_t one[] = {1000};
+  ck_assert_uint_eq(st__robust_step_bound_of(one, 1), 4 * 1000 + 100000);
+  /* The lower median: one liar among two, or two among four, cannot lift
+   * it; the order does not matter. */
+  uint64_t two[] = {UINT64_MAX, 5000};
+  ck_assert_uint_eq(st__robust_step_bound_of(two, 2), 4 * 5000 + 100000);
+  uint64_t four[] = {1u << 30, 7000, UINT64_MAX, 6000};
+  ck_assert_uint_eq(st__robust_step_bound_of(four, 4), 4 * 7000 + 100000);
+  /* A majority of liars owns the median; the bound saturates. */
+  uint64_t three[] = {UINT64_MAX, 10, UINT64_MAX};
+  ck_assert(st__robust_step_bound_of(three, 3) == UINT64_MAX);
+  /* Honest spread (a node twice as fast) is well within. */
+  uint64_t honest[] = {2000000, 1000000, 1500000};
+  ck_assert_uint_ge(st__robust_step_bound_of(honest, 3), 2000000);
+}
+END_TEST
+
+static Suite* robust_suite(void) {
+  Suite* s = suite_create("daemon_robust");
+  TCase* tc = tcase_create("step_bound");
+  tcase_add_test(tc, test_step_bound);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner* sr = srunner_create(robust_suite());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
