@@ -13,6 +13,13 @@
  *   --attack flip:K    every step, the parameters are -K times what the
  *                      node gave back (a sign-flipped, scaled model; each
  *                      exchange pulls its peer away from the consensus);
+ *   --attack noise:S   every step, Gaussian noise of standard deviation S
+ *                      is added to what the node gave back;
+ *   --attack stale     every step, the parameters are put back to what the
+ *                      node handed over at attach (a model that never
+ *                      learns: the cluster's state when it came);
+ *   --attack nan:P     with probability P a step, every parameter is NaN
+ *                      (bursts of non-finite values; else left alone);
  *   --attack step:S    the parameters are left alone, but the program says
  *                      it is at step S (and counts on from there), so its
  *                      node reports, and would hand a joiner, that step.
@@ -45,14 +52,73 @@ static void poison(float v) {
 
 static void flip(float k) {
   for (int i = 0; i < C * D; i++)
-    weight[i] *= -k;
+    weight[i] = fmaxf(-1e3f, fminf(1e3f, -k * weight[i]));
   for (int i = 0; i < C; i++)
-    bias[i] *= -k;
-  /* Bounded, so that the node never refuses it as non-finite. */
-  for (int i = 0; i < C * D; i++)
-    weight[i] = fmaxf(-1e3f, fminf(1e3f, weight[i]));
-  for (int i = 0; i < C; i++)
-    bias[i] = fmaxf(-1e3f, fminf(1e3f, bias[i]));
+    bias[i] = fmaxf(-1e3f, fminf(1e3f, -k * bias[i]));
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static double uniform(void) {
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; /* xorshift64 */
+  return (double) (rng >> 11) * 0x1.0p-53;
+}
+
+static void noise(float sd) {
+  for (int i = 0; i < C * D + C; i++) {
+    double u = uniform(), w = uniform();
+    float z = (float) (sqrt(-2 * log(u > 0 ? u : 1e-300)) *
+                       cos(6.283185307179586 * w));
+    *(i < C * D ? &weight[i] : &bias[i - C * D]) += sd * z;
+  }
+}
+
+typedef struct {
+  char kind; /* p poison, f flip, n noise, s stale, x nan, t step */
+  float v;
+  unsigned long long step_from;
+  float saved[C * D + C]; /* stale: the parameters at attach */
+} attack_t;
+
+static int parse_attack(const char* a, attack_t* at) {
+  memset(at, 0, sizeof *at);
+  if (sscanf(a, "poison:%f", &at->v) == 1)
+    at->kind = 'p';
+  else if (sscanf(a, "flip:%f", &at->v) == 1)
+    at->kind = 'f';
+  else if (sscanf(a, "noise:%f", &at->v) == 1)
+    at->kind = 'n';
+  else if (strcmp(a, "stale") == 0)
+    at->kind = 's';
+  else if (sscanf(a, "nan:%f", &at->v) == 1)
+    at->kind = 'x';
+  else if (sscanf(a, "step:%llu", &at->step_from) == 1)
+    at->kind = 't';
+  return at->kind != 0 ? 0 : -1;
+}
+
+/* The attack's parameters for one step, written over what the node gave. */
+static void attack_step(attack_t* at) {
+  switch (at->kind) {
+    case 'p':
+      poison(at->v);
+      break;
+    case 'f':
+      flip(at->v);
+      break;
+    case 'n':
+      noise(at->v);
+      break;
+    case 's':
+      memcpy(weight, at->saved, sizeof weight);
+      memcpy(bias, at->saved + C * D, sizeof bias);
+      break;
+    case 'x':
+      if (uniform() < at->v)
+        for (int i = 0; i < C * D; i++)
+          weight[i] = NAN;
+      break;
+  }
 }
 
 int main(int argc, char** argv) {
@@ -69,15 +135,11 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--step-us") == 0)
       step_us = strtoull(argv[i + 1], NULL, 10);
   }
-  float v = 0;
-  unsigned long long step_from = 0;
-  int is_poison = sscanf(attack, "poison:%f", &v) == 1;
-  int is_step = !is_poison && sscanf(attack, "step:%llu", &step_from) == 1;
-  if (socket == NULL ||
-      (!is_poison && !is_step && sscanf(attack, "flip:%f", &v) != 1)) {
+  attack_t at;
+  if (socket == NULL || parse_attack(attack, &at) != 0) {
     fprintf(stderr,
-            "usage: hostile_client --socket PATH "
-            "[--attack poison:V|flip:K|step:S] [--steps N] [--step-us U]\n");
+            "usage: hostile_client --socket PATH [--attack poison:V|flip:K|"
+            "noise:S|stale|nan:P|step:S] [--steps N] [--step-us U]\n");
     return 2;
   }
   st_client_tensor_t t[] = {{"fc.weight", ST_CLIENT_F32, 2, {C, D}, weight},
@@ -91,14 +153,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "hostile_client: %s\n", err);
     return 1;
   }
-  uint64_t s = is_step ? step_from : st_client_cluster_step(c);
+  memcpy(at.saved, weight, sizeof weight);
+  memcpy(at.saved + C * D, bias, sizeof bias);
+  uint64_t s = at.kind == 't' ? at.step_from : st_client_cluster_step(c);
   printf("attacking (%s) from step %llu\n", attack, (unsigned long long) s);
   fflush(stdout);
   for (unsigned long long k = 0; k < steps; k++) {
-    if (is_poison)
-      poison(v);
-    else if (!is_step)
-      flip(v);
+    attack_step(&at);
     struct timespec ts = {(time_t) (step_us / 1000000),
                           (long) (step_us % 1000000) * 1000};
     nanosleep(&ts, NULL);
