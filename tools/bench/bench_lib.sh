@@ -20,8 +20,10 @@ bench_setup() {
 # PREFIX-TAG-0 .. N-1 (10.77.0.R+1/24 on eth0), every veth end shaped by
 # `tbf rate $RATE burst 64kb latency 50ms` with MTU $MTU; "TAG N" is
 # appended to the caller's up_ns array so that its cleanup can undo it.
+# With RATE empty or unset the links are not shaped (MTU defaults to 1500):
+# tools/scripts/chaos_net.sh drops packets in them instead.
 bench_ns_up() {
-  local p=$1 t=$2 n=$3 br="$1-$2-br" r ns
+  local p=$1 t=$2 n=$3 br="$1-$2-br" r ns mtu=${MTU:-1500}
   up_ns+=("$t $n")
   ip netns add "$br"
   ip -n "$br" link add br0 type bridge
@@ -30,11 +32,12 @@ bench_ns_up() {
     ns="$p-$t-$r"
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    ip -n "$ns" link add eth0 mtu "$MTU" type veth peer name "p$r" mtu "$MTU" netns "$br"
+    ip -n "$ns" link add eth0 mtu "$mtu" type veth peer name "p$r" mtu "$mtu" netns "$br"
     ip -n "$br" link set "p$r" master br0
     ip -n "$br" link set "p$r" up
     ip -n "$ns" addr add "10.77.0.$((r + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
+    [ -n "${RATE:-}" ] || continue
     tc -n "$ns" qdisc add dev eth0 root tbf rate "$RATE" burst 64kb latency 50ms
     tc -n "$br" qdisc add dev "p$r" root tbf rate "$RATE" burst 64kb latency 50ms
   done
