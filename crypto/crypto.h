@@ -146,6 +146,17 @@ int st_identity_generate(st_identity_t* id);
 /* Wipes the secret key. */
 void st_identity_wipe(st_identity_t* id);
 
+/* Ed25519 detached signatures with an identity's key, for claims that
+ * travel beyond the packet that carries them (membership's signed ALIVE,
+ * STATUS and leave: docs/protocol.md). st_identity_sign writes the
+ * signature of msg[0..len) to sig; st_identity_verify is true only when
+ * sig is pk's signature of exactly msg[0..len). */
+void st_identity_sign(const st_identity_t* id, const uint8_t* msg, size_t len,
+                      uint8_t sig[ST_SIGNATURE_BYTES]);
+bool st_identity_verify(const uint8_t pk[ST_PUBLIC_KEY_BYTES],
+                        const uint8_t* msg, size_t len,
+                        const uint8_t sig[ST_SIGNATURE_BYTES]);
+
 /* Key files are text: one line "starling-identity-v1 BASE64" (the 32-byte
  * Ed25519 seed) or "starling-cluster-key-v1 BASE64" (the 32-byte key),
  * base64 URL-safe without padding. They are created with mode 0600 and

@@ -98,6 +98,17 @@ void st_identity_wipe(st_identity_t* id) {
   sodium_memzero(id, sizeof(*id));
 }
 
+void st_identity_sign(const st_identity_t* id, const uint8_t* msg, size_t len,
+                      uint8_t sig[ST_SIGNATURE_BYTES]) {
+  crypto_sign_detached(sig, NULL, msg, len, id->secret_key);
+}
+
+bool st_identity_verify(const uint8_t pk[ST_PUBLIC_KEY_BYTES],
+                        const uint8_t* msg, size_t len,
+                        const uint8_t sig[ST_SIGNATURE_BYTES]) {
+  return crypto_sign_verify_detached(sig, msg, len, pk) == 0;
+}
+
 /* ---- Cluster keys
  * ------------------------------------------------------------ */
 

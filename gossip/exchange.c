@@ -56,8 +56,9 @@
  * FAIL_NONFINITE, with nothing applied.
  * - Finishing: AVERAGE emits APPLY (delta = (peer - own) / 2 computed in
  *   float, so the two sides' deltas are exact negatives of each other,
- *   unless one side clips: a delta whose L2 norm exceeds cfg.clip_norm > 0
- *   is scaled to clip_norm, and DONE says so with the norm before) and
+ *   unless one side clips: a delta whose L2 norm exceeds the bound,
+ *   max(cfg.clip_norm, cfg.clip_rel * (|own| + 1)) * cfg.clip_scale, is
+ *   scaled to it, and DONE says so with the norm before) and
  *   DONE(OK) once the peer's snapshot is verified AND our own snapshot has
  *   been sent: all chunks and our XCHG_DONE emitted and acknowledged with
  *   st_xchg_sent. The FETCH donor finishes DONE(OK) once its XCHG_DONE is
@@ -173,6 +174,7 @@ struct st_xchg_s {
   double delta_norm;  /* AVERAGE, at the end: |delta| before clipping */
   bool clipped;       /* AVERAGE: the delta was scaled to clip_used */
   double clip_used;   /* AVERAGE: the bound applied (0: none) */
+  double clip_base;   /* AVERAGE: the bound before cfg.clip_scale */
 
   uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
   uint8_t ctl[CTL_BYTES];
@@ -208,6 +210,7 @@ void st_xchg_config_default(st_xchg_config_t* cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->timeout_ms = XCHG_DEFAULT_TIMEOUT_MS;
   cfg->norm_mult = XCHG_DEFAULT_NORM_MULT;
+  cfg->clip_scale = 1.0;
 }
 
 /* ==== The machine's pieces ==================================================
@@ -311,9 +314,9 @@ static void delta_catch_up(st_xchg_t* x) {
  * sent, it moves our parameters by at most clip_norm. */
 static void clip_delta(st_xchg_t* x) {
   x->delta_norm = sqrt(x->delta_sumsq);
-  double bound = x->cfg.clip_norm > 0
-                     ? x->cfg.clip_norm
-                     : x->cfg.clip_rel * (sqrt(x->own_sumsq) + 1.0);
+  double floor = x->cfg.clip_rel * (sqrt(x->own_sumsq) + 1.0);
+  x->clip_base = x->cfg.clip_norm > floor ? x->cfg.clip_norm : floor;
+  double bound = x->clip_base * x->cfg.clip_scale;
   x->clip_used = bound;
   if (!(bound > 0) || x->delta_norm <= bound)
     return;
@@ -399,7 +402,8 @@ static int new_machine(const st_xchg_config_t* cfg,
   if (!(cfg->norm_mult >= 0) || isinf(cfg->norm_mult))
     return -EINVAL;
   if (!(cfg->clip_norm >= 0) || isinf(cfg->clip_norm) ||
-      !(cfg->clip_rel >= 0) || isinf(cfg->clip_rel))
+      !(cfg->clip_rel >= 0) || isinf(cfg->clip_rel) || !(cfg->clip_scale > 0) ||
+      isinf(cfg->clip_scale))
     return -EINVAL;
   /* st_hash_t is 64-byte aligned; malloc promises 16. */
   size_t size = (sizeof(st_xchg_t) + 63) / 64 * 64;
@@ -790,6 +794,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->delta_norm = x->delta_norm;
       out->clipped = x->clipped;
       out->clip_norm = x->clip_used;
+      out->clip_base = x->clip_base;
       out->peer_tensors_len = x->peer_tensors_len;
       break;
   }

@@ -17,22 +17,31 @@
  *   PING_REQ     [seq u32, target bin16, target_addr addr, want_nack bool]
  *   ACK          [seq u32]
  *   NACK         [seq u32]
- *   ALIVE        [node bin16, incarnation u64, addr addr, public_key bin32]
+ *   ALIVE        [node bin16, incarnation u64, addr addr, public_key bin32,
+ *                 signature bin64]
  *   SUSPECT      [node bin16, incarnation u64, from bin16]
- *   DEAD         [node bin16, incarnation u64, from bin16]
+ *   DEAD         [node bin16, incarnation u64, from bin16, signature bin64]
  *   STATUS       [node bin16, seq u64, step u64, loss f32, accuracy f32,
- *                 samples_per_sec f32, fingerprint bin16, ring_capable bool]
+ *                 samples_per_sec f32, fingerprint bin16, ring_capable bool,
+ *                 signature bin64]
  *   PUSH_PULL    [is_reply bool, [entry, ...]] with at most
  *                ST_WIRE_PUSH_PULL_MAX_ENTRIES entries, each
  *                [node bin16, incarnation u64, state u8, addr addr,
- *                 public_key bin32]
+ *                 public_key bin32, signature bin64]
  *   TENSOR_CHUNK [transfer_id u64, offset u64, total u64, data bin]
- * where addr is [ip bin4|bin16, port u16]. A UDP packet's plaintext is a
- * concatenation of messages (a probe and the updates piggybacked on it),
- * read one at a time with st_wire_decode_next. Integers accept any msgpack
- * integer encoding that fits the field; floats accept float32 or float64
- * (narrowed); a tensor chunk's data is little-endian float32, a multiple of
- * 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and offset + count <= total.
+ * where addr is [ip bin4|bin16, port u16]. The signatures are the
+ * subject's own (node's identity key) over the domain-separated encodings
+ * that st_membership_alive_claim, _status_claim and _leave_claim write
+ * (docs/protocol.md, "Signed claims"): an ALIVE's over the ALIVE, a
+ * STATUS's over the STATUS, a DEAD's over the leave when from == node
+ * (zeros in an accusation), a push-pull entry's over the ALIVE at the
+ * entry's incarnation (over the leave for a LEFT entry). A UDP packet's
+ * plaintext is a concatenation of messages (a probe and the updates piggybacked
+ * on it), read one at a time with st_wire_decode_next. Integers accept any
+ * msgpack integer encoding that fits the field; floats accept float32 or
+ * float64 (narrowed); a tensor chunk's data is little-endian float32, a
+ * multiple of 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and offset + count <=
+ * total.
  */
 #ifndef STARLING_GOSSIP_H
 #define STARLING_GOSSIP_H
@@ -114,13 +123,17 @@ typedef struct {
   uint64_t incarnation;
   st_wire_addr_t addr;
   uint8_t public_key[ST_PUBLIC_KEY_BYTES];
+  uint8_t signature[ST_SIGNATURE_BYTES]; /* node's, of the ALIVE claim */
 } st_msg_alive_t;
 
+/* SUSPECT, and DEAD. signature: DEAD only, node's signature of its leave
+ * when from == node, else zeros; a SUSPECT carries none. */
 typedef struct {
   st_node_id_t node;
   uint64_t incarnation;
   st_node_id_t from;
-} st_msg_suspect_t; /* also DEAD */
+  uint8_t signature[ST_SIGNATURE_BYTES];
+} st_msg_suspect_t;
 
 typedef struct {
   st_node_id_t node;
@@ -131,6 +144,7 @@ typedef struct {
   float samples_per_sec;
   uint8_t fingerprint[16];
   bool ring_capable;
+  uint8_t signature[ST_SIGNATURE_BYTES]; /* node's, of the STATUS claim */
 } st_msg_status_t;
 
 /* Member states, as they travel in PUSH_PULL entries. */
@@ -150,12 +164,15 @@ typedef struct {
   uint8_t state; /* st_member_state_t */
   st_wire_addr_t addr;
   uint8_t public_key[ST_PUBLIC_KEY_BYTES];
+  uint8_t signature[ST_SIGNATURE_BYTES]; /* node's ALIVE at incarnation
+                                            (LEFT: node's leave) */
 } st_push_pull_entry_t;
 
-/* A push-pull carries the sender's whole member list; at 85 bytes an entry
- * at most (gossip/wire_internal.h) the largest fits a stream frame
- * (ST_WIRE_MAX_MESSAGE_BYTES). */
-#define ST_WIRE_PUSH_PULL_MAX_ENTRIES 12000
+/* A push-pull carries the sender's member list; at 151 bytes an entry at
+ * most (gossip/wire_internal.h: 85 before the 66-byte signature) 6900 of
+ * them fit a stream frame (ST_WIRE_MAX_MESSAGE_BYTES, 1 MiB + 1 KiB):
+ * 6900 * 151 = 1041900 bytes plus a 10-byte envelope. */
+#define ST_WIRE_PUSH_PULL_MAX_ENTRIES 6900
 
 typedef struct {
   bool is_reply;
@@ -422,6 +439,65 @@ typedef bool (*st_membership_admit_fn)(
 void st_membership_set_admit(st_membership_t* m, st_membership_admit_fn fn,
                              void* ctx);
 
+/* Signed claims. A member's ALIVE (its incarnation and address), STATUS
+ * and graceful leave are signed by that member's identity key, so that a
+ * relay (any member, a holder of the cluster key) can repeat them but not
+ * forge them; the machine verifies a claim about another member with the
+ * key it holds for that member (a new member's: the key in its ALIVE,
+ * whose hash must be its id) before the claim changes anything, and drops
+ * and counts one that does not verify (claims_bad_signature). The
+ * encodings (docs/protocol.md, "Signed claims"), at most
+ * ST_MEMBERSHIP_CLAIM_MAX_BYTES:
+ *   "starling-alive-v1"  node(16) incarnation(u64 BE) ip_len(1) ip(ip_len)
+ *                        port(u16 BE)
+ *   "starling-status-v1" node(16) seq(u64 BE) step(u64 BE) loss(f32 bits
+ *                        BE) accuracy(f32 bits BE) samples_per_sec(f32
+ *                        bits BE) fingerprint(16) ring_capable(1: 0 or 1)
+ *   "starling-leave-v1"  node(16) incarnation(u64 BE)
+ * (the tags without a terminating NUL). Each writes its encoding to out and
+ * returns its length. */
+#define ST_MEMBERSHIP_CLAIM_MAX_BYTES 96
+size_t st_membership_alive_claim(const st_msg_alive_t* a,
+                                 uint8_t out[ST_MEMBERSHIP_CLAIM_MAX_BYTES]);
+size_t st_membership_status_claim(const st_msg_status_t* s,
+                                  uint8_t out[ST_MEMBERSHIP_CLAIM_MAX_BYTES]);
+size_t st_membership_leave_claim(const st_node_id_t* node, uint64_t incarnation,
+                                 uint8_t out[ST_MEMBERSHIP_CLAIM_MAX_BYTES]);
+
+/* How the machine signs its own claims and checks others'. sign writes
+ * this node's signature of msg[0..len); verify is true only when sig is
+ * pk's signature of msg[0..len). NULL verify: Ed25519
+ * (st_identity_verify). NULL sign: this node's claims carry zero
+ * signatures, which no peer accepts (only for a machine that never
+ * speaks). The daemon signs with its identity (st_identity_sign); the
+ * simulator and tests, whose members have made-up keys, pass a stand-in
+ * pair. ctx is passed to both, borrowed for the machine's lifetime. */
+typedef struct {
+  void (*sign)(void* ctx, const uint8_t* msg, size_t len,
+               uint8_t sig[ST_SIGNATURE_BYTES]);
+  bool (*verify)(void* ctx, const uint8_t pk[ST_PUBLIC_KEY_BYTES],
+                 const uint8_t* msg, size_t len,
+                 const uint8_t sig[ST_SIGNATURE_BYTES]);
+  void* ctx;
+} st_membership_signer_t;
+
+/* Installs s (copied) and signs this node's own ALIVE with it; call before
+ * join. */
+void st_membership_set_signer(st_membership_t* m,
+                              const st_membership_signer_t* s);
+
+/* Counters of claims refused for their subject binding, for
+ * `starling status --json` (membership section). */
+typedef struct {
+  uint64_t bad_signature;    /* ALIVE, STATUS or leave whose signature does
+                                not verify with the subject's key */
+  uint64_t beyond_signed;    /* SUSPECT or DEAD at an incarnation above the
+                                highest the subject signed that we know */
+  uint64_t ack_wrong_sender; /* ACK or NACK from a member we did not ask */
+} st_membership_claim_stats_t;
+void st_membership_claim_stats(const st_membership_t* m,
+                               st_membership_claim_stats_t* out);
+
 /* Events. Each returns 0 or a negative errno; a rejected packet is counted
  * (st_membership_counters) and returns -EBADMSG. */
 int st_membership_join(st_membership_t* m, uint64_t now_ms,
@@ -541,12 +617,14 @@ const char* st_xchg_result_name(st_xchg_result_t r);
 typedef struct {
   uint32_t timeout_ms; /* the whole exchange; default 30000 */
   double norm_mult;    /* guard; default 10; 0 disables the norm check */
-  double clip_norm;    /* AVERAGE: the most (L2) the delta may move our
-                          parameters; a longer one is scaled to it. 0 (the
-                          default): no clipping */
-  double clip_rel;     /* AVERAGE, when clip_norm is 0: the bound is
-                          clip_rel * (|own| + 1), our snapshot's L2 norm;
-                          0 (the default): none */
+  /* AVERAGE, robust averaging: the most (L2) the delta may move our
+   * parameters is max(clip_norm, clip_rel * (|own| + 1)) * clip_scale,
+   * |own| our snapshot's L2 norm; a longer delta is scaled to it. Both
+   * 0 (the default): no clipping. clip_scale (default 1, > 0) tightens the
+   * bound for one peer. */
+  double clip_norm;
+  double clip_rel;
+  double clip_scale;
 } st_xchg_config_t;
 
 void st_xchg_config_default(st_xchg_config_t* cfg);
@@ -598,6 +676,7 @@ typedef struct {
   double delta_norm; /* DONE(OK) of an AVERAGE: |delta| (L2) before clipping */
   bool clipped;      /* DONE(OK) of an AVERAGE: it was scaled to clip_norm */
   double clip_norm;  /* DONE(OK) of an AVERAGE: the bound applied (0: none) */
+  double clip_base;  /* DONE(OK) of an AVERAGE: the bound before clip_scale */
 } st_xact_t;
 
 typedef struct st_xchg_s st_xchg_t;

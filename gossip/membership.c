@@ -480,6 +480,7 @@ int st_membership_new(const st_membership_config_t* cfg,
   memcpy(r->pk, public_key, ST_PUBLIC_KEY_BYTES);
   st__rec_set_addr(r, addr);
   m->n_alive = 1;
+  st__sign_self(m); /* zeros until st_membership_set_signer */
   *out = m;
   return 0;
 }
@@ -536,6 +537,7 @@ int st_membership_leave(st_membership_t* m, uint64_t now_ms) {
     m->probing = false;
     st__mrec_t* me = st__mem_get(m, &m->self);
     st__set_state(m, now_ms, me, ST_MEMBER_LEFT);
+    st__sign_self(m); /* our record now holds our signed leave */
     st__bc_queue_member(m, me, &m->self);
     st__emit_member(m, me);
     /* Tell a few members now rather than at the next gossip tick. */
@@ -615,10 +617,10 @@ static void dispatch(st_membership_t* m, uint64_t now, const st_node_id_t* from,
       st__on_ping_req(m, now, from, from_addr, &msg->u.ping_req);
       break;
     case ST_MSG_ACK:
-      st__on_ack(m, now, msg->u.ack.seq);
+      st__on_ack(m, now, from, msg->u.ack.seq);
       break;
     case ST_MSG_NACK:
-      st__on_nack(m, now, msg->u.nack.seq);
+      st__on_nack(m, now, from, msg->u.nack.seq);
       break;
     case ST_MSG_ALIVE:
       st__on_alive(m, now, &msg->u.alive);
@@ -819,7 +821,8 @@ int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
    * incarnation, so a restarted node's records are newer than its old
    * ones; a caller's larger seq is kept. */
   if (s.seq <= last)
-    s.seq = last + 1;
+    s.seq = last < UINT64_MAX ? last + 1 : last;
+  st__sign_status(m, &s);
   if (me->status == ST__NONE && st__status_alloc(m, me)) {
     finish(m, now_ms);
     return -ENOMEM;

@@ -144,7 +144,7 @@
 #define ST_MEMBERSHIP_GRAVES 64u
 #define ST_MEMBERSHIP_GRAVE_KEEP_MS 3600000u
 /* The most members one machine holds, a bound on memory whatever the
- * network claims (96 bytes a member in the table, 6 MiB at the cap);
+ * network claims (160 bytes a member in the table, 10 MiB at the cap);
  * ALIVE claims for new members beyond it are refused and counted. */
 #define ST_MEMBERSHIP_MAX_MEMBERS 65536u
 /* Ping-reqs served at once. A member receives about k of them a probe

@@ -210,11 +210,14 @@ static int bc_encode(st_membership_t* m, st__bcast_t* b, uint8_t* buf,
     msg.u.alive.incarnation = r->incarnation;
     st__rec_addr(r, &msg.u.alive.addr);
     memcpy(msg.u.alive.public_key, r->pk, ST_PUBLIC_KEY_BYTES);
+    memcpy(msg.u.alive.signature, r->sig, ST_SIGNATURE_BYTES);
   } else {
     msg.type = r->state == ST_MEMBER_SUSPECT ? ST_MSG_SUSPECT : ST_MSG_DEAD;
     msg.u.suspect.node = r->id;
     msg.u.suspect.incarnation = r->incarnation;
     msg.u.suspect.from = r->state == ST_MEMBER_LEFT ? r->id : b->from;
+    if (r->state == ST_MEMBER_LEFT) /* the member's own signed leave */
+      memcpy(msg.u.suspect.signature, r->sig, ST_SIGNATURE_BYTES);
   }
   return st_wire_encode(&msg, buf, cap, len);
 }
@@ -247,10 +250,11 @@ int st__send_packet(st_membership_t* m, const st_wire_addr_t* to,
     for (uint32_t i = m->bc_head[t]; i != ST__NONE;) {
       uint32_t next = m->bc[i].next;
       if (next != ST__NONE && m->bc[next].mi < m->n_mem) {
-        /* Overlaps the miss; a record is 96 bytes, so both its cache
-         * lines (the id and incarnation, the state and key). */
+        /* Overlaps the miss; a record is 160 bytes, so its three cache
+         * lines (the id, incarnation and signature, the key and state). */
         const char* p = (const char*) &m->mem[m->bc[next].mi];
         __builtin_prefetch(p);
+        __builtin_prefetch(p + 64);
         __builtin_prefetch(p + sizeof(st__mrec_t) - 1);
       }
       int rc = bc_encode(m, &m->bc[i], buf + pos, sizeof buf - pos, &len);
@@ -385,9 +389,9 @@ int st__push_pull_send(st_membership_t* m, const st_wire_addr_t* to,
   if (n > ST_WIRE_PUSH_PULL_MAX_ENTRIES)
     n = ST_WIRE_PUSH_PULL_MAX_ENTRIES;
   st_push_pull_entry_t* e = calloc(n, sizeof *e);
-  /* 85 bytes an entry at most (an IPv6 address and wide integers;
-   * gossip/wire_internal.h), within the 96 reserved here. */
-  size_t cap = 64 + (size_t) n * 96, len = 0;
+  /* 151 bytes an entry at most (an IPv6 address, wide integers and the
+   * signature; gossip/wire_internal.h), within the 160 reserved here. */
+  size_t cap = 64 + (size_t) n * 160, len = 0;
   uint8_t* buf = malloc(cap);
   int rc = -ENOMEM;
   if (!e || !buf)
@@ -406,6 +410,7 @@ int st__push_pull_send(st_membership_t* m, const st_wire_addr_t* to,
     e[k].state = r->state;
     st__rec_addr(r, &e[k].addr);
     memcpy(e[k].public_key, r->pk, ST_PUBLIC_KEY_BYTES);
+    memcpy(e[k].signature, r->sig, ST_SIGNATURE_BYTES);
     k++;
   }
   if (m->n_mem > n)
@@ -488,36 +493,47 @@ void st__push_pull_tick(st_membership_t* m, uint64_t now) {
   reconnect(m, now);
 }
 
+/* An entry's ALIVE: its member's signed claim at the entry's incarnation
+ * and address (the signature of every entry but a LEFT one). */
+static void entry_alive(st_membership_t* m, uint64_t now,
+                        const st_push_pull_entry_t* e) {
+  st_msg_alive_t a;
+  a.node = e->node;
+  a.incarnation = e->incarnation;
+  a.addr = e->addr;
+  memcpy(a.public_key, e->public_key, ST_PUBLIC_KEY_BYTES);
+  memcpy(a.signature, e->signature, ST_SIGNATURE_BYTES);
+  st__on_alive(m, now, &a);
+}
+
 /* One entry of a peer's state, through the same rules as gossip
  * (memberlist's mergeState): a remote DEAD only makes us suspect (we
- * check for ourselves before we bury anyone); a remote LEFT is final. */
+ * check for ourselves before we bury anyone); a remote LEFT is final. A
+ * SUSPECT or DEAD entry newer than what we hold first brings us its
+ * member's signed ALIVE at that incarnation (the entry's signature), so
+ * that the accusation names an incarnation we know the member signed; a
+ * suspect we never heard of is first learned as alive. */
 void st__merge_entry(st_membership_t* m, uint64_t now,
                      const st_push_pull_entry_t* e) {
   st_msg_suspect_t s;
+  memset(&s, 0, sizeof s);
   s.node = e->node;
   s.incarnation = e->incarnation;
   s.from = m->self;
+  const st__mrec_t* r = st__mem_get(m, &e->node);
   switch (e->state) {
     case ST_MEMBER_ALIVE:
-    case ST_MEMBER_SUSPECT: {
-      if (e->state == ST_MEMBER_ALIVE || !st__mem_get(m, &e->node)) {
-        /* A suspect we never heard of is first learned as alive. */
-        st_msg_alive_t a;
-        a.node = e->node;
-        a.incarnation = e->incarnation;
-        a.addr = e->addr;
-        memcpy(a.public_key, e->public_key, ST_PUBLIC_KEY_BYTES);
-        st__on_alive(m, now, &a);
-      }
-      if (e->state == ST_MEMBER_SUSPECT)
-        st__on_suspect(m, now, &s);
+      entry_alive(m, now, e);
       break;
-    }
+    case ST_MEMBER_SUSPECT:
     case ST_MEMBER_DEAD:
+      if (r ? e->incarnation > r->incarnation : e->state == ST_MEMBER_SUSPECT)
+        entry_alive(m, now, e);
       st__on_suspect(m, now, &s);
       break;
     case ST_MEMBER_LEFT:
-      s.from = e->node;
+      s.from = e->node; /* a leave: e->signature is the member's */
+      memcpy(s.signature, e->signature, ST_SIGNATURE_BYTES);
       st__on_dead(m, now, &s);
       break;
     default:

@@ -6,7 +6,7 @@
  * (Dadgar et al. 2018), as memberlist runs them. Internal to gossip/.
  *
  * Memory: a simulator holds thousands of machines that each know every
- * member, so a member costs 96 bytes in the table plus 8 to 16 in the
+ * member, so a member costs 160 bytes in the table plus 8 to 16 in the
  * id -> index hash; the public st_member_t (with its status record) is
  * only materialized on demand. The table's order is the probe order
  * (shuffled each pass, as memberlist's nodes slice). */
@@ -22,10 +22,15 @@
 
 #define ST__NONE UINT32_MAX
 
-/* One member, compact (96 bytes). */
+/* One member, compact (160 bytes). incarnation is always one the member
+ * signed: an ALIVE raises it only with the member's signature (kept in
+ * sig, to relay), and a SUSPECT or DEAD is accepted only at exactly it
+ * (membership_rules.c). sig is the member's signature of its ALIVE at
+ * incarnation, or of its leave when state is LEFT. */
 typedef struct {
   st_node_id_t id;
   uint64_t incarnation;
+  uint8_t sig[ST_SIGNATURE_BYTES];
   uint64_t since_ms; /* when state last changed */
   uint8_t pk[ST_PUBLIC_KEY_BYTES];
   uint8_t ip[16];
@@ -93,6 +98,7 @@ typedef struct {
   bool nack_sent;
   uint32_t our_seq;
   uint32_t req_seq;
+  st_node_id_t target; /* the only member whose ACK of our_seq counts */
   st_node_id_t req_id;
   st_wire_addr_t req_addr;
   uint64_t nack_at_ms;
@@ -119,6 +125,7 @@ struct st_membership_s {
   st_membership_admit_fn
       admit; /* NULL: every member (st_membership_set_admit) */
   void* admit_ctx;
+  st_membership_signer_t signer; /* st_membership_set_signer */
 
   /* The table, in probe order, and its id -> index hash (open
    * addressing, linear probing, power-of-two size, ST__NONE empty). */
@@ -141,6 +148,10 @@ struct st_membership_s {
   uint64_t probe_end_at;
   uint32_t nacks_expected;
   uint32_t nacks;
+  /* The members asked to probe the target for us: with the target, the
+   * only senders whose ACK (and, for them, NACK) of probe_seq counts. */
+  st_node_id_t probe_via[ST_MEMBERSHIP_MAX_INDIRECT_CHECKS];
+  uint32_t n_probe_via;
   uint64_t next_probe_at;
   uint32_t awareness;
 
@@ -191,6 +202,10 @@ struct st_membership_s {
     uint64_t push_pulls_in, push_pulls_out;
     uint64_t reconnects;  /* push-pulls tried with a dead member */
     uint64_t probe_hints; /* st_membership_probe_hint */
+    /* Claims refused for their subject binding (membership_rules.c). */
+    uint64_t claims_bad_signature;
+    uint64_t claims_beyond_signed;
+    uint64_t acks_wrong_sender;
   } stats;
 };
 typedef struct st__membership_stats_s st__membership_stats_t;
@@ -235,6 +250,14 @@ void st__on_suspect(st_membership_t* m, uint64_t now,
                     const st_msg_suspect_t* s);
 void st__on_dead(st_membership_t* m, uint64_t now, const st_msg_suspect_t* d);
 void st__refute(st_membership_t* m, uint64_t now, uint64_t accused_inc);
+/* Signs this node's ALIVE at its record's incarnation into its record. */
+void st__sign_self(st_membership_t* m);
+/* Signs a STATUS of this node (fills s->signature). */
+void st__sign_status(st_membership_t* m, st_msg_status_t* s);
+/* Whether the leave of member `node` at incarnation `inc` carries its
+ * signature sig, checked with key pk; counts a failure. */
+bool st__leave_ok(st_membership_t* m, const uint8_t* pk,
+                  const st_node_id_t* node, uint64_t inc, const uint8_t* sig);
 
 /* ---- membership_probe.c ----------------------------------------------------
  */
@@ -249,8 +272,10 @@ void st__on_ping_req(st_membership_t* m, uint64_t now, const st_node_id_t* from,
                      const st_msg_ping_req_t* p);
 /* The machine was woken late_ms after its deadline: a local stall. */
 void st__stall(st_membership_t* m, uint64_t now, uint64_t late_ms);
-void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq);
-void st__on_nack(st_membership_t* m, uint64_t now, uint32_t seq);
+void st__on_ack(st_membership_t* m, uint64_t now, const st_node_id_t* from,
+                uint32_t seq);
+void st__on_nack(st_membership_t* m, uint64_t now, const st_node_id_t* from,
+                 uint32_t seq);
 void st__susp_start(st_membership_t* m, uint64_t now, st__mrec_t* r,
                     const st_node_id_t* from);
 bool st__susp_confirm(st_membership_t* m, uint64_t now, st__mrec_t* r,

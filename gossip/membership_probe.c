@@ -20,7 +20,14 @@
  *   s + interval' no ack by now: suspect T, and raise awareness by the
  *                 nacks that did not come (or by 1 when none were asked)
  * where x' = x * (awareness + 1). An ack at any time before s + interval'
- * ends the probe well and lowers awareness by 1. */
+ * ends the probe well and lowers awareness by 1.
+ *
+ * Replies are bound to the request and the peer: an ACK of seq counts only
+ * from T, or from one of the k members asked to probe T (a forwarded
+ * ack), and a NACK only from those k; an ACK of a ping sent for someone
+ * else's PING_REQ counts only from that ping's target. Any other sender
+ * (a member guessing sequence numbers to keep a dead member alive) is
+ * ignored and counted (acks_wrong_sender). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +113,7 @@ static void start_probe(st_membership_t* m, uint64_t now) {
   m->probe_indirect = false;
   m->probe_target = r->id;
   m->probe_seq = ++m->seq;
+  m->n_probe_via = 0;
   m->probe_timeout_at = now + st__scaled(m, m->cfg.probe_timeout_ms);
   m->probe_end_at = m->next_probe_at;
   m->nacks = m->nacks_expected = 0;
@@ -131,6 +139,7 @@ static void send_indirect(st_membership_t* m, uint64_t now) {
     const st__mrec_t* via = &m->mem[picks[i]];
     st_wire_addr_t to;
     st__rec_addr(via, &to);
+    m->probe_via[m->n_probe_via++] = via->id;
     (void) st__send_packet(m, &to, &via->id, &req, NULL);
   }
   m->nacks_expected = m->cfg.lifeguard ? n : 0;
@@ -203,9 +212,22 @@ void st__stall(st_membership_t* m, uint64_t now, uint64_t late_ms) {
   susp_recompute_min(m);
 }
 
-void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq) {
+/* Whether `from` is one of the members asked to probe the target. */
+static bool asked_via(const st_membership_t* m, const st_node_id_t* from) {
+  for (uint32_t i = 0; i < m->n_probe_via; i++)
+    if (st__id_eq(&m->probe_via[i], from))
+      return true;
+  return false;
+}
+
+void st__on_ack(st_membership_t* m, uint64_t now, const st_node_id_t* from,
+                uint32_t seq) {
   (void) now;
   if (m->probing && !m->probe_acked && seq == m->probe_seq) {
+    if (!st__id_eq(from, &m->probe_target) && !asked_via(m, from)) {
+      m->stats.acks_wrong_sender++;
+      return;
+    }
     m->probe_acked = true;
     m->probing = false;
     st__awareness(m, -1);
@@ -215,6 +237,10 @@ void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq) {
   for (uint32_t i = 0; i < ST_MEMBERSHIP_MAX_RELAYS; i++) {
     st__relay_t* r = &m->relays[i];
     if (r->used && r->our_seq == seq) {
+      if (!st__id_eq(from, &r->target)) {
+        m->stats.acks_wrong_sender++;
+        return;
+      }
       st_msg_t ack;
       memset(&ack, 0, sizeof ack);
       ack.type = ST_MSG_ACK;
@@ -228,10 +254,14 @@ void st__on_ack(st_membership_t* m, uint64_t now, uint32_t seq) {
   m->stats.msgs_ignored++; /* late or unknown */
 }
 
-void st__on_nack(st_membership_t* m, uint64_t now, uint32_t seq) {
+void st__on_nack(st_membership_t* m, uint64_t now, const st_node_id_t* from,
+                 uint32_t seq) {
   (void) now;
   if (m->probing && m->probe_indirect && seq == m->probe_seq &&
-      m->nacks < m->nacks_expected)
+      !asked_via(m, from))
+    m->stats.acks_wrong_sender++;
+  else if (m->probing && m->probe_indirect && seq == m->probe_seq &&
+           m->nacks < m->nacks_expected)
     m->nacks++;
   else
     m->stats.msgs_ignored++;
@@ -286,6 +316,7 @@ void st__on_ping_req(st_membership_t* m, uint64_t now, const st_node_id_t* from,
   slot->want_nack = p->want_nack && m->cfg.lifeguard;
   slot->our_seq = ++m->seq;
   slot->req_seq = p->seq;
+  slot->target = p->target;
   slot->req_id = *from;
   slot->req_addr = *from_addr;
   uint64_t timeout = m->cfg.probe_timeout_ms;

@@ -88,12 +88,13 @@ static size_t field_count(uint64_t type) {
     case ST_MSG_NACK:
       return 1;
     case ST_MSG_ALIVE:
-      return 4;
+      return 5;
     case ST_MSG_SUSPECT:
-    case ST_MSG_DEAD:
       return 3;
+    case ST_MSG_DEAD:
+      return 4;
     case ST_MSG_STATUS:
-      return 8;
+      return 9;
     case ST_MSG_PUSH_PULL:
       return 2;
     case ST_MSG_TENSOR_CHUNK:
@@ -224,10 +225,11 @@ static int pack_push_pull(msgpack_packer* pk, const st_msg_push_pull_t* m) {
   int r = pack_bool(pk, m->is_reply) | msgpack_pack_array(pk, m->n_entries);
   for (uint32_t i = 0; i < m->n_entries && r == 0; i++) {
     const st_push_pull_entry_t* e = &m->entries[i];
-    r |= msgpack_pack_array(pk, 5) | pack_bin(pk, e->node.b, sizeof e->node.b) |
+    r |= msgpack_pack_array(pk, 6) | pack_bin(pk, e->node.b, sizeof e->node.b) |
          msgpack_pack_uint64(pk, e->incarnation) |
          msgpack_pack_uint8(pk, e->state) | pack_addr(pk, &e->addr) |
-         pack_bin(pk, e->public_key, sizeof e->public_key);
+         pack_bin(pk, e->public_key, sizeof e->public_key) |
+         pack_bin(pk, e->signature, sizeof e->signature);
   }
   return r;
 }
@@ -384,7 +386,8 @@ static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
       const st_msg_alive_t* m = &msg->u.alive;
       r |= pack_bin(pk, m->node.b, sizeof m->node.b) |
            msgpack_pack_uint64(pk, m->incarnation) | pack_addr(pk, &m->addr) |
-           pack_bin(pk, m->public_key, sizeof m->public_key);
+           pack_bin(pk, m->public_key, sizeof m->public_key) |
+           pack_bin(pk, m->signature, sizeof m->signature);
       break;
     }
     case ST_MSG_SUSPECT:
@@ -393,6 +396,8 @@ static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
       r |= pack_bin(pk, m->node.b, sizeof m->node.b) |
            msgpack_pack_uint64(pk, m->incarnation) |
            pack_bin(pk, m->from.b, sizeof m->from.b);
+      if (msg->type == ST_MSG_DEAD)
+        r |= pack_bin(pk, m->signature, sizeof m->signature);
       break;
     }
     case ST_MSG_STATUS: {
@@ -403,7 +408,8 @@ static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
            msgpack_pack_float(pk, m->accuracy) |
            msgpack_pack_float(pk, m->samples_per_sec) |
            pack_bin(pk, m->fingerprint, sizeof m->fingerprint) |
-           pack_bool(pk, m->ring_capable);
+           pack_bool(pk, m->ring_capable) |
+           pack_bin(pk, m->signature, sizeof m->signature);
       break;
     }
     case ST_MSG_PUSH_PULL:
@@ -660,9 +666,9 @@ static int get_xchg_info(const msgpack_object* f, uint8_t fingerprint[16],
 }
 
 /* [is_reply, [entry...]]. The walk bounded the count by
- * ST_WIRE_PUSH_PULL_MAX_ENTRIES and by the bytes received (63 bytes an
- * entry at least), so the allocation below is at most 12000 entries and
- * never more than the input's size times 80 / 63. 0, -1 (a field error, or
+ * ST_WIRE_PUSH_PULL_MAX_ENTRIES and by the bytes received (129 bytes an
+ * entry at least), so the allocation below is at most 6900 entries and
+ * never more than the input's size times 144 / 129. 0, -1 (a field error, or
  * LIMIT in *why) or -ENOMEM; on failure nothing is left allocated. */
 static int get_push_pull(const msgpack_object* f, st_msg_push_pull_t* m,
                          st_wire_drop_t* why) {
@@ -683,12 +689,13 @@ static int get_push_pull(const msgpack_object* f, st_msg_push_pull_t* m,
   const msgpack_object* o = f[1].via.array.ptr;
   for (uint32_t i = 0; i < n; i++) {
     st_push_pull_entry_t* e = &es[i];
-    if (o[i].type != MSGPACK_OBJECT_ARRAY || o[i].via.array.size != 5)
+    if (o[i].type != MSGPACK_OBJECT_ARRAY || o[i].via.array.size != 6)
       goto bad;
     const msgpack_object* g = o[i].via.array.ptr;
     if (get_id(&g[0], &e->node) | get_u64(&g[1], &e->incarnation) |
         get_u8(&g[2], &e->state) | get_addr(&g[3], &e->addr) |
-        get_bin(&g[4], e->public_key, sizeof e->public_key))
+        get_bin(&g[4], e->public_key, sizeof e->public_key) |
+        get_bin(&g[5], e->signature, sizeof e->signature))
       goto bad;
     if (e->state > ST_MEMBER_LEFT)
       goto bad;
@@ -774,13 +781,18 @@ static int get_membership(st_msg_type_t type, const msgpack_object* f,
       st_msg_alive_t* m = &msg->u.alive;
       return get_id(&f[0], &m->node) | get_u64(&f[1], &m->incarnation) |
              get_addr(&f[2], &m->addr) |
-             get_bin(&f[3], m->public_key, sizeof m->public_key);
+             get_bin(&f[3], m->public_key, sizeof m->public_key) |
+             get_bin(&f[4], m->signature, sizeof m->signature);
     }
     case ST_MSG_SUSPECT:
+      return get_id(&f[0], &msg->u.suspect.node) |
+             get_u64(&f[1], &msg->u.suspect.incarnation) |
+             get_id(&f[2], &msg->u.suspect.from);
     case ST_MSG_DEAD: {
-      st_msg_suspect_t* m = &msg->u.suspect;
+      st_msg_suspect_t* m = &msg->u.dead;
       return get_id(&f[0], &m->node) | get_u64(&f[1], &m->incarnation) |
-             get_id(&f[2], &m->from);
+             get_id(&f[2], &m->from) |
+             get_bin(&f[3], m->signature, sizeof m->signature);
     }
     case ST_MSG_STATUS: {
       st_msg_status_t* m = &msg->u.status;
@@ -789,7 +801,8 @@ static int get_membership(st_msg_type_t type, const msgpack_object* f,
              get_f32(&f[4], &m->accuracy) |
              get_f32(&f[5], &m->samples_per_sec) |
              get_bin(&f[6], m->fingerprint, sizeof m->fingerprint) |
-             get_bool(&f[7], &m->ring_capable);
+             get_bool(&f[7], &m->ring_capable) |
+             get_bin(&f[8], m->signature, sizeof m->signature);
     }
     case ST_MSG_PUSH_PULL:
       return get_push_pull(f, &msg->u.push_pull, why);
@@ -1028,11 +1041,11 @@ static int decode(const uint8_t* buf, size_t len, st_msg_t* msg, size_t* used,
     return drop(c, why);
 
   /* msgpack-c now sees counts of at most ST__WIRE_MAX_ELEMENTS (a
-   * push-pull's entries: at most ST_WIRE_PUSH_PULL_MAX_ENTRIES, each of 63
+   * push-pull's entries: at most ST_WIRE_PUSH_PULL_MAX_ENTRIES, each of 129
    * bytes at least; a ring formation's members: at most
    * ST_RING_FORM_MAX_MEMBERS), lengths within the message and depth within
-   * the rules: its zone holds at most 8 objects of 24 bytes an entry (2.3 MB
-   * for 12000 entries), else at most a few KB. */
+   * the rules: its zone holds at most 9 objects of 24 bytes an entry (1.5
+   * MB for 6900 entries), else at most a few KB. */
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   size_t off = 0;

@@ -11,8 +11,8 @@
 
 #include "gossip/gossip.h"
 
-/* No message has more than 10 elements in one array (STATUS: type, version
- * and 8 fields); 16 leaves room to reject a wrong field count as a field
+/* No message has more than 11 elements in one array (STATUS: type, version
+ * and 9 fields); 16 leaves room to reject a wrong field count as a field
  * error while keeping what msgpack-c may allocate for one array at 16
  * objects (16 * 24 bytes). Maps are never part of a message but are walked
  * under the same cap (16 entries). */
@@ -63,10 +63,11 @@ int st__wire_peek_envelope(const uint8_t* buf, size_t len, uint64_t* type,
  * msgpack-c may allocate for it, its declared count must fit the bytes
  * left at the smallest encoding an entry can have: fixarray (1), node bin8
  * of 16 (18), incarnation and state as fixints (1 + 1), addr as a fixarray
- * of bin8 of 4 and a fixint port (1 + 6 + 1), public key bin8 of 32 (34):
- * 63 bytes. (The largest entry, a full u64, IPv6 and a uint16 port, is 85
- * bytes: 12000 of them fit ST_WIRE_MAX_MESSAGE_BYTES.) */
-#define ST__WIRE_PUSH_PULL_MIN_ENTRY_BYTES 63
+ * of bin8 of 4 and a fixint port (1 + 6 + 1), public key bin8 of 32 (34),
+ * signature bin8 of 64 (66): 129 bytes. (The largest entry, a full u64,
+ * IPv6 and a uint16 port, is 151 bytes: 6900 of them fit
+ * ST_WIRE_MAX_MESSAGE_BYTES.) */
+#define ST__WIRE_PUSH_PULL_MIN_ENTRY_BYTES 129
 /* [24, 1, is_reply, [entry...]]: the entries array is element 3. */
 #define ST__WIRE_PUSH_PULL_ENTRIES_INDEX 3
 

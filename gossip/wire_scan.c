@@ -277,7 +277,7 @@ int st__wire_scan(const uint8_t* buf, size_t len, const st__wire_rules_t* r,
           return -EBADMSG;
         }
         children = h.kind == ST__WK_MAP ? 2 * h.n : h.n;
-        /* children <= 12000 and each <= 63: no overflow. */
+        /* children <= 6900 and each <= 129: no overflow. */
         if (children * each > left - owed_total) {
           *why = ST_WIRE_DROP_LIMIT;
           return -EBADMSG;

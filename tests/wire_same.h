@@ -46,10 +46,14 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
       return memcmp(&a->u.alive.node, &b->u.alive.node, 16) == 0 &&
              a->u.alive.incarnation == b->u.alive.incarnation &&
              addr_same(&a->u.alive.addr, &b->u.alive.addr) &&
-             memcmp(a->u.alive.public_key, b->u.alive.public_key, 32) == 0;
-    case ST_MSG_SUSPECT:
+             memcmp(a->u.alive.public_key, b->u.alive.public_key, 32) == 0 &&
+             memcmp(a->u.alive.signature, b->u.alive.signature, 64) == 0;
+    case ST_MSG_SUSPECT: /* no signature on the wire */
+      return memcmp(&a->u.suspect.node, &b->u.suspect.node, 16) == 0 &&
+             a->u.suspect.incarnation == b->u.suspect.incarnation &&
+             memcmp(&a->u.suspect.from, &b->u.suspect.from, 16) == 0;
     case ST_MSG_DEAD:
-      return memcmp(&a->u.suspect, &b->u.suspect, sizeof a->u.suspect) == 0;
+      return memcmp(&a->u.dead, &b->u.dead, sizeof a->u.dead) == 0;
     case ST_MSG_STATUS: {
       const st_msg_status_t *x = &a->u.status, *y = &b->u.status;
       return memcmp(&x->node, &y->node, 16) == 0 && x->seq == y->seq &&
@@ -57,7 +61,8 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              f32_same(x->accuracy, y->accuracy) &&
              f32_same(x->samples_per_sec, y->samples_per_sec) &&
              memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
-             x->ring_capable == y->ring_capable;
+             x->ring_capable == y->ring_capable &&
+             memcmp(x->signature, y->signature, 64) == 0;
     }
     case ST_MSG_PUSH_PULL: {
       const st_msg_push_pull_t *x = &a->u.push_pull, *y = &b->u.push_pull;
@@ -68,7 +73,8 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
         if (memcmp(&e->node, &f->node, 16) != 0 ||
             e->incarnation != f->incarnation || e->state != f->state ||
             !addr_same(&e->addr, &f->addr) ||
-            memcmp(e->public_key, f->public_key, 32) != 0)
+            memcmp(e->public_key, f->public_key, 32) != 0 ||
+            memcmp(e->signature, f->signature, 64) != 0)
           return 0;
       }
       return 1;

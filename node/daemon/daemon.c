@@ -564,6 +564,14 @@ static bool admit_listed(const uint8_t pk[ST_PUBLIC_KEY_BYTES], void* ctx) {
   return st_allowlist_contains(d->allow, pk);
 }
 
+/* Membership's signed claims (our ALIVE, STATUS, leave) use our identity;
+ * others' are checked with Ed25519, the machine's default verifier. */
+static void sign_claim(void* ctx, const uint8_t* msg, size_t len,
+                       uint8_t sig[ST_SIGNATURE_BYTES]) {
+  const st__daemon_t* d = ctx;
+  st_identity_sign(&d->ident, msg, len, sig);
+}
+
 static int start_membership(st__daemon_t* d, char* err, size_t err_len) {
   st_membership_config_t mc;
   st_membership_config_default(&mc);
@@ -579,6 +587,8 @@ static int start_membership(st__daemon_t* d, char* err, size_t err_len) {
   }
   if (d->allow != NULL)
     st_membership_set_admit(d->m, admit_listed, d);
+  st_membership_signer_t signer = {sign_claim, NULL, d};
+  st_membership_set_signer(d->m, &signer);
   status_cb(&d->status_timer);
   if (d->n_seeds > 0) {
     st_membership_join(d->m, st__dnow(d), d->seed_addrs, d->n_seeds);

@@ -206,6 +206,7 @@ static void status_json_ring(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_u64(b, first, "ring_rounds_aborted", d->c.ring_aborted);
   kv_u64(b, first, "ring_lanes_refused", d->c.ring_lanes_refused);
   kv_u64(b, first, "ring_rounds_clipped", d->c.ring_clipped);
+  kv_u64(b, first, "ring_rounds_nonfinite", d->c.ring_nonfinite);
   kv_u64(b, first, "ring_proposals_distrusted",
          d->rf != NULL ? st_ring_form_counters(d->rf)->distrusted : 0);
   kv_str(b, first, "ring_state",
@@ -257,6 +258,11 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   for (int i = 0; i < ST_WIRE_DROP_COUNT; i++)
     kv_u64(b, &f2, st_wire_drop_name((st_wire_drop_t) i),
            d->wc.drops[i] + (mw != NULL ? mw->drops[i] : 0));
+  st_membership_claim_stats_t cs;
+  st_membership_claim_stats(d->m, &cs); /* zeros before membership starts */
+  kv_u64(b, &f2, "membership_bad_signature", cs.bad_signature);
+  kv_u64(b, &f2, "membership_beyond_signed", cs.beyond_signed);
+  kv_u64(b, &f2, "membership_ack_wrong_sender", cs.ack_wrong_sender);
   for (int i = 1; i < ST_XCHG_RESULT_COUNT; i++) {
     char name[64];
     snprintf(name, sizeof(name), "exchange_%s",

@@ -111,10 +111,6 @@ struct st__conn_s {
   /* XCHG */
   st_xchg_t* x;
   st_xchg_kind_t xkind;
-  /* AVERAGE: the bound from the history of pulls, before the peer's
-   * suspicion tightened it (0: none yet; daemon_xchg.c), and the factor
-   * it tightened it by. */
-  double clip_base, clip_trust;
   float* snap; /* the machine's snapshot buffer, lent to the trainer */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
@@ -150,6 +146,7 @@ typedef struct {
   uint64_t fetches_ok;
   uint64_t clipped;            /* averaging exchanges whose pull we clipped */
   uint64_t ring_clipped;       /* ring rounds whose move we clipped */
+  uint64_t ring_nonfinite;     /* ring results not applied: NaN or Inf */
   uint64_t fetch_step_refused; /* state transfers refused: the donor's step
                                   beyond st__robust_step_bound */
   double exchange_ms_sum;      /* successful averaging exchanges, connect to
@@ -403,7 +400,8 @@ void st__robust_record(st__conn_t* c, const st_xact_t* done);
 /* Whether this node averages with member id in rings (not a suspect). */
 bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id);
 /* The factor (at most 1) that a ring round's move delta[0..n) is applied
- * with: the gossip bound over its norm when longer (counted). */
+ * with: the gossip bound over its norm when longer (counted); 0 when the
+ * move is not finite (counted: nothing is applied). */
 float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n);
 /* The highest step a joiner believes: 4 times the lower median of steps[]
  * plus 100,000 (saturating; UINT64_MAX when n is 0: nothing to compare). */

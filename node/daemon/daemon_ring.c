@@ -197,11 +197,14 @@ static void drain_ring(st__daemon_t* d) {
         d->ring_tt_pending++;
         break;
       }
-      case ST_RACT_APPLY:
-        if (st__tt_request_apply(d->tt, RING_TAG_BIT | d->ring_seq, a.values,
-                                 st__robust_ring_scale(d, a.values, a.n)) == 0)
+      case ST_RACT_APPLY: {
+        /* Robust averaging's factor; 0: not finite, nothing applied. */
+        float scale = st__robust_ring_scale(d, a.values, a.n);
+        if (scale > 0 && st__tt_request_apply(d->tt, RING_TAG_BIT | d->ring_seq,
+                                              a.values, scale) == 0)
           d->ring_tt_pending++;
         break;
+      }
       case ST_RACT_TIMER: {
         uint64_t now = st__dnow(d);
         uv_timer_start(&d->ring_timer, st__ring_timer_cb,

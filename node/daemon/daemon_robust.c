@@ -10,7 +10,8 @@
  * scaled model) is clipped to almost nothing within a few exchanges; an
  * honest one whose pull was long once is barely touched, and its suspicion
  * decays as its pulls come back within the bound. Until the history holds
- * ST_XCHG_CLIP_WARMUP pulls, the bound is a tenth of this node's own norm (+1).
+ * ST_XCHG_CLIP_WARMUP pulls, the bound is a tenth of this node's own norm
+ * (+1); after, never less than a hundredth of it.
  *
  * Rings: a member this node suspects (suspicion at or above
  * SUSPECT_LEVEL) is not proposed, and a proposal that holds one is
@@ -18,7 +19,7 @@
  * parameters by at most the gossip bound (untightened: a ring's sum has no
  * single author), so that a member this node does not suspect yet cannot
  * move it arbitrarily either. A node takes part in rings only once its
- * gossip history has ST_XCHG_CLIP_WARMUP pulls (with gossip off, rings run
+ * gossip history has RING_WARMUP pulls (with gossip off, rings run
  * unclipped).
  *
  * Joining: a donor's step is believed only within st__robust_step_bound of
@@ -36,37 +37,39 @@
 #define SUSPECT_LEVEL 0.5f
 #define MIN_TRUST 0.01
 #define WARMUP_REL 0.1
+#define FLOOR_REL 0.01
+#define RING_WARMUP 2u
 #define STEP_MULT 4u
 #define STEP_SLACK 100000u
 
 st_xchg_config_t st__robust_xchg_config(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xchg_config_t cfg = d->xcfg;
+  if (!(d->cfg->clip_mult > 0))
+    return cfg;
   double bound =
       st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
   const st__heard_t* h = st__net_heard_find(d, &c->peer);
   double trust = h != NULL ? 1.0 - (double) h->suspicion : 1.0;
-  trust = trust > MIN_TRUST ? trust : MIN_TRUST;
-  cfg.clip_norm = bound * trust;
-  if (bound == 0 && d->cfg->clip_mult > 0)
-    cfg.clip_rel = WARMUP_REL * trust;
-  c->clip_base = d->clip_last = bound;
-  c->clip_trust = trust;
+  cfg.clip_norm = bound;
+  cfg.clip_rel = bound > 0 ? FLOOR_REL : WARMUP_REL;
+  cfg.clip_scale = trust > MIN_TRUST ? trust : MIN_TRUST;
+  d->clip_last = bound;
   return cfg;
 }
 
 void st__robust_record(st__conn_t* c, const st_xact_t* done) {
   st__daemon_t* d = c->d;
-  double base =
-      c->clip_base > 0 ? c->clip_base : done->clip_norm / c->clip_trust;
-  double pull = done->delta_norm;
+  double base = done->clip_base, pull = done->delta_norm;
   st__heard_t* h = st__net_heard_slot(d, &c->peer);
   /* The history is of the pulls of members not suspected, a pull beyond
    * the bound counting as the bound: a suspect's pulls would otherwise
    * hold the median at the bound, and a bound of --clip times itself
    * grows without end (one member among three averages often enough
    * for that); clipped pulls counted as what was applied (near 0 for a
-   * suspect) would drag it to nothing instead. */
+   * suspect) would drag it to nothing instead. The floor of the bound (a
+   * hundredth of our own norm) keeps it from shrinking to nothing as the
+   * models agree, which would make every member a suspect. */
   if (h == NULL || h->suspicion < SUSPECT_LEVEL) {
     d->clip_norms[d->clip_at] = base > 0 && pull > base ? base : pull;
     d->clip_at = (d->clip_at + 1) % ST_XCHG_CLIP_HISTORY;
@@ -99,22 +102,37 @@ bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id) {
    * the whole cluster in one round. Without gossip there is no bound:
    * rings run unclipped. */
   if (d->cfg->clip_mult > 0 && d->cfg->gossip_every_s > 0 &&
-      d->clip_n < ST_XCHG_CLIP_WARMUP)
+      d->clip_n < RING_WARMUP)
     return false;
   const st__heard_t* h = st__net_heard_find(d, id);
   return h == NULL || h->suspicion < SUSPECT_LEVEL;
 }
 
+/* The gossip bound from as few as RING_WARMUP pulls (the known ones
+ * repeated to the ST_XCHG_CLIP_WARMUP that st_xchg_clip_bound wants: their
+ * median), so that rings need not wait for the full history. The pulls
+ * themselves were clipped at a tenth of the node's norm until then. */
+static double ring_bound(const st__daemon_t* d) {
+  if (d->clip_n >= ST_XCHG_CLIP_WARMUP || d->clip_n < RING_WARMUP)
+    return st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
+  double padded[ST_XCHG_CLIP_WARMUP];
+  for (size_t i = 0; i < ST_XCHG_CLIP_WARMUP; i++)
+    padded[i] = d->clip_norms[i % d->clip_n];
+  return st_xchg_clip_bound(padded, ST_XCHG_CLIP_WARMUP, d->cfg->clip_mult);
+}
+
 float st__robust_ring_scale(st__daemon_t* d, const float* delta, size_t n) {
-  double bound =
-      st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
-  if (!(bound > 0))
-    return 1.0f;
   double sq = 0;
   for (size_t i = 0; i < n; i++)
     sq += (double) delta[i] * delta[i];
   double norm = sqrt(sq);
-  if (!(norm > bound))
+  if (!isfinite(norm)) { /* a member's NaN or Inf, or an overflow */
+    d->c.ring_nonfinite++;
+    st__dwarn(d, "dropped a ring round's result: it is not finite");
+    return 0.0f;
+  }
+  double bound = ring_bound(d);
+  if (!(bound > 0) || !(norm > bound))
     return 1.0f;
   d->c.ring_clipped++;
   st__dwarn(d, "clipped a ring round's move (norm %.3g, bound %.3g)", norm,

@@ -257,8 +257,11 @@ void st__xchg_sweep(st__daemon_t* d) {
 }
 
 /* A random live member other than this node, with a status record; when
- * same_model, only one whose fingerprint equals ours. */
-static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
+ * same_model, only one whose fingerprint equals ours; when past_zero, only
+ * one whose reported step is past 0 (a donor that has trained: joiners
+ * started together would otherwise ask each other, and hear NOT_READY). */
+static bool pick_from(st__daemon_t* d, bool same_model, bool past_zero,
+                      st_member_t* out) {
   size_t n = st_membership_count(d->m);
   if (n < 2)
     return false;
@@ -271,6 +274,8 @@ static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
     if (same_model && memcmp(mb->status.fingerprint, d->local.fingerprint,
                              sizeof(d->local.fingerprint)) != 0)
       continue;
+    if (past_zero && mb->status.step == 0)
+      continue;
     /* A donor whose reported step is implausible is not asked. (The copy
      * first: the bound's own queries reuse st_membership_at's buffers.) */
     st_member_t cand = *mb;
@@ -280,6 +285,14 @@ static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
     return true;
   }
   return false;
+}
+
+/* An averaging partner (same_model), or a donor: one that has trained if
+ * there is one, else any. */
+static bool pick_peer(st__daemon_t* d, bool same_model, st_member_t* out) {
+  if (same_model)
+    return pick_from(d, true, false, out);
+  return pick_from(d, false, true, out) || pick_from(d, false, false, out);
 }
 
 static void start_exchange(st__daemon_t* d, const st_member_t* peer,

@@ -48,7 +48,7 @@ expect_fail "bad scenario" 2 "--scenario: 'explode' is not one of crash, join" -
   "$SIM" --scenario explode
 expect_fail "stray argument" 2 "unexpected argument 'extra'" -- "$SIM" extra
 expect_fail "warm join" 2 "the join scenario grows its own" -- "$SIM" --warm --scenario join
-expect_fail "warm too large" 2 "--warm needs --nodes <= 12000" -- "$SIM" --warm --nodes 12001
+expect_fail "warm too large" 2 "--warm needs --nodes <= 6900" -- "$SIM" --warm --nodes 6901
 
 # --- Determinism: same seed, same bytes (host measurements aside) -------------
 strip() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [d.pop(k) for k in ("wall_seconds","max_rss_bytes")]; print(json.dumps(d))' "$1"; }

@@ -1,10 +1,14 @@
 /* test_daemon_robust.c: the Check suite for the pure parts of robust
  * averaging in the daemon (node/daemon/daemon_robust.c): the bound on the
- * step a joiner believes. (The clip bound is gossip/exchange.c's
+ * step a joiner believes, and the factor a ring round's result is applied
+ * with. (The clip bound is gossip/exchange.c's
  * st_xchg_clip_bound, tested in test_gossip_exchange.c; the rest runs on
  * real processes in tests/integration/test_node_robust.sh.) */
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "node/daemon/daemon_internal.h"
 
@@ -28,10 +32,43 @@ START_TEST(test_step_bound) {
 }
 END_TEST
 
+/* A ring round's move: whole while there is no bound (no history, or
+ * --clip 0), scaled to the gossip bound when longer, and not applied at
+ * all when not finite (counted). */
+START_TEST(test_ring_scale) {
+  st_daemon_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.clip_mult = 3;
+  st__daemon_t* d = calloc(1, sizeof(*d));
+  ck_assert_ptr_nonnull(d);
+  d->cfg = &cfg;
+  float v[4] = {3, 4, 0, 0}; /* norm 5 */
+  ck_assert(st__robust_ring_scale(d, v, 4) == 1.0f);
+  for (int i = 0; i < ST_XCHG_CLIP_WARMUP; i++)
+    d->clip_norms[i] = 0.5; /* bound 1.5 */
+  d->clip_n = ST_XCHG_CLIP_WARMUP;
+  ck_assert_float_eq_tol(st__robust_ring_scale(d, v, 4), 0.3f, 1e-6f);
+  ck_assert_uint_eq(d->c.ring_clipped, 1);
+  float small[2] = {1, 0};
+  ck_assert(st__robust_ring_scale(d, small, 2) == 1.0f);
+  v[2] = NAN;
+  ck_assert(st__robust_ring_scale(d, v, 4) == 0.0f);
+  v[2] = INFINITY;
+  ck_assert(st__robust_ring_scale(d, v, 4) == 0.0f);
+  ck_assert_uint_eq(d->c.ring_nonfinite, 2);
+  cfg.clip_mult = 0; /* --clip 0: no bound, but NaN is still refused */
+  ck_assert(st__robust_ring_scale(d, v, 4) == 0.0f);
+  v[2] = 0;
+  ck_assert(st__robust_ring_scale(d, v, 4) == 1.0f);
+  free(d);
+}
+END_TEST
+
 static Suite* robust_suite(void) {
   Suite* s = suite_create("daemon_robust");
   TCase* tc = tcase_create("step_bound");
   tcase_add_test(tc, test_step_bound);
+  tcase_add_test(tc, test_ring_scale);
   suite_add_tcase(s, tc);
   return s;
 }

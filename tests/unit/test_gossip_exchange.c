@@ -78,7 +78,7 @@ typedef struct {
   char peer_model[ST_XCHG_MODEL_MAX];
   double delta_norm; /* DONE's */
   bool clipped;
-  double clip_norm;
+  double clip_norm, clip_base;
   char* peer_tensors; /* a copy of DONE's, NUL-terminated, or NULL */
   size_t peer_tensors_len;
   bool closed_seen; /* the connection closed while we were not done */
@@ -144,6 +144,7 @@ static void drain(side_t* s) {
         s->delta_norm = a.delta_norm;
         s->clipped = a.clipped;
         s->clip_norm = a.clip_norm;
+        s->clip_base = a.clip_base;
         s->has_peer_model = a.peer_model != NULL;
         if (a.peer_model != NULL) {
           ck_assert_uint_lt(strlen(a.peer_model), ST_XCHG_MODEL_MAX);
@@ -410,8 +411,8 @@ START_TEST(test_average_clipped) {
                             (above ? norm : 1.0) * 1e-5);
     pump_free(&p);
   }
-  /* clip_rel (clip_norm 0): the bound is clip_rel * (|own| + 1); A's own
-   * snapshot is 0, so 0.5 * 1. DONE says which bound applied. */
+  /* The bound is max(clip_norm, clip_rel * (|own| + 1)) * clip_scale; A's
+   * own snapshot is 0: max(0.1, 0.5) * 0.5 = 0.25. DONE says both. */
   {
     run_t r;
     run_init(&r, ST_XCHG_AVERAGE, n);
@@ -419,17 +420,20 @@ START_TEST(test_average_clipped) {
     r.split_cfg = true;
     r.cfg_b = r.cfg;
     r.cfg.clip_rel = 0.5;
+    r.cfg.clip_norm = 0.1;
+    r.cfg.clip_scale = 0.5;
     r.snap_a = a;
     r.snap_b = b;
     pump_t p;
     pump_start(&p, &r);
     ck_assert(p.s[0].clipped && !p.s[1].clipped);
-    ck_assert_double_eq_tol(p.s[0].clip_norm, 0.5, 1e-12);
+    ck_assert_double_eq_tol(p.s[0].clip_norm, 0.25, 1e-12);
+    ck_assert_double_eq_tol(p.s[0].clip_base, 0.5, 1e-12);
     ck_assert(p.s[1].clip_norm == 0);
     double sq = 0;
     for (size_t i = 0; i < n; i++)
       sq += (double) p.s[0].apply[i] * p.s[0].apply[i];
-    ck_assert_double_eq_tol(sqrt(sq), 0.5, 1e-5);
+    ck_assert_double_eq_tol(sqrt(sq), 0.25, 1e-5);
     pump_free(&p);
   }
   /* A negative, NaN or infinite bound is misuse. */
@@ -448,6 +452,13 @@ START_TEST(test_average_clipped) {
     ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x),
                      -EINVAL);
     cfg.clip_rel = 0;
+    cfg.clip_scale = bad_clip[i];
+    ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x),
+                     -EINVAL);
+    cfg.clip_scale = 0;
+    ck_assert_int_eq(st_xchg_new_initiator(&cfg, ST_XCHG_AVERAGE, &l, T0, &x),
+                     -EINVAL);
+    cfg.clip_scale = 1;
   }
   free(a);
   free(b);

@@ -13,8 +13,13 @@
  * wins; each update sent exactly retransmit_mult * ceil(log10(N + 1))
  * times; packets never exceed ST_PACKET_MAX_PLAINTEXT bytes however many
  * updates wait; awareness rises on failed probes and stretches the probe
- * interval; nacks served and counted; bad packets refused and counted.
- * Clusters of machines are tested in test_gossip_membership_net.c. */
+ * interval; nacks served and counted; bad packets refused and counted;
+ * claims bound to their subject (issue #17): forged or altered ALIVE,
+ * STATUS and leave refused, accusations beyond the signed incarnation
+ * refused, refutation saturating, ACKs only from the member asked. The
+ * simulated members sign with the stand-in of tests/member_identity.h;
+ * test_ed25519_claims uses real keys. Clusters of machines are tested in
+ * test_gossip_membership_net.c. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -198,6 +203,7 @@ static st_msg_t alive_msg(const h_t* h, int j, uint64_t inc) {
   m.u.alive.incarnation = inc;
   m.u.alive.addr = h->addr[j];
   memcpy(m.u.alive.public_key, h->pk[j], ST_PUBLIC_KEY_BYTES);
+  member_sign_alive(h->pk[j], &m.u.alive); /* member j's own word */
   return m;
 }
 
@@ -209,6 +215,8 @@ static st_msg_t accuse_msg(const h_t* h, st_msg_type_t type, int j,
   m.u.suspect.node = h->id[j];
   m.u.suspect.incarnation = inc;
   m.u.suspect.from = h->id[from];
+  if (type == ST_MSG_DEAD && from == j) /* a leave, signed by its member */
+    member_sign_leave(h->pk[j], &m.u.dead);
   return m;
 }
 
@@ -230,6 +238,7 @@ static void h_init(h_t* h, int n, const st_membership_config_t* cfg) {
   ck_assert_int_eq(st_membership_new(cfg ? cfg : &def, &h->id[0], &h->addr[0],
                                      h->pk[0], 1, &h->rng, &h->m),
                    0);
+  member_set_signer(h->m, h->pk[0]);
   for (int j = 1; j < n; j++) {
     st_msg_t a = alive_msg(h, j, INC1);
     ck_assert_int_eq(feed(h, j, &a, 1), 0);
@@ -444,11 +453,17 @@ END_TEST
  * knows members 1..5 alive at I = INC1 + 5, and checks member 1's state
  * and incarnation afterwards (-1: unknown). */
 #define I (INC1 + 5)
+/* How a step's message is spoiled: not at all, a key that is not the id's,
+ * signed by the packet's sender instead of its subject (a forgery by a
+ * member that holds the cluster key), one signature bit flipped, or no
+ * signature at all. */
+enum { OK = 0, BAD_KEY, FORGED, BAD_SIG, NO_SIG };
 typedef struct {
   st_msg_type_t type;
   int node, from;
   uint64_t inc;
-  bool bad_key;
+  int spoil;
+  int via; /* the packet's sender when not `from` (0: from) */
 } step_t;
 static const struct {
   const char* name;
@@ -458,111 +473,189 @@ static const struct {
   int state;
   uint64_t inc;
 } rule_cases[] = {
-    {"older alive ignored", {{ST_MSG_ALIVE, 1, 1, I - 1, false}}, 1, 1, 0, I},
+    {"older alive ignored", {{ST_MSG_ALIVE, 1, 1, I - 1, OK, 0}}, 1, 1, 0, I},
     {"older suspect ignored",
-     {{ST_MSG_SUSPECT, 1, 2, I - 1, false}},
+     {{ST_MSG_SUSPECT, 1, 2, I - 1, OK, 0}},
      1,
      1,
      0,
      I},
-    {"older dead ignored", {{ST_MSG_DEAD, 1, 2, I - 1, false}}, 1, 1, 0, I},
-    {"suspect", {{ST_MSG_SUSPECT, 1, 2, I, false}}, 1, 1, 1, I},
-    {"suspect newer inc",
-     {{ST_MSG_SUSPECT, 1, 2, I + 2, false}},
+    {"older dead ignored", {{ST_MSG_DEAD, 1, 2, I - 1, OK, 0}}, 1, 1, 0, I},
+    {"suspect", {{ST_MSG_SUSPECT, 1, 2, I, OK, 0}}, 1, 1, 1, I},
+    {"suspect beyond the signed inc refused",
+     {{ST_MSG_SUSPECT, 1, 2, I + 2, OK, 0}},
      1,
      1,
+     0,
+     I},
+    {"dead beyond the signed inc refused",
+     {{ST_MSG_DEAD, 1, 2, UINT64_MAX, OK, 0}},
      1,
-     I + 2},
-    {"dead", {{ST_MSG_DEAD, 1, 2, I, false}}, 1, 1, 2, I},
+     1,
+     0,
+     I},
+    {"forged alive for another member refused",
+     {{ST_MSG_ALIVE, 1, 3, UINT64_MAX, FORGED, 0}},
+     1,
+     1,
+     0,
+     I},
+    {"forged alive then suspect at its inc refused",
+     {{ST_MSG_ALIVE, 1, 3, I + 1, FORGED, 0},
+      {ST_MSG_SUSPECT, 1, 3, I + 1, OK, 0}},
+     2,
+     1,
+     0,
+     I},
+    {"alive with a flipped signature bit refused",
+     {{ST_MSG_ALIVE, 1, 1, I + 1, BAD_SIG, 0}},
+     1,
+     1,
+     0,
+     I},
+    {"unsigned alive refused",
+     {{ST_MSG_ALIVE, 1, 1, I + 1, NO_SIG, 0}},
+     1,
+     1,
+     0,
+     I},
+    {"forged alive of a new member refused",
+     {{ST_MSG_ALIVE, 9, 2, I, FORGED, 0}},
+     1,
+     9,
+     -1,
+     0},
+    {"relayed leave signed by its member",
+     {{ST_MSG_DEAD, 1, 1, I, OK, 3}},
+     1,
+     1,
+     3,
+     I},
+    {"leave claimed by another member refused",
+     {{ST_MSG_DEAD, 1, 1, I, FORGED, 3}},
+     1,
+     1,
+     0,
+     I},
+    {"unsigned leave refused", {{ST_MSG_DEAD, 1, 1, I, NO_SIG, 0}}, 1, 1, 0, I},
+    {"newer leave signed by its member",
+     {{ST_MSG_DEAD, 1, 1, I + 3, OK, 2}},
+     1,
+     1,
+     3,
+     I + 3},
+    {"newer leave claimed by another refused",
+     {{ST_MSG_DEAD, 1, 1, I + 3, FORGED, 2}},
+     1,
+     1,
+     0,
+     I},
+    {"dead", {{ST_MSG_DEAD, 1, 2, I, OK, 0}}, 1, 1, 2, I},
     {"same-inc alive does not clear suspect",
-     {{ST_MSG_SUSPECT, 1, 2, I, false}, {ST_MSG_ALIVE, 1, 1, I, false}},
+     {{ST_MSG_SUSPECT, 1, 2, I, OK, 0}, {ST_MSG_ALIVE, 1, 1, I, OK, 0}},
      2,
      1,
      1,
      I},
     {"newer alive refutes suspect",
-     {{ST_MSG_SUSPECT, 1, 2, I, false}, {ST_MSG_ALIVE, 1, 1, I + 1, false}},
+     {{ST_MSG_SUSPECT, 1, 2, I, OK, 0}, {ST_MSG_ALIVE, 1, 1, I + 1, OK, 0}},
      2,
      1,
      0,
      I + 1},
     {"relayed newer alive refutes suspect",
-     {{ST_MSG_SUSPECT, 1, 2, I, false}, {ST_MSG_ALIVE, 1, 3, I + 1, false}},
+     {{ST_MSG_SUSPECT, 1, 2, I, OK, 0}, {ST_MSG_ALIVE, 1, 3, I + 1, OK, 0}},
      2,
      1,
      0,
      I + 1},
     {"new boot epoch beats higher counter",
-     {{ST_MSG_DEAD, 1, 2, INC1 + 1000, false},
-      {ST_MSG_ALIVE, 1, 1, 2 * INC1, false}},
+     {{ST_MSG_DEAD, 1, 2, INC1 + 1000, OK, 0},
+      {ST_MSG_ALIVE, 1, 1, 2 * INC1, OK, 0}},
      2,
      1,
      0,
      2 * INC1},
     {"older epoch cannot resurrect",
-     {{ST_MSG_DEAD, 1, 2, 2 * INC1, false},
-      {ST_MSG_ALIVE, 1, 1, INC1 + 1000, false}},
-     2,
+     {{ST_MSG_ALIVE, 1, 1, 2 * INC1, OK, 0},
+      {ST_MSG_DEAD, 1, 2, 2 * INC1, OK, 0},
+      {ST_MSG_ALIVE, 1, 1, INC1 + 1000, OK, 0}},
+     3,
      1,
      2,
      2 * INC1},
-    {"leave", {{ST_MSG_DEAD, 1, 1, I, false}}, 1, 1, 3, I},
+    {"leave", {{ST_MSG_DEAD, 1, 1, I, OK, 0}}, 1, 1, 3, I},
     {"left stays left on suspect",
-     {{ST_MSG_DEAD, 1, 1, I, false}, {ST_MSG_SUSPECT, 1, 2, I, false}},
+     {{ST_MSG_DEAD, 1, 1, I, OK, 0}, {ST_MSG_SUSPECT, 1, 2, I, OK, 0}},
      2,
      1,
      3,
      I},
     {"left stays left on dead",
-     {{ST_MSG_DEAD, 1, 1, I, false}, {ST_MSG_DEAD, 1, 2, I + 1, false}},
+     {{ST_MSG_DEAD, 1, 1, I, OK, 0}, {ST_MSG_DEAD, 1, 2, I + 1, OK, 0}},
      2,
      1,
      3,
      I},
     {"left stays left on same-inc alive",
-     {{ST_MSG_DEAD, 1, 1, I, false}, {ST_MSG_ALIVE, 1, 3, I, false}},
+     {{ST_MSG_DEAD, 1, 1, I, OK, 0}, {ST_MSG_ALIVE, 1, 3, I, OK, 0}},
      2,
      1,
      3,
      I},
     {"rejoin after leave",
-     {{ST_MSG_DEAD, 1, 1, I, false}, {ST_MSG_ALIVE, 1, 1, I + 1, false}},
+     {{ST_MSG_DEAD, 1, 1, I, OK, 0}, {ST_MSG_ALIVE, 1, 1, I + 1, OK, 0}},
      2,
      1,
      0,
      I + 1},
     {"dead stays dead on suspect",
-     {{ST_MSG_DEAD, 1, 2, I, false}, {ST_MSG_SUSPECT, 1, 3, I + 1, false}},
+     {{ST_MSG_DEAD, 1, 2, I, OK, 0}, {ST_MSG_SUSPECT, 1, 3, I + 1, OK, 0}},
      2,
      1,
      2,
      I},
     {"unknown member: suspect ignored",
-     {{ST_MSG_SUSPECT, 9, 2, I, false}},
+     {{ST_MSG_SUSPECT, 9, 2, I, OK, 0}},
      1,
      9,
      -1,
      0},
     {"unknown member: dead ignored",
-     {{ST_MSG_DEAD, 9, 2, I, false}},
+     {{ST_MSG_DEAD, 9, 2, I, OK, 0}},
      1,
      9,
      -1,
      0},
     {"unknown member: relayed alive learned",
-     {{ST_MSG_ALIVE, 9, 2, I, false}},
+     {{ST_MSG_ALIVE, 9, 2, I, OK, 0}},
      1,
      9,
      0,
      I},
     {"alive whose key is not the id's refused",
-     {{ST_MSG_ALIVE, 9, 9, I, true}},
+     {{ST_MSG_ALIVE, 9, 9, I, BAD_KEY, 0}},
      1,
      9,
      -1,
      0},
 };
 #define NRULES ((int) (sizeof rule_cases / sizeof rule_cases[0]))
+
+static void spoil(const h_t* h, st_msg_t* msg, int how, int sender) {
+  uint8_t* sig = msg->type == ST_MSG_ALIVE ? msg->u.alive.signature
+                                           : msg->u.dead.signature;
+  if (how == BAD_KEY)
+    msg->u.alive.public_key[5] ^= 1;
+  else if (how == FORGED && msg->type == ST_MSG_ALIVE)
+    member_sign_alive(h->pk[sender], &msg->u.alive);
+  else if (how == FORGED)
+    member_sign_leave(h->pk[sender], &msg->u.dead);
+  else if (how == BAD_SIG)
+    sig[17] ^= 4;
+  else if (how == NO_SIG)
+    memset(sig, 0, ST_SIGNATURE_BYTES);
+}
 
 START_TEST(test_rules) {
   h_t h;
@@ -579,9 +672,9 @@ START_TEST(test_rules) {
     st_msg_t msg = st->type == ST_MSG_ALIVE
                        ? alive_msg(&h, st->node, st->inc)
                        : accuse_msg(&h, st->type, st->node, st->inc, st->from);
-    if (st->bad_key)
-      msg.u.alive.public_key[5] ^= 1;
-    ck_assert_int_eq(feed(&h, st->from, &msg, 1), 0);
+    int sender = st->via ? st->via : st->from;
+    spoil(&h, &msg, st->spoil, sender);
+    ck_assert_int_eq(feed(&h, sender, &msg, 1), 0);
   }
   int node = rule_cases[_i].node;
   ck_assert_msg(state_of(&h, node) == rule_cases[_i].state,
@@ -595,8 +688,11 @@ START_TEST(test_rules) {
 }
 END_TEST
 
-/* Refutation: the machine hears itself accused. Equal or newer accusations
- * are refuted with max(own, accused) + 1 and an ALIVE broadcast; older ones
+/* Refutation: the machine hears itself accused. An accusation at its own
+ * incarnation is refuted with that + 1 and an ALIVE broadcast; a newer one
+ * names an incarnation it never signed and is refused (its incarnation
+ * unchanged); a newer ALIVE of itself (its own signature, an older life's
+ * replay) is outbid; older ones
  * (a refutation the accuser missed) are not refuted again, but answered
  * with one packet carrying the current ALIVE straight to the accuser
  * (`told`). Having to refute also raises awareness (Lifeguard). */
@@ -608,10 +704,10 @@ static const struct {
   size_t told;
 } refute_cases[] = {
     {ST_MSG_SUSPECT, INC1, INC1 + 1, 1, 0},
-    {ST_MSG_SUSPECT, INC1 + 5, INC1 + 6, 1, 0},
+    {ST_MSG_SUSPECT, INC1 + 5, INC1, 0, 0}, /* beyond what we signed */
     {ST_MSG_SUSPECT, INC1 - 1, INC1, 0, 1},
     {ST_MSG_DEAD, INC1, INC1 + 1, 1, 0},
-    {ST_MSG_DEAD, INC1 + 9, INC1 + 10, 1, 0},
+    {ST_MSG_DEAD, UINT64_MAX, INC1, 0, 0}, /* beyond what we signed */
     {ST_MSG_DEAD, INC1 - 1, INC1, 0, 1},
     {ST_MSG_ALIVE, INC1 + 3, INC1 + 4, 1, 0}, /* a newer "us" than us */
     {ST_MSG_ALIVE, INC1, INC1, 0, 0},         /* ourselves, relayed back */
@@ -728,13 +824,17 @@ static const struct {
     {6, {3, INC1 + 1}, {0, INC1 + 1}, {3, INC1 + 1}, {3, INC1 + 1}},
     {7, {2, INC1 + 1}, {0, INC1 + 2}, {0, INC1 + 2}, {0, INC1 + 2}},
     {8, {1, INC1 + 1}, {0, INC1 + 1}, {1, INC1 + 1}, {1, INC1 + 1}},
+    /* Accusations newer than the receiver's view come with the member's
+     * signed ALIVE at their incarnation (the entry's signature). */
+    {10, {0, INC1 + 1}, {1, INC1 + 3}, {1, INC1 + 3}, {1, INC1 + 3}},
+    {11, {0, INC1 + 2}, {2, INC1 + 4}, {1, INC1 + 4}, {2, INC1 + 4}},
 };
 #define NPP ((int) (sizeof pp_cases / sizeof pp_cases[0]))
 
 static void set_view(h_t* h, int j, view_t v) {
   if (v.state < 0)
     return;
-  st_msg_t a = alive_msg(h, j, v.state == 0 ? v.inc : v.inc - 1);
+  st_msg_t a = alive_msg(h, j, v.inc); /* accusations name a signed inc */
   feed(h, j, &a, 1);
   if (v.state == 1) {
     st_msg_t s = accuse_msg(h, ST_MSG_SUSPECT, j, v.inc, 9);
@@ -755,6 +855,7 @@ static void h_init_as(h_t* h, int n, int self) {
   ck_assert_int_eq(st_membership_new(&cfg, &h->id[self], &h->addr[self],
                                      h->pk[self], 1, &h->rng, &h->m),
                    0);
+  member_set_signer(h->m, h->pk[self]);
 }
 
 /* a (member 0's machine) joins through b (member 1's): a pushes its state
@@ -813,8 +914,8 @@ END_TEST
 
 START_TEST(test_push_pull_merge) {
   h_t a, b;
-  h_init_as(&a, 10, 0);
-  h_init_as(&b, 10, 1);
+  h_init_as(&a, 12, 0);
+  h_init_as(&b, 12, 1);
   st_msg_t x = alive_msg(&a, 9, INC1);
   feed(&a, 9, &x, 1);
   feed(&b, 9, &x, 1);
@@ -871,6 +972,7 @@ START_TEST(test_join_push_pull_schedule) {
     ck_assert_int_eq(
         st_membership_new(&cfg, &a.id[0], &a.addr[0], a.pk[0], 1, &a.rng, &a.m),
         0);
+    member_set_signer(a.m, a.pk[0]);
     join_through(&a, &b);
     ck_assert_uint_eq(st_membership_count(a.m), 100);
     uint64_t t0 = a.now, sent = 0;
@@ -910,6 +1012,7 @@ static st_msg_t status_msg(const h_t* h, int j, uint64_t seq, uint64_t step) {
   m.u.status.seq = seq;
   m.u.status.step = step;
   m.u.status.loss = 0.5f;
+  member_sign_status(h->pk[j], &m.u.status);
   return m;
 }
 
@@ -1516,6 +1619,280 @@ START_TEST(test_defaults) {
 }
 END_TEST
 
+/* ==== Claims bound to their subject (issue #17) =============================
+ *
+ * A member that holds the cluster key may relay claims about others but
+ * not forge them: ALIVE, STATUS and leave carry the subject's signature,
+ * SUSPECT and DEAD name an incarnation the subject signed, and a probe's
+ * ACK counts only from the member asked. Each refusal is counted. */
+
+static st_membership_claim_stats_t claims(const h_t* h) {
+  st_membership_claim_stats_t c;
+  st_membership_claim_stats(h->m, &c);
+  return c;
+}
+
+START_TEST(test_claims_counted) {
+  h_t h;
+  h_init(&h, 4, NULL);
+  st_msg_t a = alive_msg(&h, 1, UINT64_MAX);
+  member_sign_alive(h.pk[3], &a.u.alive); /* 3 forges 1's ALIVE */
+  feed(&h, 3, &a, 1);
+  ck_assert_uint_eq(inc_of(&h, 1), INC1);
+  ck_assert_uint_eq(claims(&h).bad_signature, 1);
+  /* The same forgery relayed again by another costs one more check. */
+  feed(&h, 2, &a, 1);
+  ck_assert_uint_eq(claims(&h).bad_signature, 2);
+  /* Its ALIVE at INC1 repeated: no change, no verification. */
+  st_msg_t same = alive_msg(&h, 1, INC1);
+  same.u.alive.signature[0] ^= 1;
+  feed(&h, 2, &same, 1);
+  ck_assert_uint_eq(claims(&h).bad_signature, 2);
+  st_msg_t s = accuse_msg(&h, ST_MSG_SUSPECT, 1, INC1 + 1, 3);
+  feed(&h, 3, &s, 1);
+  ck_assert_int_eq(state_of(&h, 1), ST_MEMBER_ALIVE);
+  ck_assert_uint_eq(claims(&h).beyond_signed, 1);
+  h_free(&h);
+}
+END_TEST
+
+/* A STATUS is its subject's: a forged one (seq 2^64-1, which would pin a
+ * false fingerprint for good) or one with a flipped bit is refused, and
+ * the subject's own records keep flowing. */
+START_TEST(test_status_signed) {
+  h_t h;
+  h_init(&h, 4, NULL);
+  st_msg_t f = status_msg(&h, 1, UINT64_MAX, 999);
+  memset(f.u.status.fingerprint, 0xEE, sizeof f.u.status.fingerprint);
+  member_sign_status(h.pk[2], &f.u.status);
+  feed(&h, 2, &f, 1);
+  ck_assert(!st_membership_find(h.m, &h.id[1])->has_status);
+  st_msg_t b = status_msg(&h, 1, 7, 70);
+  b.u.status.step = 71; /* changed after signing */
+  feed(&h, 2, &b, 1);
+  ck_assert(!st_membership_find(h.m, &h.id[1])->has_status);
+  ck_assert_uint_eq(claims(&h).bad_signature, 2);
+  st_msg_t ok = status_msg(&h, 1, 8, 80);
+  feed(&h, 2, &ok, 1); /* relayed, signed by 1 */
+  const st_member_t* mb = st_membership_find(h.m, &h.id[1]);
+  ck_assert(mb->has_status);
+  ck_assert_uint_eq(mb->status.step, 80);
+  st_msg_t next = status_msg(&h, 1, 9, 90);
+  feed(&h, 1, &next, 1);
+  ck_assert_uint_eq(st_membership_find(h.m, &h.id[1])->status.step, 90);
+  h_free(&h);
+}
+END_TEST
+
+/* Refutation at the highest incarnation we signed: a forged ALIVE of us at
+ * 2^64-1 changes nothing; our own (replayed) one at 2^64-1 is outbid by
+ * saturation, and accusations at it are refuted without wrapping to 0. */
+START_TEST(test_refute_saturates) {
+  h_t h;
+  h_init(&h, 4, NULL);
+  st_msg_t f = alive_msg(&h, 0, UINT64_MAX);
+  member_sign_alive(h.pk[2], &f.u.alive);
+  feed(&h, 2, &f, 1);
+  ck_assert_uint_eq(inc_of(&h, 0), INC1);
+  ck_assert_uint_eq(claims(&h).bad_signature, 1);
+  st_msg_t own = alive_msg(&h, 0, UINT64_MAX); /* signed by us */
+  feed(&h, 2, &own, 1);
+  ck_assert_uint_eq(inc_of(&h, 0), UINT64_MAX);
+  ck_assert_int_eq(state_of(&h, 0), ST_MEMBER_ALIVE);
+  for (int k = 0; k < 2; k++) {
+    st_msg_t s =
+        accuse_msg(&h, k ? ST_MSG_DEAD : ST_MSG_SUSPECT, 0, UINT64_MAX, 2);
+    feed(&h, 2, &s, 1);
+    ck_assert_uint_eq(inc_of(&h, 0), UINT64_MAX);
+    ck_assert_int_eq(state_of(&h, 0), ST_MEMBER_ALIVE);
+  }
+  ck_assert_uint_eq(h.m->stats.refutes, 3);
+  h_free(&h);
+}
+END_TEST
+
+/* Waits (silence all round) until the machine's probe is open; returns its
+ * target. */
+static int open_probe(h_t* h) {
+  for (int j = 1; j < h->n; j++)
+    h->acks[j] = h->relays[j] = false;
+  for (int k = 0; k < 3000 && !h->m->probing; k++)
+    h_run(h, h->now + 1);
+  ck_assert(h->m->probing);
+  int t = who(h, &h->m->probe_target);
+  ck_assert_int_gt(t, 0);
+  return t;
+}
+
+static void feed_ack(h_t* h, int from, st_msg_type_t type, uint32_t seq) {
+  st_msg_t ack;
+  memset(&ack, 0, sizeof ack);
+  ack.type = type;
+  ack.u.ack.seq = seq;
+  feed(h, from, &ack, 1);
+}
+
+/* An ACK of our probe counts only from the target (or a relay we asked):
+ * another member's ACK of the same seq keeps nobody alive. */
+START_TEST(test_ack_wrong_sender) {
+  h_t h;
+  h_init(&h, 6, NULL);
+  int t = open_probe(&h);
+  int other = t == 1 ? 2 : 1;
+  uint32_t seq = h.m->probe_seq;
+  feed_ack(&h, other, ST_MSG_ACK, seq);
+  ck_assert(h.m->probing && !h.m->probe_acked);
+  ck_assert_uint_eq(claims(&h).ack_wrong_sender, 1);
+  /* After the indirect probes go out, the relays' acks count; a NACK from
+   * a member not asked does not. */
+  while (!h.m->probe_indirect)
+    h_run(&h, h.now + 1);
+  ck_assert_uint_gt(h.m->n_probe_via, 0);
+  int via = who(&h, &h.m->probe_via[0]);
+  int stranger = -1;
+  for (int j = 1; j < h.n && stranger < 0; j++) {
+    bool asked = j == t;
+    for (uint32_t i = 0; i < h.m->n_probe_via; i++)
+      asked |= who(&h, &h.m->probe_via[i]) == j;
+    if (!asked)
+      stranger = j;
+  }
+  ck_assert_int_gt(stranger, 0);
+  feed_ack(&h, stranger, ST_MSG_NACK, seq);
+  ck_assert_uint_eq(h.m->nacks, 0);
+  ck_assert_uint_eq(claims(&h).ack_wrong_sender, 2);
+  feed_ack(&h, via, ST_MSG_ACK, seq);
+  ck_assert(h.m->probe_acked || !h.m->probing);
+  h_free(&h);
+}
+END_TEST
+
+/* Serving a ping-req for member 1 about member 2: only 2's ACK of our ping
+ * is forwarded to 1. */
+START_TEST(test_relay_ack_wrong_sender) {
+  h_t h;
+  h_init(&h, 4, NULL);
+  h.acks[2] = false; /* the harness does not answer for 2 */
+  h_run(&h, h.now + 10);
+  st_msg_t req;
+  memset(&req, 0, sizeof req);
+  req.type = ST_MSG_PING_REQ;
+  req.u.ping_req.seq = 555;
+  req.u.ping_req.target = h.id[2];
+  req.u.ping_req.target_addr = h.addr[2];
+  feed(&h, 1, &req, 1);
+  uint32_t our = 0;
+  for (uint32_t i = 0; i < ST_MEMBERSHIP_MAX_RELAYS; i++)
+    if (h.m->relays[i].used && h.m->relays[i].req_seq == 555)
+      our = h.m->relays[i].our_seq;
+  ck_assert_uint_ne(our, 0);
+  size_t mark = h.n_sent;
+  feed_ack(&h, 3, ST_MSG_ACK, our);
+  ck_assert_uint_eq(claims(&h).ack_wrong_sender, 1);
+  ck_assert_uint_eq(h.n_sent, mark); /* nothing forwarded */
+  feed_ack(&h, 2, ST_MSG_ACK, our);
+  ck_assert_uint_eq(h.n_sent, mark + 1);
+  ck_assert_int_eq(h.sent[mark].to, 1);
+  h_free(&h);
+}
+END_TEST
+
+/* A push-pull relays signed claims: an entry whose signature is not its
+ * member's changes nothing, a genuine one is merged. */
+START_TEST(test_push_pull_forged_entry) {
+  h_t h;
+  h_init(&h, 5, NULL);
+  st_push_pull_entry_t e[3];
+  memset(e, 0, sizeof e);
+  for (int k = 0; k < 3; k++) {
+    int j = k + 1;
+    st_msg_t a = alive_msg(&h, j, INC1 + 7);
+    e[k].node = h.id[j];
+    e[k].incarnation = INC1 + 7;
+    e[k].state = ST_MEMBER_ALIVE;
+    e[k].addr = h.addr[j];
+    memcpy(e[k].public_key, h.pk[j], ST_PUBLIC_KEY_BYTES);
+    memcpy(e[k].signature, a.u.alive.signature, ST_SIGNATURE_BYTES);
+  }
+  e[0].signature[3] ^= 1; /* 1's entry spoiled */
+  st_msg_t lv = accuse_msg(&h, ST_MSG_DEAD, 2, INC1 + 7, 4);
+  member_sign_leave(h.pk[4], &lv.u.dead); /* 4 says 2 left */
+  e[1].state = ST_MEMBER_LEFT;
+  memcpy(e[1].signature, lv.u.dead.signature, ST_SIGNATURE_BYTES);
+  st_msg_t pp;
+  memset(&pp, 0, sizeof pp);
+  pp.type = ST_MSG_PUSH_PULL;
+  pp.u.push_pull.is_reply = true;
+  pp.u.push_pull.n_entries = 3;
+  pp.u.push_pull.entries = e;
+  uint8_t buf[2048];
+  size_t len;
+  ck_assert_int_eq(st_wire_encode(&pp, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_membership_push_pull_in(h.m, h.now, &h.addr[4], buf, len),
+                   0);
+  drain(&h);
+  ck_assert_uint_eq(inc_of(&h, 1), INC1);
+  ck_assert_int_eq(state_of(&h, 2), ST_MEMBER_ALIVE);
+  ck_assert_uint_eq(inc_of(&h, 2), INC1);
+  ck_assert_uint_eq(inc_of(&h, 3), INC1 + 7);
+  ck_assert_uint_eq(claims(&h).bad_signature, 2); /* 1's ALIVE, 2's leave */
+  h_free(&h);
+}
+END_TEST
+
+/* With real identities and the default verifier (Ed25519): a member's
+ * signed ALIVE is accepted, a flipped bit or another's signature is not. */
+static void sign_real(void* ctx, const uint8_t* msg, size_t len,
+                      uint8_t sig[ST_SIGNATURE_BYTES]) {
+  st_identity_sign((const st_identity_t*) ctx, msg, len, sig);
+}
+
+START_TEST(test_ed25519_claims) {
+  st_identity_t a, b, c;
+  ck_assert_int_eq(st_identity_generate(&a), 0);
+  ck_assert_int_eq(st_identity_generate(&b), 0);
+  ck_assert_int_eq(st_identity_generate(&c), 0);
+  st_membership_config_t cfg;
+  st_membership_config_default(&cfg);
+  st_rng_t rng;
+  st_rng_seed(&rng, 7);
+  st_wire_addr_t addr = {4, {127, 0, 0, 1}, 7946};
+  st_membership_t* m = NULL;
+  ck_assert_int_eq(
+      st_membership_new(&cfg, &a.id, &addr, a.public_key, 1, &rng, &m), 0);
+  st_membership_signer_t sg = {sign_real, NULL, &a};
+  st_membership_set_signer(m, &sg);
+  st_msg_t msg;
+  memset(&msg, 0, sizeof msg);
+  msg.type = ST_MSG_ALIVE;
+  msg.u.alive.node = b.id;
+  msg.u.alive.incarnation = INC1;
+  msg.u.alive.addr = addr;
+  msg.u.alive.addr.port = 7947;
+  memcpy(msg.u.alive.public_key, b.public_key, ST_PUBLIC_KEY_BYTES);
+  uint8_t claim[ST_MEMBERSHIP_CLAIM_MAX_BYTES];
+  size_t n = st_membership_alive_claim(&msg.u.alive, claim);
+  ck_assert_uint_eq(n, 17 + 16 + 8 + 1 + 4 + 2);
+  st_identity_sign(&c, claim, n, msg.u.alive.signature); /* c forges */
+  uint8_t buf[512];
+  size_t len;
+  ck_assert_int_eq(st_wire_encode(&msg, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_membership_packet(m, 1000, &c.id, &addr, buf, len), 0);
+  ck_assert_ptr_null(st_membership_find(m, &b.id));
+  st_identity_sign(&b, claim, n, msg.u.alive.signature);
+  ck_assert_int_eq(st_wire_encode(&msg, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_membership_packet(m, 1001, &c.id, &addr, buf, len), 0);
+  ck_assert_ptr_nonnull(st_membership_find(m, &b.id));
+  st_membership_claim_stats_t cs;
+  st_membership_claim_stats(m, &cs);
+  ck_assert_uint_eq(cs.bad_signature, 1);
+  st_membership_free(m);
+  st_identity_wipe(&a);
+  st_identity_wipe(&b);
+  st_identity_wipe(&c);
+}
+END_TEST
+
 static Suite* suite(void) {
   Suite* s = suite_create("gossip_membership");
   TCase* tf = tcase_create("failure_detection");
@@ -1547,6 +1924,15 @@ static Suite* suite(void) {
   tcase_add_test(tr, test_defaults);
   tcase_add_test(tr, test_probe_hint);
   suite_add_tcase(s, tr);
+  TCase* tb = tcase_create("subject_binding");
+  tcase_add_test(tb, test_claims_counted);
+  tcase_add_test(tb, test_status_signed);
+  tcase_add_test(tb, test_refute_saturates);
+  tcase_add_test(tb, test_ack_wrong_sender);
+  tcase_add_test(tb, test_relay_ack_wrong_sender);
+  tcase_add_test(tb, test_push_pull_forged_entry);
+  tcase_add_test(tb, test_ed25519_claims);
+  suite_add_tcase(s, tb);
   TCase* td = tcase_create("dissemination");
   tcase_add_loop_test(
       td, test_retransmit_limit, 0,

@@ -144,6 +144,7 @@ static void node_start(net_t* net, int i, uint32_t epoch, uint64_t seed) {
       st_membership_new(&cfg, &net->id[i], &net->addr[i], net->pk[i], epoch,
                         &net->rng[i], &net->m[i]),
       0);
+  member_set_signer(net->m[i], net->pk[i]);
   net->timer[i] = UINT64_MAX;
   net->down[i] = false;
 }

@@ -49,7 +49,7 @@ typedef struct {
   st_msg_type_t type;
   const char* name;
   int n;
-  fspec_t f[8];
+  fspec_t f[9];
 } mspec_t;
 
 static const mspec_t specs[] = {
@@ -65,16 +65,23 @@ static const mspec_t specs[] = {
     {ST_MSG_NACK, "nack", 1, {{F_U32, 0, 9}}},
     {ST_MSG_ALIVE,
      "alive",
-     4,
-     {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_ADDR, 0, 0}, {F_BIN, 32, 0}}},
+     5,
+     {{F_BIN, 16, 0},
+      {F_U64, 0, 1},
+      {F_ADDR, 0, 0},
+      {F_BIN, 32, 0},
+      {F_BIN, 64, 0}}},
     {ST_MSG_SUSPECT,
      "suspect",
      3,
      {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_BIN, 16, 0}}},
-    {ST_MSG_DEAD, "dead", 3, {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_BIN, 16, 0}}},
+    {ST_MSG_DEAD,
+     "dead",
+     4,
+     {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_BIN, 16, 0}, {F_BIN, 64, 0}}},
     {ST_MSG_STATUS,
      "status",
-     8,
+     9,
      {{F_BIN, 16, 0},
       {F_U64, 0, 5},
       {F_U64, 0, 6},
@@ -82,7 +89,8 @@ static const mspec_t specs[] = {
       {F_F32, 0, 0},
       {F_F32, 0, 0},
       {F_BIN, 16, 0},
-      {F_BOOL, 0, 0}}},
+      {F_BOOL, 0, 0},
+      {F_BIN, 64, 0}}},
     {ST_MSG_TENSOR_CHUNK,
      "tensor_chunk",
      4,
@@ -409,12 +417,15 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       m->u.alive.incarnation = rand_uint(UINT64_MAX);
       rand_addr(&m->u.alive.addr);
       tw_rand_bytes(&rng, m->u.alive.public_key, sizeof m->u.alive.public_key);
+      tw_rand_bytes(&rng, m->u.alive.signature, sizeof m->u.alive.signature);
       break;
     case ST_MSG_SUSPECT:
     case ST_MSG_DEAD:
       tw_rand_bytes(&rng, m->u.suspect.node.b, 16);
       m->u.suspect.incarnation = rand_uint(UINT64_MAX);
       tw_rand_bytes(&rng, m->u.suspect.from.b, 16);
+      if (m->type == ST_MSG_DEAD) /* SUSPECT carries none */
+        tw_rand_bytes(&rng, m->u.dead.signature, sizeof m->u.dead.signature);
       break;
     case ST_MSG_STATUS:
       tw_rand_bytes(&rng, m->u.status.node.b, 16);
@@ -425,6 +436,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       m->u.status.samples_per_sec = rand_f32();
       tw_rand_bytes(&rng, m->u.status.fingerprint, 16);
       m->u.status.ring_capable = st_rng_below(&rng, 2);
+      tw_rand_bytes(&rng, m->u.status.signature, sizeof m->u.status.signature);
       break;
     case ST_MSG_TENSOR_CHUNK: {
       st_msg_tensor_chunk_t* c = &m->u.chunk;
@@ -553,10 +565,10 @@ START_TEST(test_wide_integers) {
   ck_assert_uint_eq(m.u.ping.target.b[15], 16);
   /* STATUS with float64 values, narrowed; NaN and infinity are values. */
   w_t* w = w_new(W_CAP);
-  w_array(w, 10), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
+  w_array(w, 11), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
   w_bin(w, NULL, 16), w_uint(w, 1), w_uint(w, 2);
   w_f64(w, 0.1), w_f64(w, NAN), w_f64(w, -INFINITY);
-  w_bin(w, NULL, 16), w_byte(w, 0xc2);
+  w_bin(w, NULL, 16), w_byte(w, 0xc2), w_bin(w, NULL, 64);
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
   ck_assert(m.u.status.loss == 0.1f);
   ck_assert(isnan(m.u.status.accuracy));

@@ -1,7 +1,8 @@
 /* test_wire_push_pull.c: the Check suite for the wire codec's push-pull
  * message and for st_wire_decode_next (gossip/wire.c, gossip/wire_scan.c;
- * layouts in gossip.h). Round trips with 0, 1, 7 and 12000 entries (and
- * the time a 12000-entry decode takes); the encoder's refusals; the
+ * layouts in gossip.h). Round trips with 0, 1, 7 and
+ * ST_WIRE_PUSH_PULL_MAX_ENTRIES (6900) entries (and the time the largest
+ * decode takes); the encoder's refusals; the
  * decoder's rejections of entry counts over the limit, of hostile counts
  * that would make msgpack-c allocate gigabytes (under the same allocation
  * cap as test_wire.c), of bad states, arities and fields; concatenations
@@ -38,8 +39,8 @@ static void w_head(w_t* w, uint32_t n) {
   w_array(w, n);
 }
 
-/* Entry variants: a valid one of the smallest encoding (63 bytes), and the
- * wrong ones. */
+/* Entry variants: a valid one of the smallest encoding (129 bytes), and
+ * the wrong ones. */
 typedef enum {
   E_VALID = 0,
   E_STATE4,
@@ -48,29 +49,30 @@ typedef enum {
   E_STATE_NEG,
   E_STATE_NIL,
   E_ARITY0,
-  E_ARITY4,
-  E_ARITY6,
+  E_ARITY5,
+  E_ARITY7,
   E_NOT_ARRAY,
   E_NODE15,
   E_INC_NEG,
   E_ADDR_BIN5,
   E_ADDR_PORT_BIG,
   E_KEY31,
+  E_SIG63,
   E_COUNT
 } e_t;
 
 /* fat: the valid fields at their largest encodings (u64 incarnation, IPv6,
- * two-byte port: 85 bytes), so that a short wrong entry among them still
- * leaves the bytes the walk's 63-a-entry check asks for. */
+ * two-byte port: 151 bytes), so that a short wrong entry among them still
+ * leaves the bytes the walk's 129-a-entry check asks for. */
 static void w_entry_(w_t* w, e_t v, int fat) {
   if (v == E_NOT_ARRAY) {
     w_bin(w, NULL, 16);
     return;
   }
   uint32_t arity = v == E_ARITY0   ? 0
-                   : v == E_ARITY4 ? 4
-                   : v == E_ARITY6 ? 6
-                                   : 5;
+                   : v == E_ARITY5 ? 5
+                   : v == E_ARITY7 ? 7
+                                   : 6;
   w_array(w, arity);
   if (arity == 0)
     return;
@@ -108,10 +110,11 @@ static void w_entry_(w_t* w, e_t v, int fat) {
     w_byte(w, 0xcd), w_be(w, 7, 2);
   else
     w_uint(w, 7);
-  if (arity == 4)
-    return;
   w_bin(w, NULL, v == E_KEY31 ? 31 : 32);
-  if (arity == 6)
+  if (arity == 5)
+    return;
+  w_bin(w, NULL, v == E_SIG63 ? 63 : 64);
+  if (arity == 7)
     w_byte(w, 0xc0);
 }
 
@@ -153,6 +156,7 @@ static void rand_entry(st_push_pull_entry_t* e) {
   e->state = (uint8_t) st_rng_below(&rng, 4);
   rand_addr(&e->addr);
   tw_rand_bytes(&rng, e->public_key, sizeof e->public_key);
+  tw_rand_bytes(&rng, e->signature, sizeof e->signature);
 }
 
 /* A push-pull of n random entries; the caller frees m->u.push_pull.entries
@@ -194,6 +198,7 @@ static void rand_any(st_msg_t* m) {
       m->u.alive.incarnation = rand_u64();
       rand_addr(&m->u.alive.addr);
       tw_rand_bytes(&rng, m->u.alive.public_key, 32);
+      tw_rand_bytes(&rng, m->u.alive.signature, 64);
       return;
     case 4:
       m->type = st_rng_below(&rng, 2) ? ST_MSG_SUSPECT : ST_MSG_DEAD;
@@ -293,7 +298,7 @@ START_TEST(test_round_trip) {
 }
 END_TEST
 
-/* The largest entries (u64 incarnation, IPv6, two-byte port), 12000 of
+/* The largest entries (u64 incarnation, IPv6, two-byte port), 6900 of
  * them, still fit the message cap. */
 START_TEST(test_largest_fits) {
   static uint8_t buf[BUF_CAP];
@@ -307,8 +312,8 @@ START_TEST(test_largest_fits) {
   }
   size_t len = 0;
   ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
-  /* [4, 24, 1, bool, array16 header]: 7 bytes; entries of 85. */
-  ck_assert_uint_eq(len, 7 + 85u * MAXN);
+  /* [4, 24, 1, bool, array16 header]: 7 bytes; entries of 151. */
+  ck_assert_uint_eq(len, 7 + 151u * MAXN);
   ck_assert_uint_le(len, ST_WIRE_MAX_MESSAGE_BYTES);
   ck_assert_int_eq(st_wire_decode(buf, len, &d, NULL), 0);
   ck_assert(msg_same(&m, &d));
@@ -319,13 +324,13 @@ START_TEST(test_largest_fits) {
 }
 END_TEST
 
-/* The smallest entry is 63 bytes, which the walk's check assumes. */
+/* The smallest entry is 129 bytes, which the walk's check assumes. */
 START_TEST(test_smallest_entry) {
   w_t* w = w_new(W_CAP);
   w_head(w, 1);
   size_t before = w->n;
   w_entry(w, E_VALID);
-  ck_assert_uint_eq(w->n - before, 63);
+  ck_assert_uint_eq(w->n - before, 129);
   st_msg_t m;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
   ck_assert_uint_eq(m.u.push_pull.n_entries, 1);
@@ -333,7 +338,7 @@ START_TEST(test_smallest_entry) {
   ck_assert_uint_eq(m.u.push_pull.entries[0].state, ST_MEMBER_SUSPECT);
   ck_assert_uint_eq(m.u.push_pull.entries[0].addr.port, 7);
   st_wire_msg_free(&m);
-  /* 12000 of them, hand-written: accepted, exactly at the bound. */
+  /* 6900 of them, hand-written: accepted, exactly at the bound. */
   w_head(w, MAXN);
   for (uint32_t i = 0; i < MAXN; i++)
     w_entry(w, E_VALID);
@@ -390,12 +395,12 @@ END_TEST
 
 START_TEST(test_reject_over_max) {
   w_t* w = w_new(W_CAP);
-  /* 12001 valid entries: over the limit, refused by the walk. */
+  /* 6901 valid entries: over the limit, refused by the walk. */
   w_head(w, MAXN + 1);
   for (uint32_t i = 0; i < MAXN + 1; i++)
     w_entry(w, E_VALID);
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "12001 entries");
-  /* 65535 declared in an array16, the bytes of 12001 entries given. */
+  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "6901 entries");
+  /* 65535 declared in an array16, the bytes of 6901 entries given. */
   w->b[5] = 0xff, w->b[6] = 0xff;
   expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "65535 entries");
   w_free(w);
@@ -411,20 +416,20 @@ static void run_hostile(void) {
   expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "array32 of 2^32-1");
   /* The header alone (cut short of its first entry). */
   expect_drop(w->b, 9, -EBADMSG, ST_WIRE_DROP_LIMIT, "array32 header only");
-  /* 12000 declared (within the limit), one byte short of 12000 of the
+  /* 6900 declared (within the limit), one byte short of 6900 of the
    * smallest entries; and far short, with room for 100. */
   w_head(w, MAXN);
   size_t head = w->n;
   for (uint32_t i = 0; i < MAXN; i++)
     w_entry(w, E_VALID);
   expect_drop(w->b, w->n - 1, -EBADMSG, ST_WIRE_DROP_LIMIT, "one byte short");
-  expect_drop(w->b, head + 100 * 63, -EBADMSG, ST_WIRE_DROP_LIMIT,
+  expect_drop(w->b, head + 100 * 129, -EBADMSG, ST_WIRE_DROP_LIMIT,
               "room for 100");
-  /* 12000 nils: each element fits a byte, not an entry's 63. */
+  /* 6900 nils: each element fits a byte, not an entry's 129. */
   w_head(w, MAXN);
   memset(w->b + w->n, 0xc0, MAXN);
   w->n += MAXN;
-  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "12000 nils");
+  expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "6900 nils");
   /* The allowance is the entries array's alone: an array of 17 in the
    * is_reply slot, inside an entry, or as a PING's field is over the cap. */
   w->n = 0;
@@ -489,7 +494,7 @@ START_TEST(test_reject_entries) {
   for (uint8_t s = 0; s <= ST_MEMBER_LEFT; s++) {
     w_head(w, 1);
     w_entry(w, E_VALID);
-    w->b[w->n - 34 - 9] = s; /* the state fixint: before addr and key */
+    w->b[w->n - 66 - 34 - 9] = s; /* the state: before addr, key, sig */
     st_msg_t m;
     ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
     ck_assert_uint_eq(m.u.push_pull.entries[0].state, s);
@@ -517,8 +522,9 @@ START_TEST(test_reject_entries) {
   /* An addr's port nested one deeper than depth 5: the walk's limit. */
   w_head(w, 1);
   w_entry(w, E_VALID);
-  /* Rewrite the port (fixint 7, before the 34-byte key) as [7]: shift. */
-  size_t port_at = w->n - 34 - 1;
+  /* Rewrite the port (fixint 7, before the 34-byte key and the 66-byte
+   * signature) as [7]: shift. */
+  size_t port_at = w->n - 66 - 34 - 1;
   memmove(w->b + port_at + 1, w->b + port_at, w->n - port_at);
   w->b[port_at] = 0x91;
   w->n++;

@@ -45,7 +45,7 @@ static void usage(FILE* f) {
       "  --json                 print one JSON object instead of a table\n"
       "  --trace                print every membership change as it happens\n"
       "  --warm                 start converged: every node knows every other\n"
-      "                         alive from t = 0 (not with join; N <= 12000)\n"
+      "                         alive from t = 0 (not with join; N <= 6900) \n"
       "\n"
       "Network:\n"
       "  --latency-ms MS        fixed one-way latency (1)\n"
