@@ -637,8 +637,13 @@ bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
     return true; /* a stopped round's: its machine is already gone */
   d->ring_tt_pending--;
   if (ev->kind == ST__TT_EV_SNAPSHOT && !d->ring_done) {
-    st_ring_snapshot(d->ring, st__dnow(d), st_ring_snapshot_buffer(d->ring),
-                     d->local.n_params);
+    /* No snapshot (an attached program's parameters were not finite): the
+     * round is aborted, since the buffer holds no parameters. */
+    if (ev->ok)
+      st_ring_snapshot(d->ring, st__dnow(d), st_ring_snapshot_buffer(d->ring),
+                       d->local.n_params);
+    else
+      st_ring_abort(d->ring, st__dnow(d), ST_RING_FAIL_ABORTED);
     drain_ring(d);
   }
   ring_maybe_free(d);

@@ -235,8 +235,13 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
     return;
   if (ev->kind == ST__TT_EV_SNAPSHOT) {
     if (c->x != NULL && !c->handle_closed) {
-      st_xchg_snapshot(c->x, st__dnow(d), c->snap, st__tt_n_params(d->tt),
-                       ev->step);
+      /* No snapshot (an attached program's parameters were not finite):
+       * the exchange ends, since the buffer holds no parameters. */
+      if (ev->ok)
+        st_xchg_snapshot(c->x, st__dnow(d), c->snap, st__tt_n_params(d->tt),
+                         ev->step);
+      else
+        st_xchg_closed(c->x, st__dnow(d));
       drain(c);
     }
     c->snap = NULL;

@@ -12,7 +12,12 @@
 #       the attacker: most of its averagings clipped, few of anyone else's;
 #   (c) two of three members claim step 2^52 (a donor could hand a joiner
 #       a step that leaves it nothing to train): four joiners in turn each
-#       take the honest member's state and step.
+#       take the honest member's state and step;
+#   (d) a program whose parameters turn NaN (refused by its node): its
+#       node's exchanges and rings end instead of sending a snapshot buffer
+#       that was never filled (it was sent, and averaged into the node's own
+#       copy, as whatever the memory held), so the honest node drops
+#       nothing and both nodes' parameters stay sane.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -145,3 +150,41 @@ for j in 1 2 3 4; do
   kill -9 "${NODE_PID[$k]}"
 done
 pass "(c) four joiners took the honest member's step (state transfers refused for their step: $refused)"
+for k in 20 21 22; do kill -9 "${NODE_PID[$k]}"; done
+
+# (d) NaN from a program, rings and gossip on, no clipping.
+flags=(--attach --gossip-every 0.1 --ring-every 1 --clip 0)
+node_start 40 "${flags[@]}"
+wait_for 20 "node 40's control socket" test -S "$(node_dir 40)/control.sock"
+"$CLIENT" --socket "$(node_dir 40)/control.sock" --steps 1 >/dev/null ||
+  node_fail "(d) the first program"
+node_up 40
+node_start 41 "${flags[@]}" --join "$NODE_ADDR"
+wait_for 20 "node 41's control socket" test -S "$(node_dir 41)/control.sock"
+"$HOSTILE" --socket "$(node_dir 41)/control.sock" --attack nan:0.2 \
+  --steps 100000 --step-us 1000 >"$SCRATCH/nan.out" 2>&1 &
+PIDS+=($!)
+"$CLIENT" --socket "$(node_dir 40)/control.sock" --steps 3000 --step-us 1000 \
+  >"$SCRATCH/pd.out" 2>&1 || node_fail "(d) the honest program: $(tail -3 "$SCRATCH/pd.out")"
+grep -q "non-finite" "$SCRATCH/nan.out" ||
+  node_fail "(d) the hostile program never hit its NaN: $(cat "$SCRATCH/nan.out")"
+dropped=$(node_field 40 exchanges_dropped)
+[ "$dropped" = 0 ] ||
+  node_fail "(d) node 40 dropped $dropped snapshots of node 41: it served garbage"
+for k in 40 41; do node_leave $k; done
+"$NUMPY_PY" - "$(node_dir 40)/checkpoint.safetensors" \
+  "$(node_dir 41)/checkpoint.safetensors" <<'EOF' || node_fail "(d) a node's parameters are not sane"
+import json, struct, sys
+import numpy as np
+for path in sys.argv[1:]:
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        v = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4")
+        assert np.isfinite(v).all() and np.abs(v).max() < 1e3, (path, name, v.max(), v.min())
+EOF
+pass "(d) a program's NaN ends its node's exchanges and rings: nothing dropped, both models sane"
