@@ -37,6 +37,7 @@
 
 #include "crypto/crypto.h"
 #include "gossip/gossip.h"
+#include "tests/integration/probe_net.h"
 #include "tools/bench/bench.h"
 
 #define MAX_READERS 8
@@ -64,31 +65,6 @@ static int usage(const char* why) {
           "HOST:PORT --readers drip|stall[,...] [--hold S]\n",
           why);
   return 2;
-}
-
-/* A connected socket with a receive buffer of rcvbuf bytes (set before
- * connect, so that it bounds the window the node sees), or -1. */
-static int dial(const char* hostport, int rcvbuf) {
-  char host[64];
-  const char* colon = strrchr(hostport, ':');
-  if (colon == NULL || (size_t) (colon - hostport) >= sizeof(host))
-    return -1;
-  memcpy(host, hostport, (size_t) (colon - hostport));
-  host[colon - hostport] = '\0';
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t) atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-    return -1;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0)
-    (void) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-  if (fd >= 0 && connect(fd, (struct sockaddr*) &a, sizeof(a)) != 0) {
-    close(fd);
-    fd = -1;
-  }
-  return fd;
 }
 
 typedef struct {
@@ -191,7 +167,7 @@ static int fetch_once(const args_t* a, const st_keyring_t* keys,
   st_stream_t tx, rx;
   memset(&tx, 0, sizeof(tx));
   memset(&rx, 0, sizeof(rx));
-  int fd = dial(a->target, rcvbuf);
+  int fd = probe_dial(a->target, rcvbuf);
   if (fd < 0 || st_identity_generate(&me) != 0) {
     if (fd >= 0)
       close(fd);

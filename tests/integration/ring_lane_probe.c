@@ -27,6 +27,7 @@
 
 #include "crypto/crypto.h"
 #include "gossip/gossip.h"
+#include "tests/integration/probe_net.h"
 #include "tools/bench/bench.h"
 
 static double now_s(void) {
@@ -42,27 +43,6 @@ static int usage(const char* why) {
           "[--wait S]\n",
           why);
   return 2;
-}
-
-static int dial(const char* hostport) {
-  char host[64];
-  const char* colon = strrchr(hostport, ':');
-  if (colon == NULL || (size_t) (colon - hostport) >= sizeof(host))
-    return -1;
-  memcpy(host, hostport, (size_t) (colon - hostport));
-  host[colon - hostport] = '\0';
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t) atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-    return -1;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0 && connect(fd, (struct sockaddr*) &a, sizeof(a)) != 0) {
-    close(fd);
-    fd = -1;
-  }
-  return fd;
 }
 
 /* Waits until the peer closes fd (a read returns 0 or fails), at most
@@ -167,7 +147,7 @@ int main(int argc, char** argv) {
   }
   if (round == 0) /* a random round: from the fresh identity's id */
     memcpy(&round, me.id.b, sizeof(round));
-  int fd = dial(target);
+  int fd = probe_dial(target, 0);
   if (fd < 0) {
     fprintf(stderr, "ring_lane_probe: cannot connect to %s\n", target);
     return 1;
