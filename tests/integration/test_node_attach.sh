@@ -72,7 +72,9 @@ p1=$!
 PIDS+=("$p1")
 
 # (c) while they run: a second program on node 0 is refused.
-wait_for 20 "program 0 attached" grep -q "attached" "$(node_log 0)"
+# The log already holds the first program's "attached:" line: wait for p0's.
+attached_twice() { [ "$(grep -c ") attached:" "$(node_log 0)")" -ge 2 ]; }
+wait_for 20 "program 0 attached" attached_twice
 expect_fail "(c) second program" 1 "another program is attached" -- \
   "$CLIENT" --socket "$(node_dir 0)/control.sock" --steps 10
 
