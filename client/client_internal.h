@@ -63,6 +63,18 @@ bool st__client_peer_closed(int sock);
  * (the node treats a closed connection as a detach without them). */
 void st__client_send_detach(int sock, bool final);
 
+/* Bounded socket I/O (every wait a poll() against deadline_s, st_now_s;
+ * INFINITY: none; sends are MSG_NOSIGNAL). wait_fd: 0, -ETIMEDOUT or
+ * -errno. send_all: the whole of p[0..n), pass_fd (>= 0) in SCM_RIGHTS
+ * with the first byte. recv_all: exactly n bytes, -ECONNRESET when the
+ * node closed first. recv_line: one line without its '\n' (nothing after
+ * it consumed), -EMSGSIZE beyond cap. */
+int st__client_wait_fd(int fd, short events, double deadline_s);
+int st__client_send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
+                        double deadline_s);
+int st__client_recv_all(int sock, uint8_t* p, size_t n, double deadline_s);
+int st__client_recv_line(int sock, char* line, size_t cap, double deadline_s);
+
 /* Unmaps c's segment and closes its socket. */
 void st__client_session_close(st_client_t* c);
 

@@ -94,7 +94,7 @@ static int segment_create(st_client_t* c, uint8_t** seg_out) {
 
 /* Waits until fd is ready for events or the deadline passes: 0, -ETIMEDOUT
  * or -errno. */
-static int wait_fd(int fd, short events, double deadline_s) {
+int st__client_wait_fd(int fd, short events, double deadline_s) {
   for (;;) {
     int ms = -1;
     if (isfinite(deadline_s)) {
@@ -114,8 +114,8 @@ static int wait_fd(int fd, short events, double deadline_s) {
 
 /* Sends p[0..n) whole; pass_fd (>= 0) rides in SCM_RIGHTS on the first
  * byte sent. */
-static int send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
-                    double deadline_s) {
+int st__client_send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
+                        double deadline_s) {
   while (n > 0) {
     struct iovec iov = {.iov_base = (void*) p, .iov_len = n};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -139,7 +139,7 @@ static int send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
         continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK)
         return -errno;
-      int rc = wait_fd(sock, POLLOUT, deadline_s);
+      int rc = st__client_wait_fd(sock, POLLOUT, deadline_s);
       if (rc != 0)
         return rc;
       continue;
@@ -153,7 +153,7 @@ static int send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
 
 /* Receives exactly n bytes: 0, -ECONNRESET when the peer closed first,
  * -ETIMEDOUT or -errno. */
-static int recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
+int st__client_recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
   while (n > 0) {
     ssize_t r = recv(sock, p, n, 0);
     if (r == 0)
@@ -163,7 +163,7 @@ static int recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
         continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK)
         return -errno;
-      int rc = wait_fd(sock, POLLIN, deadline_s);
+      int rc = st__client_wait_fd(sock, POLLIN, deadline_s);
       if (rc != 0)
         return rc;
       continue;
@@ -175,11 +175,11 @@ static int recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
 }
 
 /* One line without its '\n', byte by byte: nothing after it is consumed. */
-static int recv_line(int sock, char* line, size_t cap, double deadline_s) {
+int st__client_recv_line(int sock, char* line, size_t cap, double deadline_s) {
   size_t n = 0;
   for (;;) {
     uint8_t ch;
-    int rc = recv_all(sock, &ch, 1, deadline_s);
+    int rc = st__client_recv_all(sock, &ch, 1, deadline_s);
     if (rc != 0)
       return rc;
     if (ch == '\n')
@@ -258,11 +258,11 @@ static int io_failed(st_client_t* c, int rc, const char* when) {
 /* Steps 1 and 2: "attach\n", then "ready" or "error <sentence>". */
 static int say_attach(st_client_t* c, int sock, double deadline_s) {
   static const char hello[] = "attach\n";
-  int rc =
-      send_all(sock, (const uint8_t*) hello, sizeof hello - 1, -1, deadline_s);
+  int rc = st__client_send_all(sock, (const uint8_t*) hello, sizeof hello - 1,
+                               -1, deadline_s);
   char line[ST__CLIENT_LINE_MAX];
   if (rc == 0)
-    rc = recv_line(sock, line, sizeof line, deadline_s);
+    rc = st__client_recv_line(sock, line, sizeof line, deadline_s);
   if (rc == -EMSGSIZE) {
     st_set_err(c->err, sizeof c->err,
                "the process at %s answered 'attach' with a line of more than "
@@ -312,7 +312,7 @@ static int send_request(st_client_t* c, int sock, int seg_fd,
     st_set_err(c->err, sizeof c->err, "out of memory for the attach request");
     return -ENOMEM;
   }
-  int rc = send_all(sock, frame, flen, seg_fd, deadline_s);
+  int rc = st__client_send_all(sock, frame, flen, seg_fd, deadline_s);
   free(frame);
   return rc == 0 ? 0 : io_failed(c, rc, "while it was sent the request");
 }
@@ -321,7 +321,7 @@ static int send_request(st_client_t* c, int sock, int seg_fd,
 static int read_reply(st_client_t* c, int sock, double deadline_s,
                       uint64_t* step) {
   uint8_t hdr[4];
-  int rc = recv_all(sock, hdr, 4, deadline_s);
+  int rc = st__client_recv_all(sock, hdr, 4, deadline_s);
   if (rc != 0)
     return io_failed(c, rc, "before replying to the attach request");
   uint32_t len = st_attach_frame_len(hdr);
@@ -335,7 +335,7 @@ static int read_reply(st_client_t* c, int sock, double deadline_s,
   char* text = malloc(len + 1);
   if (text == NULL)
     return -ENOMEM;
-  rc = recv_all(sock, (uint8_t*) text, len, deadline_s);
+  rc = st__client_recv_all(sock, (uint8_t*) text, len, deadline_s);
   bool ok = false;
   char source[64], why[400];
   if (rc == 0)

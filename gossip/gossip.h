@@ -65,6 +65,12 @@ extern "C" {
 #define ST_WIRE_CHUNK_MAX_BYTES (1024u * 1024u)
 /* The largest encoded message: a full tensor chunk and its envelope. */
 #define ST_WIRE_MAX_MESSAGE_BYTES (ST_WIRE_CHUNK_MAX_BYTES + 1024u)
+/* User collectives (gossip.h, "User collectives"): the largest group, the
+ * most elements an operation moves (2^37: 1 TiB of float64, the same
+ * 2^40-byte bound a tensor has), and the longest abort reason. */
+#define ST_COLL_MAX_MEMBERS 4096u
+#define ST_COLL_MAX_COUNT (UINT64_C(1) << 37)
+#define ST_COLL_REASON_MAX 512u
 /* Nesting deeper than this is malformed (top-level array = depth 1; an
  * addr field sits at depth 3). PUSH_PULL alone may reach 5: its entries
  * hold addresses (wire_internal.h, ST__WIRE_PUSH_PULL_DEPTH). */
@@ -93,7 +99,10 @@ typedef enum {
   ST_MSG_RING_ACCEPT = 42,
   ST_MSG_RING_CONFIRM = 43,
   ST_MSG_RING_CANCEL = 44,
-  ST_MSG_RING_LANE = 45 /* gossip.h, "Ring all-reduce": lanes */
+  ST_MSG_RING_LANE = 45,  /* gossip.h, "Ring all-reduce": lanes */
+  ST_MSG_COLL_HELLO = 48, /* gossip.h, "User collectives" */
+  ST_MSG_COLL_SEG = 49,
+  ST_MSG_COLL_ABORT = 50
 } st_msg_type_t;
 
 typedef struct {
@@ -252,6 +261,40 @@ typedef struct {
   uint32_t lanes; /* 1 .. ST_RING_MAX_LANES */
 } st_msg_ring_lane_t;
 
+/* User collectives (gossip.h, "User collectives"). HELLO opens a member's
+ * part in an operation to one other member: what it called (the fields a
+ * mismatch is named by) and, on the small path, its data. */
+typedef struct {
+  uint64_t op_id;
+  uint8_t kind;          /* st_coll_kind_t */
+  uint8_t rop;           /* st_coll_rop_t */
+  uint8_t dtype;         /* st_coll_dtype_t */
+  uint32_t root;         /* rank; 0 for operations without one */
+  uint64_t count;        /* elements, <= ST_COLL_MAX_COUNT */
+  uint32_t n;            /* group size, 1 .. ST_COLL_MAX_MEMBERS */
+  uint64_t members_hash; /* the group's member list, hashed by the node */
+  const uint8_t* data;   /* little-endian elements of dtype, or empty;
+                            borrowed from the input buffer when decoded */
+  uint32_t data_len;     /* bytes, <= ST_WIRE_CHUNK_MAX_BYTES */
+} st_msg_coll_hello_t;
+
+/* One segment of a large operation's data (gossip.h, "User collectives"). */
+typedef struct {
+  uint64_t op_id;
+  uint8_t phase;       /* st_coll_phase_t */
+  uint32_t step;       /* within the phase */
+  uint64_t offset;     /* in elements, from the start of the vector */
+  const uint8_t* data; /* as in HELLO */
+  uint32_t data_len;
+} st_msg_coll_seg_t;
+
+/* An operation failed at the sender: every member fails it too. */
+typedef struct {
+  uint64_t op_id;
+  const char* reason;  /* not NUL-terminated; borrowed when decoded */
+  uint32_t reason_len; /* <= ST_COLL_REASON_MAX */
+} st_msg_coll_abort_t;
+
 /* Forming a ring round (gossip.h, "Ring formation"). A members list holds
  * at most ST_RING_FORM_MAX_MEMBERS ids, in ring order. */
 typedef struct {
@@ -303,6 +346,9 @@ typedef struct {
     st_msg_ring_confirm_t ring_confirm;
     st_msg_ring_cancel_t ring_cancel;
     st_msg_ring_lane_t ring_lane;
+    st_msg_coll_hello_t coll_hello;
+    st_msg_coll_seg_t coll_seg;
+    st_msg_coll_abort_t coll_abort;
   } u;
 } st_msg_t;
 
@@ -1345,6 +1391,181 @@ bool st_lanes_next_held(st_lanes_t* s, uint32_t* lane);
  * for a lane never joined. The lane is ended either way; ending it again
  * answers the same. */
 st_lanes_verdict_t st_lanes_end(st_lanes_t* s, uint32_t lane);
+
+/* ==== User collectives (gossip/coll.c) ======================================
+ *
+ * The operations a program calls through its node (client/starling/comm.h,
+ * docs/collectives.md): all-reduce, reduce to a root, broadcast from a root,
+ * and barrier, over a group of n members with ranks 0 .. n - 1 (the node
+ * orders the group's ids; every member of it must call the same operation
+ * with the same kind, reduction, dtype, root and count, in the same order).
+ * One machine per member per operation, sans-IO: the driver hands it the
+ * decoded messages that came from the other members of the operation
+ * (st_coll_message, with the sender's rank, learnt from the authenticated
+ * connection) and sends the SENDs to the member they name; the machine
+ * never sees a socket or a clock (the driver owns the deadline and the
+ * failure detector, and calls st_coll_abort).
+ *
+ * Two paths, chosen alike by every member from the operation itself:
+ *
+ * - small (count * element size <= small_bytes and n <= ST_COLL_SMALL_MEMBERS;
+ *   barrier always, as an all-reduce of one float32): one round. Each member
+ *   sends COLL_HELLO carrying its data straight to the members that need it
+ *   (all-reduce and barrier: every other member; reduce: the root;
+ *   broadcast: the root to every other member) and reduces what it gets in
+ *   rank order, so every member's result has the same bits.
+ * - large: all-reduce and reduce run the pipelined ring of ring.c (chunk c
+ *   of the vector covers elements [c * count / n, (c + 1) * count / n); a
+ *   reduce-scatter of n - 1 steps, then an all-gather of n - 1; each
+ *   segment of at most segment_bytes is forwarded as soon as it is
+ *   reduced); a reduce is an all-reduce whose result only the root keeps.
+ *   Broadcast is a chain from the root in rank order (root, root + 1, ...),
+ *   each member forwarding each segment as it comes. A member first sends
+ *   COLL_HELLO (no data) to the member it sends segments to.
+ *
+ * Every member checks each HELLO against its own call: a difference in
+ * kind, reduction, dtype, root, count, group size or member list ends the
+ * operation with MISMATCH, naming both calls. A member whose operation
+ * fails for any reason but a peer's ABORT sends COLL_ABORT [op, reason] to
+ * every other member, which then fails too with PEER: nobody returns a
+ * partial result as complete. MEAN divides the sum by n once, where a
+ * chunk's sum completes, so members agree bit for bit on both paths.
+ *
+ * Wire (after [type, version]):
+ *   COLL_HELLO [op u64, kind u8, rop u8, dtype u8, root u32, count u64,
+ *               n u32, members_hash u64, data bin]
+ *   COLL_SEG   [op u64, phase u8, step u32, offset u64, data bin]
+ *   COLL_ABORT [op u64, reason str]
+ * data is little-endian elements of the dtype; offset is in elements from
+ * the start of the vector; phase 0 and 1 are the ring's reduce-scatter and
+ * all-gather (step within the phase), 2 the broadcast chain (step 0).
+ */
+
+typedef enum {
+  ST_COLL_ALL_REDUCE = 0,
+  ST_COLL_REDUCE,
+  ST_COLL_BROADCAST,
+  ST_COLL_BARRIER,
+  ST_COLL_KIND_COUNT
+} st_coll_kind_t;
+
+typedef enum {
+  ST_COLL_SUM = 0,
+  ST_COLL_MEAN,
+  ST_COLL_MIN,
+  ST_COLL_MAX,
+  ST_COLL_ROP_COUNT
+} st_coll_rop_t;
+
+typedef enum {
+  ST_COLL_F32 = 0,
+  ST_COLL_F64,
+  ST_COLL_DTYPE_COUNT
+} st_coll_dtype_t;
+
+typedef enum {
+  ST_COLL_PHASE_RS = 0, /* ring reduce-scatter */
+  ST_COLL_PHASE_AG,     /* ring all-gather */
+  ST_COLL_PHASE_CHAIN,  /* broadcast chain */
+  ST_COLL_PHASE_COUNT
+} st_coll_phase_t;
+
+typedef enum {
+  ST_COLL_OK = 0,
+  ST_COLL_FAIL_MISMATCH, /* a member called something else */
+  ST_COLL_FAIL_PROTOCOL, /* a message out of order, of the wrong size, or
+                            from a member that owes none */
+  ST_COLL_FAIL_PEER,     /* another member's ABORT */
+  ST_COLL_FAIL_ABORTED,  /* the driver: a member died or left, a link
+                            closed, the node stopped */
+  ST_COLL_FAIL_TIMEOUT,  /* the driver: the caller's deadline */
+  ST_COLL_RESULT_COUNT
+} st_coll_result_t;
+
+/* "ok", "mismatch", "protocol", "peer", "aborted", "timeout". */
+const char* st_coll_result_name(st_coll_result_t r);
+/* "all_reduce", "reduce", "broadcast", "barrier". */
+const char* st_coll_kind_name(st_coll_kind_t k);
+/* "sum", "mean", "min", "max". */
+const char* st_coll_rop_name(st_coll_rop_t r);
+/* "float32", "float64". */
+const char* st_coll_dtype_name(st_coll_dtype_t t);
+/* Bytes of one element: 4 or 8 (0 for an unknown dtype). */
+size_t st_coll_elem_bytes(st_coll_dtype_t t);
+
+/* The small path's bounds: 64 KiB of data and 64 members (each member
+ * keeps every other member's contribution until it reduces them). */
+#define ST_COLL_SMALL_BYTES (64u * 1024u)
+#define ST_COLL_SMALL_MEMBERS 64u
+#define ST_COLL_SEGMENT_BYTES (256u * 1024u)
+
+typedef struct {
+  uint64_t op_id; /* the same at every member; the driver's to choose */
+  st_coll_kind_t kind;
+  st_coll_rop_t rop; /* all-reduce and reduce; SUM otherwise */
+  st_coll_dtype_t dtype;
+  uint32_t root;  /* reduce and broadcast: a rank < n; 0 otherwise */
+  uint64_t count; /* elements; barrier: 1 (the machine sends one zero) */
+  uint32_t n, rank;
+  uint64_t members_hash;  /* the driver's hash of the group's ids */
+  uint32_t small_bytes;   /* ST_COLL_SMALL_BYTES, the same everywhere */
+  uint32_t segment_bytes; /* ST_COLL_SEGMENT_BYTES: a multiple of 8,
+                             8 .. ST_WIRE_CHUNK_MAX_BYTES */
+} st_coll_spec_t;
+
+/* A spec with the defaults above for what the caller does not set. */
+void st_coll_spec_default(st_coll_spec_t* spec);
+
+typedef enum {
+  ST_CACT_SEND = 0, /* send data[0..len) (one wire message) to rank `to`;
+                       borrowed until the next call into the machine */
+  ST_CACT_DONE      /* finished: result (why: a sentence when it failed;
+                       culprit: the rank it names, or n for none) */
+} st_cact_kind_t;
+
+typedef struct {
+  st_cact_kind_t kind;
+  uint32_t to;
+  const uint8_t* data;
+  size_t len;
+  st_coll_result_t result;
+  uint32_t culprit;
+  const char* why; /* valid until st_coll_free */
+} st_cact_t;
+
+typedef struct st_coll_s st_coll_t;
+
+/* The machine of member spec->rank for one operation. input holds count
+ * elements of dtype (copied; NULL for barrier, and allowed for a
+ * broadcast's non-root members); the first actions are its SENDs.
+ * -EINVAL for a spec out of range (kind, rop, dtype, n 0 or beyond
+ * ST_COLL_MAX_MEMBERS, rank or root >= n, count beyond ST_COLL_MAX_COUNT,
+ * a barrier's count other than 1, segment_bytes), -ENOMEM. */
+int st_coll_new(const st_coll_spec_t* spec, const void* input, st_coll_t** out);
+void st_coll_free(st_coll_t* x);
+
+/* A message of this operation (msg->u.*.op_id == op_id; -EINVAL
+ * otherwise or for a type that is not a collective's) from rank `from`
+ * (-EINVAL when from >= n or is this member). A failure of the operation
+ * is not an error of the call: it ends the operation with DONE. Events
+ * after DONE are ignored. After each call (and after st_coll_new) the
+ * driver takes every action before the next event: segments are encoded
+ * from the machine's buffer as they are taken. */
+int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg);
+/* The driver ends the operation: reason ABORTED or TIMEOUT (-EINVAL
+ * otherwise), culprit a rank or n, why a sentence (copied). ABORTs to
+ * every other member come before the DONE. */
+int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,
+                  const char* why);
+bool st_coll_next_action(st_coll_t* x, st_cact_t* out);
+bool st_coll_finished(const st_coll_t* x);
+/* Whether a message of this operation came from rank r (for the driver's
+ * timeout sentence: who has not been heard from). */
+bool st_coll_heard(const st_coll_t* x, uint32_t r);
+/* After DONE(OK): the result, count elements of dtype (the same bits at
+ * every member that has one); NULL for a reduce's non-root members, a
+ * barrier, or before DONE(OK). Valid until st_coll_free. */
+const void* st_coll_result(const st_coll_t* x);
 
 #ifdef __cplusplus
 }

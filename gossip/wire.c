@@ -116,6 +116,12 @@ static size_t field_count(uint64_t type) {
       return 1;
     case ST_MSG_RING_LANE:
       return 3;
+    case ST_MSG_COLL_HELLO:
+      return 9;
+    case ST_MSG_COLL_SEG:
+      return 5;
+    case ST_MSG_COLL_ABORT:
+      return 2;
     default:
       return 0;
   }
@@ -158,6 +164,54 @@ static int ring_seg_check(const st_msg_ring_seg_t* g, st_wire_drop_t* why) {
   if (g->phase > ST_RING_ALL_GATHER || g->data_len % 4 != 0 ||
       g->offset > ST__WIRE_MAX_TENSOR_FLOATS - g->data_len / 4) {
     *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+/* The collective messages' rules shared by the encoder and the decoder
+ * (gossip.h, "User collectives"): 0 or the drop reason (LIMIT for data or
+ * a reason beyond its bound; FIELD for an unknown kind, operation, dtype
+ * or phase, a group out of range, a root outside it, data that is not
+ * whole elements or reaches past count or ST_COLL_MAX_COUNT). */
+static size_t coll_elem_bytes(uint8_t dtype) {
+  return dtype == ST_COLL_F64 ? 8 : dtype == ST_COLL_F32 ? 4 : 0;
+}
+
+static int coll_hello_check(const st_msg_coll_hello_t* h, st_wire_drop_t* why) {
+  if (h->data_len > ST_WIRE_CHUNK_MAX_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  size_t e = coll_elem_bytes(h->dtype);
+  if (e == 0 || h->kind >= ST_COLL_KIND_COUNT || h->rop >= ST_COLL_ROP_COUNT ||
+      h->n == 0 || h->n > ST_COLL_MAX_MEMBERS || h->root >= h->n ||
+      h->count > ST_COLL_MAX_COUNT || h->data_len % e != 0 ||
+      h->data_len / e > h->count) {
+    *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+static int coll_seg_check(const st_msg_coll_seg_t* g, st_wire_drop_t* why) {
+  if (g->data_len > ST_WIRE_CHUNK_MAX_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  /* The element size is the operation's: only whole float32 here (the
+   * machine checks float64), and nothing past the largest vector. */
+  if (g->phase >= ST_COLL_PHASE_COUNT || g->data_len % 4 != 0 ||
+      g->offset > ST_COLL_MAX_COUNT - g->data_len / 4) {
+    *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+static int coll_abort_check(const st_msg_coll_abort_t* a, st_wire_drop_t* why) {
+  if (a->reason_len > ST_COLL_REASON_MAX) {
+    *why = ST_WIRE_DROP_LIMIT;
     return -1;
   }
   return 0;
@@ -327,6 +381,22 @@ static int encode_check(const st_msg_t* msg) {
       break;
     case ST_MSG_RING_LANE:
       if (!ring_lane_ok(&msg->u.ring_lane))
+        return -EINVAL;
+      break;
+    case ST_MSG_COLL_HELLO:
+      if (coll_hello_check(&msg->u.coll_hello, &why) != 0 ||
+          (msg->u.coll_hello.data == NULL && msg->u.coll_hello.data_len > 0))
+        return -EINVAL;
+      break;
+    case ST_MSG_COLL_SEG:
+      if (coll_seg_check(&msg->u.coll_seg, &why) != 0 ||
+          (msg->u.coll_seg.data == NULL && msg->u.coll_seg.data_len > 0))
+        return -EINVAL;
+      break;
+    case ST_MSG_COLL_ABORT:
+      if (coll_abort_check(&msg->u.coll_abort, &why) != 0 ||
+          (msg->u.coll_abort.reason == NULL &&
+           msg->u.coll_abort.reason_len > 0))
         return -EINVAL;
       break;
     default:
@@ -500,6 +570,41 @@ static int pack_ring(msgpack_packer* pk, const st_msg_t* msg) {
   return r;
 }
 
+/* The collective messages (gossip.h, "User collectives"). */
+static int pack_coll(msgpack_packer* pk, const st_msg_t* msg) {
+  int r = 0;
+  switch (msg->type) {
+    case ST_MSG_COLL_HELLO: {
+      const st_msg_coll_hello_t* m = &msg->u.coll_hello;
+      r |= msgpack_pack_uint64(pk, m->op_id) | msgpack_pack_uint8(pk, m->kind) |
+           msgpack_pack_uint8(pk, m->rop) | msgpack_pack_uint8(pk, m->dtype) |
+           msgpack_pack_uint32(pk, m->root) |
+           msgpack_pack_uint64(pk, m->count) | msgpack_pack_uint32(pk, m->n) |
+           msgpack_pack_uint64(pk, m->members_hash) |
+           pack_bin(pk, m->data, m->data_len);
+      break;
+    }
+    case ST_MSG_COLL_SEG: {
+      const st_msg_coll_seg_t* m = &msg->u.coll_seg;
+      r |= msgpack_pack_uint64(pk, m->op_id) |
+           msgpack_pack_uint8(pk, m->phase) | msgpack_pack_uint32(pk, m->step) |
+           msgpack_pack_uint64(pk, m->offset) |
+           pack_bin(pk, m->data, m->data_len);
+      break;
+    }
+    case ST_MSG_COLL_ABORT: {
+      const st_msg_coll_abort_t* m = &msg->u.coll_abort;
+      r |= msgpack_pack_uint64(pk, m->op_id) |
+           msgpack_pack_str(pk, m->reason_len) |
+           msgpack_pack_str_body(pk, m->reason, m->reason_len);
+      break;
+    }
+    default:
+      break;
+  }
+  return r;
+}
+
 /* Packs the fields that follow a message's type and version. 0 or -1
  * (the packer's overflow flag says which). */
 static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
@@ -530,6 +635,10 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_RING_CANCEL:
     case ST_MSG_RING_LANE:
       return pack_ring(pk, msg);
+    case ST_MSG_COLL_HELLO:
+    case ST_MSG_COLL_SEG:
+    case ST_MSG_COLL_ABORT:
+      return pack_coll(pk, msg);
   }
   return 0;
 }
@@ -921,6 +1030,55 @@ static int get_ring(st_msg_type_t type, const msgpack_object* f,
   }
 }
 
+/* The collective messages' fields. A bin that ends the message borrows
+ * from buf, as a tensor chunk's does. */
+static int get_coll(st_msg_type_t type, const msgpack_object* f,
+                    const uint8_t* buf, size_t len, st_msg_t* msg,
+                    st_wire_drop_t* why) {
+  switch (type) {
+    case ST_MSG_COLL_HELLO: {
+      st_msg_coll_hello_t* m = &msg->u.coll_hello;
+      if (get_u64(&f[0], &m->op_id) | get_u8(&f[1], &m->kind) |
+          get_u8(&f[2], &m->rop) | get_u8(&f[3], &m->dtype) |
+          get_u32(&f[4], &m->root) | get_u64(&f[5], &m->count) |
+          get_u32(&f[6], &m->n) | get_u64(&f[7], &m->members_hash))
+        return -1;
+      if (f[8].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->data_len = f[8].via.bin.size;
+      if (coll_hello_check(m, why) != 0)
+        return -1;
+      m->data = buf + (len - m->data_len);
+      assert((const uint8_t*) f[8].via.bin.ptr == m->data || m->data_len == 0);
+      return 0;
+    }
+    case ST_MSG_COLL_SEG: {
+      st_msg_coll_seg_t* m = &msg->u.coll_seg;
+      if (get_u64(&f[0], &m->op_id) | get_u8(&f[1], &m->phase) |
+          get_u32(&f[2], &m->step) | get_u64(&f[3], &m->offset))
+        return -1;
+      if (f[4].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->data_len = f[4].via.bin.size;
+      if (coll_seg_check(m, why) != 0)
+        return -1;
+      m->data = buf + (len - m->data_len);
+      assert((const uint8_t*) f[4].via.bin.ptr == m->data || m->data_len == 0);
+      return 0;
+    }
+    case ST_MSG_COLL_ABORT: {
+      st_msg_coll_abort_t* m = &msg->u.coll_abort;
+      if (get_u64(&f[0], &m->op_id) != 0 || f[1].type != MSGPACK_OBJECT_STR)
+        return -1;
+      m->reason = f[1].via.str.ptr;
+      m->reason_len = f[1].via.str.size;
+      return coll_abort_check(m, why);
+    }
+    default:
+      return -1;
+  }
+}
+
 /* f: the fields after [type, version], as many as field_count(type) says.
  * buf, len: the message's bytes, which a chunk's data borrows from.
  * Returns 0, -1 (the reason in *why) or -ENOMEM. */
@@ -955,6 +1113,10 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_RING_CANCEL:
     case ST_MSG_RING_LANE:
       return get_ring(type, f, buf, len, msg, why);
+    case ST_MSG_COLL_HELLO:
+    case ST_MSG_COLL_SEG:
+    case ST_MSG_COLL_ABORT:
+      return get_coll(type, f, buf, len, msg, why);
   }
   return -1;
 }

@@ -136,6 +136,26 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
       return a->u.ring_lane.round_id == b->u.ring_lane.round_id &&
              a->u.ring_lane.lane == b->u.ring_lane.lane &&
              a->u.ring_lane.lanes == b->u.ring_lane.lanes;
+    case ST_MSG_COLL_HELLO: {
+      const st_msg_coll_hello_t *x = &a->u.coll_hello, *y = &b->u.coll_hello;
+      return x->op_id == y->op_id && x->kind == y->kind && x->rop == y->rop &&
+             x->dtype == y->dtype && x->root == y->root &&
+             x->count == y->count && x->n == y->n &&
+             x->members_hash == y->members_hash && x->data_len == y->data_len &&
+             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
+    }
+    case ST_MSG_COLL_SEG: {
+      const st_msg_coll_seg_t *x = &a->u.coll_seg, *y = &b->u.coll_seg;
+      return x->op_id == y->op_id && x->phase == y->phase &&
+             x->step == y->step && x->offset == y->offset &&
+             x->data_len == y->data_len &&
+             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
+    }
+    case ST_MSG_COLL_ABORT:
+      return a->u.coll_abort.op_id == b->u.coll_abort.op_id &&
+             a->u.coll_abort.reason_len == b->u.coll_abort.reason_len &&
+             memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
+                    a->u.coll_abort.reason_len) == 0;
   }
   return 0;
 }

@@ -149,6 +149,82 @@ ST_CLIENT_API const char* st_client_error(const st_client_t* c);
  * already gone (c is freed either way). */
 ST_CLIENT_API int st_client_detach(st_client_t* c);
 
+/* ==== Collectives ==========================================================
+ *
+ * The communication patterns over the cluster, through the local node
+ * (any `starling node`: built-in training or --attach; docs/collectives.md):
+ * all-reduce, reduce to a root, broadcast from a root, barrier. A
+ * program opens a communicator on its node's control socket; every member
+ * of a group calls the same operation (same kind, reduction, dtype, root
+ * and count) in the same order, and each call blocks until the operation
+ * is complete on this member, or fails everywhere.
+ *
+ * A group is NULL or "all" (every member alive now, frozen at the call:
+ * every member must see the same list, a difference is an error naming
+ * both), or a comma-separated list of member ids (32 hex digits each, as
+ * st_comm_members and `starling peers` give them; this node included).
+ * Ranks are the group's ids in sorted order; a root is a rank.
+ *
+ * Failures: 0 on success; -EINVAL: bad arguments, or a member called
+ * something else (the error names both calls); -ECONNABORTED: a member of
+ * the group died, left or went away (named), or failed the operation;
+ * -ETIMEDOUT: timeout_s passed (0: no limit; the error names the members
+ * not heard from); -ENOTCONN: the node went away (every later call fails
+ * too); -ENOMEM. On failure the data is unspecified: nobody returns a
+ * partial result as complete. Not thread-safe: one thread per
+ * communicator; a program may open several. */
+
+typedef enum { ST_COMM_F32 = 0, ST_COMM_F64 = 1 } st_comm_dtype_t;
+typedef enum {
+  ST_COMM_SUM = 0,
+  ST_COMM_MEAN = 1,
+  ST_COMM_MIN = 2,
+  ST_COMM_MAX = 3
+} st_comm_op_t;
+
+typedef struct st_comm_s st_comm_t;
+
+/* Opens a communicator on the node's control socket. -ENOENT /
+ * -ECONNREFUSED: no node there; -EBUSY: the node refused (too many
+ * sessions, leaving; err says which); -ENAMETOOLONG; -ENOMEM. */
+ST_CLIENT_API int st_comm_open(const char* socket_path, st_comm_t** out,
+                               char* err, size_t err_len);
+/* Closes it (an operation cannot be in progress: calls block). Safe on
+ * NULL. */
+ST_CLIENT_API void st_comm_close(st_comm_t* c);
+/* The last error's sentence ("" when none). */
+ST_CLIENT_API const char* st_comm_error(const st_comm_t* c);
+
+/* The group "all" as the node sees it now: up to cap ids (NUL-terminated
+ * hex) in rank order into ids, their number into *n (may exceed cap), and
+ * this node's rank into *rank. */
+ST_CLIENT_API int st_comm_members(st_comm_t* c, char (*ids)[33], size_t cap,
+                                  size_t* n, size_t* rank);
+
+/* data[0..count) becomes the reduction over the group, on every member
+ * (bit-identical everywhere). MEAN is the sum divided by the group size. */
+ST_CLIENT_API int st_comm_all_reduce(st_comm_t* c, const char* group,
+                                     void* data, uint64_t count,
+                                     st_comm_dtype_t dtype, st_comm_op_t op,
+                                     double timeout_s);
+/* The same, kept by the root only: its data[0..count) becomes the
+ * reduction; the others' data is left as it was. */
+ST_CLIENT_API int st_comm_reduce(st_comm_t* c, const char* group, uint32_t root,
+                                 void* data, uint64_t count,
+                                 st_comm_dtype_t dtype, st_comm_op_t op,
+                                 double timeout_s);
+/* The root's data[0..count) is copied into every member's data. */
+ST_CLIENT_API int st_comm_broadcast(st_comm_t* c, const char* group,
+                                    uint32_t root, void* data, uint64_t count,
+                                    st_comm_dtype_t dtype, double timeout_s);
+/* Returns once every member of the group has called it. */
+ST_CLIENT_API int st_comm_barrier(st_comm_t* c, const char* group,
+                                  double timeout_s);
+/* This member's rank and the group's size in the last operation that
+ * succeeded (0 and 0 before any). */
+ST_CLIENT_API void st_comm_last_group(const st_comm_t* c, uint32_t* rank,
+                                      uint32_t* size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -282,6 +282,7 @@ static void leave_done_cb(uv_timer_t* t) {
     }
   }
   st__ring_close(d);
+  st__coll_close(d); /* before the connections: its ABORTs go out first */
   /* The trainer is gone: nothing borrows from the connections any more. */
   for (st__conn_t* c = d->conns; c != NULL; c = c->next)
     c->tt_pending = 0;
@@ -525,6 +526,7 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   }
   uv_timer_init(&d->loop, &d->member_timer);
   d->member_timer.data = d;
+  st__coll_init(d);
   if ((rc = st__control_start(d, err, err_len)) != 0)
     return rc;
   uv_async_init(&d->loop, &d->tt_async, tt_async_cb);

@@ -84,12 +84,34 @@ static const st__conn_ops_t ring_ops = {
     .owns_deadline = ring_owns_deadline,
 };
 
+/* User collectives: a dialled connection carries this node's frames to one
+ * member and stays open; frames come on the ones the others dialled. An
+ * open one keeps no deadline (TCP_USER_TIMEOUT and the failure detector
+ * end it). */
+static int coll_open(st__conn_t* c) {
+  return st__coll_on_open(c);
+}
+
+static bool coll_owns_deadline(const st__conn_t* c) {
+  (void) c;
+  return true;
+}
+
+static const st__conn_ops_t coll_ops = {
+    .purpose = ST__CONN_COLL,
+    .dial_deadline_ms = ST__HANDSHAKE_DEADLINE_MS,
+    .offload_rx = true,
+    .on_open = coll_open,
+    .on_frame = st__coll_on_frame,
+    .on_close = st__coll_on_closed,
+    .owns_deadline = coll_owns_deadline,
+};
+
 /* The dialler's purpose, by name. */
-static const st__conn_ops_t* const ops_by_purpose[ST__CONN_RING + 1] = {
-    [ST__CONN_UNKNOWN] = NULL,
-    [ST__CONN_PUSH_PULL] = &pp_ops,
-    [ST__CONN_XCHG] = &xchg_ops,
-    [ST__CONN_RING] = &ring_ops,
+static const st__conn_ops_t* const ops_by_purpose[ST__CONN_COLL + 1] = {
+    [ST__CONN_UNKNOWN] = NULL,   [ST__CONN_PUSH_PULL] = &pp_ops,
+    [ST__CONN_XCHG] = &xchg_ops, [ST__CONN_RING] = &ring_ops,
+    [ST__CONN_COLL] = &coll_ops,
 };
 
 /* The acceptor's purpose, by the type of the first message. */
@@ -97,13 +119,13 @@ static const struct {
   st_msg_type_t type;
   const st__conn_ops_t* ops;
 } ops_by_first_message[] = {
-    {ST_MSG_PUSH_PULL, &pp_ops},
-    {ST_MSG_XCHG_REQ, &xchg_ops},
-    {ST_MSG_RING_LANE, &ring_ops},
+    {ST_MSG_PUSH_PULL, &pp_ops},   {ST_MSG_XCHG_REQ, &xchg_ops},
+    {ST_MSG_RING_LANE, &ring_ops}, {ST_MSG_COLL_HELLO, &coll_ops},
+    {ST_MSG_COLL_SEG, &coll_ops},  {ST_MSG_COLL_ABORT, &coll_ops},
 };
 
 const st__conn_ops_t* st__conn_ops_of(st__conn_purpose_t purpose) {
-  return purpose <= ST__CONN_RING ? ops_by_purpose[purpose] : NULL;
+  return purpose <= ST__CONN_COLL ? ops_by_purpose[purpose] : NULL;
 }
 
 st__conn_purpose_t st__conn_purpose(const st__conn_t* c) {

@@ -502,6 +502,16 @@ static void answer(client_t* cl) {
     client_close(cl);
     return;
   }
+  if (strcmp(cl->req, "collectives") == 0) {
+    /* A collectives session takes it over (daemon_coll_session.c). */
+    st_json_buf_free(&w->buf);
+    free(w);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
+      st__coll_takeover(d, fd, more);
+    client_close(cl);
+    return;
+  }
   if (strncmp(cl->req, "status", 6) == 0) {
     if (json)
       status_json(d, &w->buf);
@@ -517,7 +527,7 @@ static void answer(client_t* cl) {
   } else {
     st_json_buf_puts(&w->buf,
                      "error: unknown request; expected status, "
-                     "peers, leave or attach\n");
+                     "peers, leave, attach or collectives\n");
   }
   if (w->buf.failed) {
     st_json_buf_free(&w->buf);

@@ -42,7 +42,8 @@ typedef enum {
   ST__CONN_UNKNOWN = 0,
   ST__CONN_PUSH_PULL,
   ST__CONN_XCHG,
-  ST__CONN_RING /* a ring round's stream, previous member -> next */
+  ST__CONN_RING, /* a ring round's stream, previous member -> next */
+  ST__CONN_COLL  /* user collectives' frames to one member (daemon_coll.c) */
 } st__conn_purpose_t;
 
 /* A connection's deadline after connect or accept (the sweep closes it
@@ -133,7 +134,65 @@ struct st__conn_s {
   uint32_t ring_lane, ring_lanes;
   uint8_t* ring_held;
   size_t ring_held_len;
+  /* COLL (dialled): frames waiting for the stream to come up. */
+  struct st__coll_out_s* coll_out_head;
+  struct st__coll_out_s* coll_out_tail;
 };
+
+/* ---- User collectives (daemon_coll.c, daemon_coll_session.c) ---------- */
+
+/* Group keys ("all", or a member list) whose call count is kept; messages
+ * of the last ST__COLL_FINISHED operations are dropped quietly; messages
+ * for operations not started here are kept up to ST__COLL_PENDING_MAX
+ * bytes, each at most ST__COLL_PENDING_MS. */
+#define ST__COLL_GROUP_KEYS 256
+#define ST__COLL_FINISHED 256
+#define ST__COLL_PENDING_MAX (256u << 20)
+#define ST__COLL_PENDING_MS 300000u
+/* Sessions on the control socket at once, and the largest operand a
+ * program may send (1 GiB; docs/collectives.md). */
+#define ST__COLL_SESSIONS_MAX 16
+#define ST__COLL_DATA_MAX (UINT64_C(1) << 30)
+
+typedef struct {
+  uint64_t key, next;
+} st__coll_seq_t;
+
+/* A group frozen at a call: ids in rank order (sorted), this node's rank,
+ * the hash every member checks, and the operation's id. */
+typedef struct {
+  st_node_id_t* ids;
+  uint32_t n, rank;
+  uint64_t members_hash, op_id;
+} st__coll_group_t;
+
+typedef struct st__coll_op_s {
+  struct st__coll_op_s* next;
+  struct st__coll_session_s* session;
+  st__coll_group_t g;
+  st_coll_kind_t kind;
+  st_coll_rop_t rop;
+  st_coll_dtype_t dtype;
+  uint32_t root;
+  uint64_t count;
+  st_coll_t* m;
+  uint64_t started_ms, deadline_ms; /* deadline 0: none */
+} st__coll_op_t;
+
+typedef struct {
+  st__coll_op_t* ops;
+  struct st__coll_pend_s* pending;
+  size_t pending_bytes;
+  st__coll_seq_t seqs[ST__COLL_GROUP_KEYS];
+  size_t n_seqs;
+  uint64_t finished[ST__COLL_FINISHED];
+  size_t finished_at;
+  uv_timer_t sweep;
+  bool sweep_open;
+  bool stopping; /* no new connections: the node is shutting down */
+  struct st__coll_session_s* sessions;
+  size_t n_sessions;
+} st__coll_t;
 
 /* SENDs kept for lanes not yet up: at most the round's in_flight. */
 #define ST__RING_PENDING (2u * ST_RING_MAX_LANES)
@@ -174,6 +233,12 @@ typedef struct {
   uint64_t conns_close_timeout;
   /* FETCHes that came while ST__FETCH_SERVE_MAX were served (busy). */
   uint64_t fetches_refused;
+  /* User collectives: operations that succeeded and failed here, frames
+   * dropped (undecodable, from outside the group, kept too long or past
+   * the bound), bytes of their messages, sessions refused. */
+  uint64_t coll_ok, coll_failed, coll_dropped;
+  uint64_t coll_bytes_in, coll_bytes_out;
+  uint64_t coll_sessions_refused;
 } st__dcounters_t;
 
 /* When this node last heard from each member (authenticated traffic). */
@@ -333,6 +398,7 @@ struct st__daemon_s {
   bool net_started;            /* sockets bound (st__daemon_start_node) */
   bool node_started;
 
+  st__coll_t coll;
   st__dcounters_t c;
   st__heard_t heard[ST__HEARD_SLOTS];
   uint64_t started_ms;
@@ -389,6 +455,46 @@ void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs,
 /* Shut-down: closes the session's handle. */
 void st__attach_close(st__daemon_t* d);
 void st__attach_free(st__daemon_t* d);
+
+/* daemon_coll.c: user collectives on the network. */
+void st__coll_init(st__daemon_t* d);
+/* Fails every operation ("the node is stopping"), ends the sessions, frees
+ * what waits. */
+void st__coll_close(st__daemon_t* d);
+/* Freezes a group: ids[0..n) (all: every alive or suspected member and this
+ * node, ids ignored), sorted, with this node's rank, the members' hash and
+ * the next operation id of its key. -EINVAL / -ENOENT with err naming the
+ * member at fault, -ENOMEM. */
+int st__coll_group(st__daemon_t* d, const st_node_id_t* ids, size_t n, bool all,
+                   st__coll_group_t* g, char* err, size_t err_len);
+void st__coll_group_free(st__coll_group_t* g);
+/* Starts op (its group, kind, rop, dtype, root, count and deadline set;
+ * input: count elements) and feeds it what came early. Its end reaches
+ * st__coll_session_done. */
+int st__coll_start(st__daemon_t* d, st__coll_op_t* op, const void* input);
+/* A message for op from member `from`; true when op ended (and is freed). */
+bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
+                   const uint8_t* data, size_t len);
+/* Ends op as failed (its program went away). */
+void st__coll_abort_op(st__daemon_t* d, st__coll_op_t* op, const char* why);
+/* COLL connections' callbacks. */
+int st__coll_on_open(st__conn_t* c);
+void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__coll_on_closed(st__conn_t* c);
+/* Member id died (left: it said so): its operations fail, its connections
+ * close. */
+void st__coll_on_member_gone(st__daemon_t* d, const st_node_id_t* id,
+                             bool left);
+
+/* daemon_coll_session.c: the programs' side. */
+/* The control connection fd said "collectives": a session takes it over
+ * (a dup; the caller closes its own handle). */
+void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes);
+/* op ended (removed from the running list): its session answers the
+ * program and frees op. msg: "" on success, else the sentence. */
+void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
+                           const char* msg);
+void st__coll_sessions_close(st__daemon_t* d);
 
 /* daemon_robust.c: how far a peer may move this node's model. */
 /* The exchange configuration for connection c (its peer's bound); notes

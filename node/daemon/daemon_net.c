@@ -130,6 +130,7 @@ static void on_member(st__daemon_t* d, const st_member_t* mb) {
      * accepts anyway; forgetting frees the slot for other senders. */
     st_replay_table_forget(d->replay, &mb->id);
     st__ring_on_member_gone(d, &mb->id);
+    st__coll_on_member_gone(d, &mb->id, mb->state == ST_MEMBER_LEFT);
   }
 }
 

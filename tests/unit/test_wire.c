@@ -460,6 +460,10 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_RING_CONFIRM:
     case ST_MSG_RING_CANCEL:
     case ST_MSG_RING_LANE: /* test_wire_ring.c */
+    /* test_gossip_coll.c */
+    case ST_MSG_COLL_HELLO:
+    case ST_MSG_COLL_SEG:
+    case ST_MSG_COLL_ABORT:
       break;
   }
 }

@@ -1,0 +1,325 @@
+/* comm.c: the client library's collectives (client/starling/client.h,
+ * "Collectives"): a session on the node's control socket ("collectives",
+ * then request and reply frames; docs/collectives.md) and one blocking
+ * call per operation. The node runs the operation with its peers; the
+ * library only moves the operand in and the result out.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "client/client_internal.h"
+
+/* How long opening waits for the node's "ready", and how long past the
+ * caller's timeout a reply may take (the node enforces the timeout). */
+#define OPEN_TIMEOUT_S 10.0
+#define REPLY_GRACE_S 10.0
+#define REPLY_JSON_MAX (64u * 1024u)
+
+struct st_comm_s {
+  int sock;
+  bool gone;
+  uint32_t rank, size;
+  char err[768];
+};
+
+static int fail(st_comm_t* c, int rc, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(st_comm_t* c, int rc, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int st_comm_open(const char* socket_path, st_comm_t** out, char* err,
+                 size_t err_len) {
+  if (out == NULL)
+    return -EINVAL;
+  *out = NULL;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (socket_path == NULL || strlen(socket_path) >= sizeof sa.sun_path) {
+    st_set_err(err, err_len, "the socket path is missing or too long");
+    return -ENAMETOOLONG;
+  }
+  memcpy(sa.sun_path, socket_path, strlen(socket_path) + 1);
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0)
+    return -errno;
+  if (connect(sock, (struct sockaddr*) &sa, sizeof sa) != 0) {
+    int e = errno;
+    close(sock);
+    st_set_err(err, err_len,
+               "no starling node at %s (%s): is `starling node` running "
+               "with that data directory?",
+               socket_path, strerror(e));
+    return -e;
+  }
+  double deadline = st_now_s() + OPEN_TIMEOUT_S;
+  char line[600];
+  int rc = st__client_send_all(sock, (const uint8_t*) "collectives\n", 12, -1,
+                               deadline);
+  if (rc == 0)
+    rc = st__client_recv_line(sock, line, sizeof line, deadline);
+  if (rc != 0 || strcmp(line, "ready") != 0) {
+    close(sock);
+    if (rc == 0) {
+      st_set_err(err, err_len, "the node at %s refused: %s", socket_path,
+                 strncmp(line, "error ", 6) == 0 ? line + 6 : line);
+      return -EBUSY;
+    }
+    st_set_err(err, err_len, "the node at %s did not answer (%s)", socket_path,
+               strerror(-rc));
+    return rc;
+  }
+  st_comm_t* c = calloc(1, sizeof(*c));
+  if (c == NULL) {
+    close(sock);
+    return -ENOMEM;
+  }
+  c->sock = sock;
+  *out = c;
+  return 0;
+}
+
+void st_comm_close(st_comm_t* c) {
+  if (c == NULL)
+    return;
+  if (c->sock >= 0)
+    close(c->sock);
+  free(c);
+}
+
+const char* st_comm_error(const st_comm_t* c) {
+  return c != NULL ? c->err : "";
+}
+
+void st_comm_last_group(const st_comm_t* c, uint32_t* rank, uint32_t* size) {
+  if (rank != NULL)
+    *rank = c != NULL ? c->rank : 0;
+  if (size != NULL)
+    *size = c != NULL ? c->size : 0;
+}
+
+/* ---- One request ---------------------------------------------------------
+ */
+
+static int gone(st_comm_t* c, int rc) {
+  c->gone = true;
+  return fail(c, -ENOTCONN, "the node went away (%s)", strerror(-rc));
+}
+
+/* Sends json and data[0..bytes), then reads the reply: its JSON into
+ * *doc and its data (at most out_cap bytes) into out. */
+static int roundtrip(st_comm_t* c, const char* json, const void* data,
+                     uint64_t bytes, double timeout_s, st_json_doc_t** doc,
+                     void* out, uint64_t out_cap, uint64_t* out_len) {
+  if (c->gone)
+    return fail(c, -ENOTCONN, "the node went away earlier");
+  double deadline =
+      timeout_s > 0 ? st_now_s() + timeout_s + REPLY_GRACE_S : INFINITY;
+  size_t jl = strlen(json);
+  uint8_t hdr[4] = {(uint8_t) jl, (uint8_t) (jl >> 8), (uint8_t) (jl >> 16),
+                    (uint8_t) (jl >> 24)};
+  int rc = st__client_send_all(c->sock, hdr, 4, -1, deadline);
+  if (rc == 0)
+    rc = st__client_send_all(c->sock, (const uint8_t*) json, jl, -1, deadline);
+  if (rc == 0 && bytes > 0)
+    rc = st__client_send_all(c->sock, data, bytes, -1, deadline);
+  if (rc == 0)
+    rc = st__client_recv_all(c->sock, hdr, 4, deadline);
+  if (rc == -ETIMEDOUT)
+    return fail(c, rc, "the node did not answer in time");
+  if (rc != 0)
+    return gone(c, rc);
+  uint32_t n = (uint32_t) hdr[0] | (uint32_t) hdr[1] << 8 |
+               (uint32_t) hdr[2] << 16 | (uint32_t) hdr[3] << 24;
+  if (n == 0 || n > REPLY_JSON_MAX)
+    return gone(c, -EPROTO);
+  char* text = malloc(n);
+  if (text == NULL)
+    return -ENOMEM;
+  rc = st__client_recv_all(c->sock, (uint8_t*) text, n, deadline);
+  st_json_limits_t lim = {.max_depth = 3, .max_values = 100000};
+  if (rc == 0 && st_json_parse(text, n, &lim, doc, NULL, 0) != 0)
+    rc = -EPROTO;
+  free(text);
+  if (rc != 0)
+    return gone(c, rc);
+  const st_json_t* b = st_json_get(st_json_root(*doc), "bytes");
+  uint64_t len =
+      b != NULL && b->is_int && b->integer > 0 ? (uint64_t) b->integer : 0;
+  if (len > out_cap) {
+    st_json_free(*doc);
+    *doc = NULL;
+    return gone(c, -EPROTO);
+  }
+  if (len > 0 && (rc = st__client_recv_all(c->sock, out, len, deadline)) != 0) {
+    st_json_free(*doc);
+    *doc = NULL;
+    return gone(c, rc);
+  }
+  *out_len = len;
+  return 0;
+}
+
+/* The reply's verdict: 0, or the errno its "result" maps to. */
+static int verdict(st_comm_t* c, const st_json_t* root) {
+  const st_json_t* ok = st_json_get(root, "ok");
+  if (ok != NULL && ok->type == ST_JSON_BOOL && ok->boolean) {
+    c->err[0] = '\0';
+    return 0;
+  }
+  const st_json_t* r = st_json_get(root, "result");
+  const st_json_t* e = st_json_get(root, "error");
+  const char* res = r != NULL && r->type == ST_JSON_STRING ? r->str : "";
+  fail(c, 0, "%s", e != NULL && e->type == ST_JSON_STRING ? e->str : "failed");
+  if (strcmp(res, "invalid") == 0 || strcmp(res, "mismatch") == 0)
+    return -EINVAL;
+  if (strcmp(res, "timeout") == 0)
+    return -ETIMEDOUT;
+  return -ECONNABORTED;
+}
+
+int st_comm_members(st_comm_t* c, char (*ids)[33], size_t cap, size_t* n,
+                    size_t* rank) {
+  if (c == NULL)
+    return -EINVAL;
+  st_json_doc_t* doc = NULL;
+  uint64_t got = 0;
+  int rc = roundtrip(c, "{\"op\":\"members\"}", NULL, 0, OPEN_TIMEOUT_S, &doc,
+                     NULL, 0, &got);
+  if (rc != 0)
+    return rc;
+  const st_json_t* root = st_json_root(doc);
+  rc = verdict(c, root);
+  const st_json_t* m = st_json_get(root, "members");
+  const st_json_t* r = st_json_get(root, "rank");
+  if (rc == 0 && (m == NULL || m->type != ST_JSON_ARRAY || r == NULL))
+    rc = fail(c, -EPROTO, "the node's answer lacks the members");
+  if (rc == 0) {
+    size_t i = 0;
+    for (const st_json_t* e = m->child; e != NULL; e = e->next, i++)
+      if (i < cap && ids != NULL)
+        snprintf(ids[i], 33, "%s", e->type == ST_JSON_STRING ? e->str : "");
+    if (n != NULL)
+      *n = m->count;
+    if (rank != NULL)
+      *rank = (size_t) r->integer;
+  }
+  st_json_free(doc);
+  return rc;
+}
+
+/* Appends the group as JSON: "all", or the list of ids. */
+static int put_group(st_comm_t* c, st_json_buf_t* b, const char* group) {
+  if (group == NULL || strcmp(group, "all") == 0) {
+    st_json_buf_puts(b, "\"all\"");
+    return 0;
+  }
+  st_json_buf_puts(b, "[");
+  const char* p = group;
+  for (int i = 0; *p != '\0'; i++) {
+    size_t len = strcspn(p, ",");
+    if (len != 32 || strspn(p, "0123456789abcdefABCDEF") < 32)
+      return fail(c, -EINVAL,
+                  "group \"%s\": \"all\" or member ids of 32 hex digits "
+                  "separated by commas",
+                  group);
+    char id[33];
+    memcpy(id, p, 32);
+    id[32] = '\0';
+    for (int k = 0; k < 32; k++)
+      id[k] = (char) (id[k] >= 'A' && id[k] <= 'F' ? id[k] + 32 : id[k]);
+    st_json_buf_puts(b, i ? ",\"" : "\"");
+    st_json_buf_puts(b, id);
+    st_json_buf_puts(b, "\"");
+    p += len + (p[len] == ',');
+  }
+  st_json_buf_puts(b, "]");
+  return 0;
+}
+
+static const char* const kind_names[] = {"all_reduce", "reduce", "broadcast",
+                                         "barrier"};
+static const char* const op_names[] = {"sum", "mean", "min", "max"};
+
+/* One operation: kind 0..3 as kind_names. */
+static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
+                  void* data, uint64_t count, st_comm_dtype_t dtype,
+                  st_comm_op_t op, double timeout_s) {
+  if (c == NULL)
+    return -EINVAL;
+  if ((unsigned) dtype > ST_COMM_F64 || (unsigned) op > ST_COMM_MAX ||
+      (count > 0 && data == NULL) || !(timeout_s >= 0))
+    return fail(c, -EINVAL,
+                "bad arguments: dtype, op, data (NULL with count %" PRIu64
+                ") or timeout",
+                count);
+  uint64_t bytes = kind == 3 ? 0 : count * (dtype == ST_COMM_F64 ? 8 : 4);
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  char head[512];
+  snprintf(head, sizeof head,
+           "{\"op\":\"%s\",\"rop\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
+           ",\"root\":%u,\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"group\":",
+           kind_names[kind], op_names[op],
+           dtype == ST_COMM_F64 ? "float64" : "float32", kind == 3 ? 1 : count,
+           root, (uint64_t) llround(timeout_s * 1000), bytes);
+  st_json_buf_puts(&b, head);
+  int rc = put_group(c, &b, group);
+  st_json_buf_puts(&b, "}");
+  if (rc == 0 && b.failed)
+    rc = -ENOMEM;
+  st_json_doc_t* doc = NULL;
+  uint64_t got = 0;
+  if (rc == 0)
+    rc = roundtrip(c, b.p, data, bytes, timeout_s, &doc, data, bytes, &got);
+  st_json_buf_free(&b);
+  if (rc != 0)
+    return rc;
+  const st_json_t* root_v = st_json_root(doc);
+  rc = verdict(c, root_v);
+  if (rc == 0) {
+    const st_json_t* r = st_json_get(root_v, "rank");
+    const st_json_t* n = st_json_get(root_v, "n");
+    c->rank = r != NULL ? (uint32_t) r->integer : 0;
+    c->size = n != NULL ? (uint32_t) n->integer : 0;
+  }
+  st_json_free(doc);
+  return rc;
+}
+
+int st_comm_all_reduce(st_comm_t* c, const char* group, void* data,
+                       uint64_t count, st_comm_dtype_t dtype, st_comm_op_t op,
+                       double timeout_s) {
+  return run_op(c, 0, group, 0, data, count, dtype, op, timeout_s);
+}
+
+int st_comm_reduce(st_comm_t* c, const char* group, uint32_t root, void* data,
+                   uint64_t count, st_comm_dtype_t dtype, st_comm_op_t op,
+                   double timeout_s) {
+  return run_op(c, 1, group, root, data, count, dtype, op, timeout_s);
+}
+
+int st_comm_broadcast(st_comm_t* c, const char* group, uint32_t root,
+                      void* data, uint64_t count, st_comm_dtype_t dtype,
+                      double timeout_s) {
+  return run_op(c, 2, group, root, data, count, dtype, ST_COMM_SUM, timeout_s);
+}
+
+int st_comm_barrier(st_comm_t* c, const char* group, double timeout_s) {
+  return run_op(c, 3, group, 0, NULL, 0, ST_COMM_F32, ST_COMM_SUM, timeout_s);
+}

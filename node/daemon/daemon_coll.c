@@ -1,0 +1,527 @@
+/* daemon_coll.c: the user collectives on the node's side of the network
+ * (gossip.h, "User collectives"; docs/collectives.md): the operations in
+ * progress, each an st_coll_t machine; the groups they run in, frozen at
+ * the call; the connections that carry them (one dialled COLL connection
+ * per member we send to, kept open; frames come on the ones the others
+ * dialled); messages for an operation this node has not started yet,
+ * kept until it does; and failing operations fast: a member that dies or
+ * leaves, a connection to one that closes, or the caller's deadline ends
+ * every operation it is in, and the machine's ABORTs spread the failure
+ * to the rest of the group. The program's side (the control socket's
+ * "collectives" sessions) is daemon_coll_session.c.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "node/daemon/daemon_internal.h"
+
+/* A message that came before its operation started here. */
+typedef struct st__coll_pend_s {
+  struct st__coll_pend_s* next;
+  uint64_t op_id;
+  st_node_id_t from;
+  uint64_t at_ms;
+  size_t len;
+  uint8_t data[];
+} pend_t;
+
+/* A frame for a COLL connection whose stream is not up yet. */
+struct st__coll_out_s {
+  struct st__coll_out_s* next;
+  size_t len;
+  uint8_t data[];
+};
+typedef struct st__coll_out_s out_t;
+
+static void sweep_cb(uv_timer_t* t);
+static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
+                         bool aborts_only);
+
+/* ---- Identities ----------------------------------------------------------
+ */
+
+static uint64_t hash64(const char* tag, const void* a, size_t alen,
+                       uint64_t seq) {
+  st_hash_t h;
+  uint8_t out[ST_HASH_BYTES];
+  st_hash_init(&h);
+  st_hash_update(&h, tag, strlen(tag));
+  st_hash_update(&h, a, alen);
+  st_hash_update(&h, &seq, sizeof seq);
+  st_hash_final(&h, out);
+  uint64_t v;
+  memcpy(&v, out, sizeof v);
+  return v;
+}
+
+static int id_cmp(const void* a, const void* b) {
+  return st_node_id_compare(a, b);
+}
+
+int st__coll_group(st__daemon_t* d, const st_node_id_t* ids, size_t n, bool all,
+                   st__coll_group_t* g, char* err, size_t err_len) {
+  memset(g, 0, sizeof(*g));
+  size_t cap = all ? st_membership_count(d->m) : n;
+  if (cap == 0 || cap > ST_COLL_MAX_MEMBERS) {
+    st_set_err(err, err_len, "a group has 1 to %u members, not %zu",
+               ST_COLL_MAX_MEMBERS, cap);
+    return -EINVAL;
+  }
+  g->ids = calloc(cap, sizeof(*g->ids));
+  if (g->ids == NULL)
+    return -ENOMEM;
+  if (all) {
+    for (size_t i = 0; i < cap; i++) {
+      const st_member_t* mb = st_membership_at(d->m, i);
+      if (mb != NULL &&
+          (mb->state == ST_MEMBER_ALIVE || mb->state == ST_MEMBER_SUSPECT))
+        g->ids[g->n++] = mb->id;
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      const st_member_t* mb = st_membership_find(d->m, &ids[i]);
+      char hex[33];
+      st_node_id_format(&ids[i], hex);
+      if (mb == NULL ||
+          (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT)) {
+        st_set_err(err, err_len,
+                   "member %s is not an alive member of the "
+                   "cluster (see `starling peers`)",
+                   hex);
+        st__coll_group_free(g);
+        return -ENOENT;
+      }
+      g->ids[g->n++] = ids[i];
+    }
+  }
+  qsort(g->ids, g->n, sizeof(*g->ids), id_cmp);
+  g->rank = UINT32_MAX;
+  for (uint32_t i = 0; i < g->n; i++) {
+    if (i > 0 && st_node_id_compare(&g->ids[i - 1], &g->ids[i]) == 0) {
+      char hex[33];
+      st_node_id_format(&g->ids[i], hex);
+      st_set_err(err, err_len, "member %s is named twice in the group", hex);
+      st__coll_group_free(g);
+      return -EINVAL;
+    }
+    if (st_node_id_compare(&g->ids[i], &d->ident.id) == 0)
+      g->rank = i;
+  }
+  if (g->rank == UINT32_MAX) {
+    st_set_err(err, err_len, "this node is not in the group it was given");
+    st__coll_group_free(g);
+    return -EINVAL;
+  }
+  g->members_hash =
+      hash64("starling-coll-members-v1", g->ids, g->n * sizeof(*g->ids), 0);
+  /* The operation's number: per group key ("all", or the list), the
+   * calls made so far on this node. */
+  uint64_t key =
+      all ? hash64("starling-coll-all-v1", "", 0, 0)
+          : hash64("starling-coll-list-v1", g->ids, g->n * sizeof(*g->ids), 0);
+  uint64_t seq = 0;
+  st__coll_seq_t* s = NULL;
+  for (size_t i = 0; i < d->coll.n_seqs; i++)
+    if (d->coll.seqs[i].key == key)
+      s = &d->coll.seqs[i];
+  if (s == NULL && d->coll.n_seqs < ST__COLL_GROUP_KEYS) {
+    s = &d->coll.seqs[d->coll.n_seqs++];
+    s->key = key;
+    s->next = 0;
+  }
+  if (s != NULL)
+    seq = s->next++;
+  g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, seq);
+  return 0;
+}
+
+void st__coll_group_free(st__coll_group_t* g) {
+  free(g->ids);
+  g->ids = NULL;
+  g->n = 0;
+}
+
+static int rank_of(const st__coll_op_t* op, const st_node_id_t* id) {
+  const st_node_id_t* p = bsearch(id, op->g.ids, op->g.n, sizeof(*id), id_cmp);
+  return p == NULL ? -1 : (int) (p - op->g.ids);
+}
+
+/* ---- Connections ---------------------------------------------------------
+ */
+
+static st__conn_t* conn_to(st__daemon_t* d, const st_node_id_t* id) {
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (c->initiator && !c->closing && st__conn_purpose(c) == ST__CONN_COLL &&
+        memcmp(&c->peer, id, sizeof(*id)) == 0)
+      return c;
+  return NULL;
+}
+
+/* Sends msg to member id on our COLL connection to it (dialled now when
+ * there is none; queued until its stream is up). */
+static int send_to(st__daemon_t* d, const st_node_id_t* id, const uint8_t* msg,
+                   size_t len) {
+  st__conn_t* c = conn_to(d, id);
+  if (c == NULL && d->coll.stopping)
+    return -EPIPE;
+  if (c == NULL) {
+    const st_member_t* mb = st_membership_find(d->m, id);
+    if (mb == NULL)
+      return -ENOENT;
+    c = st__conn_dial(d, &mb->addr, id, ST__CONN_COLL);
+    if (c == NULL)
+      return -ECONNREFUSED;
+    memcpy(&c->peer, id, sizeof(*id));
+  }
+  d->c.coll_bytes_out += len;
+  if (c->coll_out_head == NULL && st__conn_send(c, msg, len, false) == 0)
+    return 0;
+  out_t* o = malloc(sizeof(*o) + len);
+  if (o == NULL)
+    return -ENOMEM;
+  o->next = NULL;
+  o->len = len;
+  memcpy(o->data, msg, len);
+  if (c->coll_out_tail != NULL)
+    c->coll_out_tail->next = o;
+  else
+    c->coll_out_head = o;
+  c->coll_out_tail = o;
+  return 0;
+}
+
+/* The stream is up: what waited goes out, in order. */
+int st__coll_on_open(st__conn_t* c) {
+  while (c->coll_out_head != NULL) {
+    out_t* o = c->coll_out_head;
+    int rc = st__conn_send(c, o->data, o->len, false);
+    if (rc != 0)
+      return rc;
+    c->coll_out_head = o->next;
+    if (c->coll_out_head == NULL)
+      c->coll_out_tail = NULL;
+    free(o);
+  }
+  return 0;
+}
+
+static void free_out(st__conn_t* c) {
+  while (c->coll_out_head != NULL) {
+    out_t* o = c->coll_out_head;
+    c->coll_out_head = o->next;
+    free(o);
+  }
+  c->coll_out_tail = NULL;
+}
+
+/* ---- Operations ----------------------------------------------------------
+ */
+
+static bool op_drain(st__daemon_t* d, st__coll_op_t* op);
+
+static void op_fail(st__daemon_t* d, st__coll_op_t* op, st_coll_result_t why,
+                    const st_node_id_t* culprit, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void op_fail(st__daemon_t* d, st__coll_op_t* op, st_coll_result_t why,
+                    const st_node_id_t* culprit, const char* fmt, ...) {
+  char text[ST_COLL_REASON_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  int r = culprit != NULL ? rank_of(op, culprit) : -1;
+  st_coll_abort(op->m, why, r < 0 ? op->g.n : (uint32_t) r, text);
+  op_drain(d, op);
+}
+
+static void remember_finished(st__daemon_t* d, uint64_t op_id) {
+  d->coll.finished[d->coll.finished_at++ % ST__COLL_FINISHED] = op_id;
+}
+
+static bool recently_finished(const st__daemon_t* d, uint64_t op_id) {
+  for (size_t i = 0; i < ST__COLL_FINISHED; i++)
+    if (d->coll.finished[i] == op_id && op_id != 0)
+      return true;
+  return false;
+}
+
+static void op_unlink(st__daemon_t* d, st__coll_op_t* op) {
+  for (st__coll_op_t** p = &d->coll.ops; *p != NULL; p = &(*p)->next)
+    if (*p == op) {
+      *p = op->next;
+      return;
+    }
+}
+
+/* Takes the machine's actions: SENDs to members, DONE to the caller.
+ * true when the operation ended (op is freed then). */
+static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
+  st_cact_t a;
+  while (st_coll_next_action(op->m, &a)) {
+    if (a.kind == ST_CACT_SEND) {
+      int rc = send_to(d, &op->g.ids[a.to], a.data, a.len);
+      if (rc != 0 && !st_coll_finished(op->m)) {
+        char hex[33];
+        st_node_id_format(&op->g.ids[a.to], hex);
+        st_coll_abort(op->m, ST_COLL_FAIL_ABORTED, a.to,
+                      "cannot reach member (no connection)");
+      }
+      continue;
+    }
+    /* DONE: the culprit's id leads the sentence. */
+    char msg[ST_COLL_REASON_MAX + 80];
+    if (a.result == ST_COLL_OK) {
+      d->c.coll_ok++;
+      msg[0] = '\0';
+    } else {
+      d->c.coll_failed++;
+      char hex[33] = "";
+      if (a.culprit < op->g.n)
+        st_node_id_format(&op->g.ids[a.culprit], hex);
+      snprintf(msg, sizeof msg, "%s%s%s%s",
+               a.culprit < op->g.n ? "member " : "", hex,
+               a.culprit < op->g.n ? ": " : "", a.why);
+    }
+    remember_finished(d, op->g.op_id);
+    op_unlink(d, op);
+    st__coll_session_done(op, a.result, msg);
+    return true; /* the session freed op */
+  }
+  return false;
+}
+
+int st__coll_start(st__daemon_t* d, st__coll_op_t* op, const void* input) {
+  st_coll_spec_t spec;
+  st_coll_spec_default(&spec);
+  spec.op_id = op->g.op_id;
+  spec.kind = op->kind;
+  spec.rop = op->rop;
+  spec.dtype = op->dtype;
+  spec.root = op->root;
+  spec.count = op->count;
+  spec.n = op->g.n;
+  spec.rank = op->g.rank;
+  spec.members_hash = op->g.members_hash;
+  int rc = st_coll_new(&spec, input, &op->m);
+  if (rc != 0)
+    return rc;
+  op->started_ms = st__dnow(d);
+  op->next = d->coll.ops;
+  d->coll.ops = op;
+  if (!uv_is_active((uv_handle_t*) &d->coll.sweep))
+    uv_timer_start(&d->coll.sweep, sweep_cb, 100, 100);
+  if (op_drain(d, op))
+    return 0;
+  /* What came early, in arrival order; but an ABORT first: members that
+   * gave up on this operation before it started here (their timeout) must
+   * not let it complete on their early HELLOs. */
+  uint64_t op_id = op->g.op_id;
+  for (int pass = 0; pass < 2; pass++)
+    if (feed_pending(d, op, op_id, pass == 0))
+      return 0;
+  return 0;
+}
+
+/* Feeds op the kept messages of op_id (only ABORTs when aborts_only); true
+ * when op ended. */
+static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
+                         bool aborts_only) {
+  pend_t** p = &d->coll.pending;
+  while (*p != NULL) {
+    pend_t* e = *p;
+    uint64_t type = 0;
+    if (e->op_id != op_id ||
+        (aborts_only && (st_wire_peek_type(e->data, e->len, &type) != 0 ||
+                         type != ST_MSG_COLL_ABORT))) {
+      p = &e->next;
+      continue;
+    }
+    *p = e->next;
+    d->coll.pending_bytes -= e->len;
+    bool ended = st__coll_feed(d, op, &e->from, e->data, e->len);
+    free(e);
+    if (ended)
+      return true; /* the rest are dropped as late when they are swept */
+  }
+  return false;
+}
+
+bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
+                   const uint8_t* data, size_t len) {
+  int r = rank_of(op, from);
+  st_msg_t msg;
+  if (r < 0 || (uint32_t) r == op->g.rank ||
+      st_wire_decode(data, len, &msg, &d->wc) != 0) {
+    d->c.coll_dropped++;
+    return false;
+  }
+  st_coll_message(op->m, (uint32_t) r, &msg);
+  st_wire_msg_free(&msg);
+  return op_drain(d, op);
+}
+
+static st__coll_op_t* find_op(st__daemon_t* d, uint64_t op_id) {
+  for (st__coll_op_t* op = d->coll.ops; op != NULL; op = op->next)
+    if (op->g.op_id == op_id)
+      return op;
+  return NULL;
+}
+
+/* A frame on a COLL connection: to its operation, or kept for it. */
+void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  st_msg_t m;
+  d->c.coll_bytes_in += len;
+  if (st_wire_decode(msg, len, &m, &d->wc) != 0) {
+    d->c.coll_dropped++;
+    st__conn_close(c);
+    return;
+  }
+  uint64_t op_id = m.type == ST_MSG_COLL_HELLO   ? m.u.coll_hello.op_id
+                   : m.type == ST_MSG_COLL_SEG   ? m.u.coll_seg.op_id
+                   : m.type == ST_MSG_COLL_ABORT ? m.u.coll_abort.op_id
+                                                 : 0;
+  bool coll = m.type == ST_MSG_COLL_HELLO || m.type == ST_MSG_COLL_SEG ||
+              m.type == ST_MSG_COLL_ABORT;
+  st_wire_msg_free(&m);
+  if (!coll) {
+    d->c.coll_dropped++;
+    st__conn_close(c);
+    return;
+  }
+  st__coll_op_t* op = find_op(d, op_id);
+  if (op != NULL) {
+    st__coll_feed(d, op, &c->peer, msg, len);
+    return;
+  }
+  if (recently_finished(d, op_id))
+    return; /* the rest of an operation that ended here */
+  if (d->coll.pending_bytes + len > ST__COLL_PENDING_MAX) {
+    d->c.coll_dropped++;
+    return;
+  }
+  pend_t* e = malloc(sizeof(*e) + len);
+  if (e == NULL) {
+    d->c.coll_dropped++;
+    return;
+  }
+  *e = (pend_t){
+      .op_id = op_id, .from = c->peer, .at_ms = st__dnow(d), .len = len};
+  memcpy(e->data, msg, len);
+  pend_t** p = &d->coll.pending;
+  while (*p != NULL)
+    p = &(*p)->next;
+  *p = e;
+  d->coll.pending_bytes += len;
+}
+
+/* The connection ended: operations that wait on its member fail. */
+void st__coll_on_closed(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  bool owed = c->coll_out_head != NULL;
+  free_out(c);
+  st__coll_op_t* op = d->coll.ops;
+  while (op != NULL) {
+    st__coll_op_t* next = op->next;
+    if (rank_of(op, &c->peer) >= 0 && (owed || !c->initiator))
+      op_fail(d, op, ST_COLL_FAIL_ABORTED, &c->peer,
+              "the connection to it closed");
+    op = next;
+  }
+}
+
+void st__coll_on_member_gone(st__daemon_t* d, const st_node_id_t* id,
+                             bool left) {
+  st__coll_op_t* op = d->coll.ops;
+  while (op != NULL) {
+    st__coll_op_t* next = op->next;
+    if (rank_of(op, id) >= 0)
+      op_fail(d, op, ST_COLL_FAIL_ABORTED, id,
+              left ? "it left the cluster"
+                   : "it is dead (the failure detector declared it)");
+    op = next;
+  }
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (st__conn_purpose(c) == ST__CONN_COLL && !c->closing &&
+        memcmp(&c->peer, id, sizeof(*id)) == 0)
+      st__conn_close(c);
+}
+
+void st__coll_abort_op(st__daemon_t* d, st__coll_op_t* op, const char* why) {
+  op_fail(d, op, ST_COLL_FAIL_ABORTED, NULL, "%s", why);
+}
+
+/* Deadlines, and messages kept too long for an operation that never came
+ * here. */
+static void sweep_cb(uv_timer_t* t) {
+  st__daemon_t* d = t->data;
+  uint64_t now = st__dnow(d);
+  st__coll_op_t* op = d->coll.ops;
+  while (op != NULL) {
+    st__coll_op_t* next = op->next;
+    if (op->deadline_ms != 0 && now >= op->deadline_ms) {
+      char waiting[256] = "";
+      size_t w = 0;
+      for (uint32_t r = 0; r < op->g.n && w + 40 < sizeof waiting; r++)
+        if (r != op->g.rank && !st_coll_heard(op->m, r)) {
+          char hex[33];
+          st_node_id_format(&op->g.ids[r], hex);
+          w += (size_t) snprintf(waiting + w, sizeof waiting - w, "%s%.12s",
+                                 w ? ", " : "; no word yet from ", hex);
+        }
+      char text[ST_COLL_REASON_MAX];
+      snprintf(text, sizeof text, "timed out after %.1f s%s",
+               (double) (now - op->started_ms) / 1000.0, waiting);
+      st_coll_abort(op->m, ST_COLL_FAIL_TIMEOUT, op->g.n, text);
+      op_drain(d, op);
+    }
+    op = next;
+  }
+  pend_t** p = &d->coll.pending;
+  while (*p != NULL) {
+    pend_t* e = *p;
+    if (now - e->at_ms > ST__COLL_PENDING_MS) {
+      *p = e->next;
+      d->coll.pending_bytes -= e->len;
+      d->c.coll_dropped++;
+      free(e);
+    } else {
+      p = &e->next;
+    }
+  }
+  if (d->coll.ops == NULL && d->coll.pending == NULL)
+    uv_timer_stop(t);
+}
+
+void st__coll_init(st__daemon_t* d) {
+  uv_timer_init(&d->loop, &d->coll.sweep);
+  d->coll.sweep.data = d;
+  d->coll.sweep_open = true;
+}
+
+void st__coll_close(st__daemon_t* d) {
+  d->coll.stopping = true;
+  st__coll_op_t* op = d->coll.ops;
+  while (op != NULL) {
+    st__coll_op_t* next = op->next;
+    op_fail(d, op, ST_COLL_FAIL_ABORTED, NULL, "the node is stopping");
+    op = next;
+  }
+  st__coll_sessions_close(d);
+  while (d->coll.pending != NULL) {
+    pend_t* e = d->coll.pending;
+    d->coll.pending = e->next;
+    free(e);
+  }
+  d->coll.pending_bytes = 0;
+  if (d->coll.sweep_open) {
+    uv_timer_stop(&d->coll.sweep);
+    uv_close((uv_handle_t*) &d->coll.sweep, NULL);
+    d->coll.sweep_open = false;
+  }
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# test_node_collectives.sh: user collectives across real processes
+# (docs/collectives.md). Three nodes; a program on each (comm_probe, built
+# on the client library) talks to its own node:
+#   (a) barrier, all-reduce (float64 sum on the small path; float32 mean,
+#       min and max of 1.2 MB on the ring), reduce to rank 1, broadcast
+#       (small and chain): every member checks its results against float64
+#       values it computes itself;
+#   (b) one member calls with another count: every member fails, and the
+#       errors name both calls;
+#   (c) a member that never arrives: a barrier with a 1 s timeout fails on
+#       the others, naming the member not heard from;
+#   (d) a member's program killed while it waits in a barrier: the others
+#       fail at once, naming it ("went away");
+#   (e) a member's node killed -9 during a barrier: the others fail within
+#       the failure detector's bound, naming it; no survivor hangs.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/node_lib.sh"
+
+PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/comm_probe
+[ -x "$PROBE" ] || fail "comm_probe not built at $PROBE"
+N=3
+ARGS=(--model mlp:784-16-10 --data fashion-mnist --batch 64 --device cpu
+      --threads 1 --epochs 1000 --eval-every 1000000 --ring-every 0)
+sock() { echo "$(node_dir "$1")/control.sock"; }
+
+node_start 0 --shard "0/$N" "${ARGS[@]}"
+node_up 0
+seed=$NODE_ADDR
+for ((k = 1; k < N; k++)); do node_start "$k" --join "$seed" --shard "$k/$N" "${ARGS[@]}"; done
+for ((k = 1; k < N; k++)); do node_up "$k"; done
+
+# probe_all OUT CMD...: comm_probe on every node at once; waits for all.
+probe_all() {
+  local out=$1 k pids=()
+  shift
+  for ((k = 0; k < N; k++)); do
+    timeout "$(scaled 60)" "$PROBE" "$(sock $k)" "$@" >"$SCRATCH/$out.$k" 2>&1 &
+    pids+=("$!")
+    PIDS+=("$!")
+  done
+  for k in "${!pids[@]}"; do wait "${pids[$k]}" || true; done
+}
+
+# (a) every pattern, checked against float64 on every member.
+probe_all a check $N
+for ((k = 0; k < N; k++)); do
+  grep -q "^ok rank" "$SCRATCH/a.$k" || node_fail "(a) member $k: $(cat "$SCRATCH/a.$k")"
+done
+pass "(a) barrier, all-reduce (small and ring), reduce, broadcast correct on all $N members"
+
+# (b) a mismatch fails everywhere and names both calls.
+for ((k = 0; k < N; k++)); do
+  c=$((k == 2 ? 99 : 100))
+  timeout "$(scaled 60)" "$PROBE" "$(sock $k)" count $c >"$SCRATCH/b.$k" 2>&1 &
+  PIDS+=("$!")
+  bp[$k]=$!
+done
+for ((k = 0; k < N; k++)); do wait "${bp[$k]}" || true; done
+for ((k = 0; k < N; k++)); do
+  grep -q "^error:" "$SCRATCH/b.$k" || node_fail "(b) member $k did not fail: $(cat "$SCRATCH/b.$k")"
+done
+grep -qh "of 99 float32.*of 100 float32\|of 100 float32.*of 99 float32" "$SCRATCH"/b.* ||
+  node_fail "(b) no error names both calls: $(cat "$SCRATCH"/b.*)"
+pass "(b) a count mismatch fails all $N members: $(head -c 160 "$SCRATCH/b.0")"
+
+# (c) member 2 never arrives: the others time out, naming it.
+id2=$(node_field 2 id)
+for k in 0 1; do
+  "$PROBE" "$(sock $k)" barrier 1 >"$SCRATCH/c.$k" 2>&1 &
+  PIDS+=("$!")
+  cp_[$k]=$!
+done
+for k in 0 1; do wait "${cp_[$k]}" || true; done
+for k in 0 1; do
+  grep -q "^error: .*timed out after .*${id2:0:12}" "$SCRATCH/c.$k" ||
+    node_fail "(c) member $k: $(cat "$SCRATCH/c.$k")"
+done
+# Member 2 now calls its barrier: the others have moved on; it times out too.
+"$PROBE" "$(sock 2)" barrier 1 >"$SCRATCH/c.2" 2>&1 || true
+grep -q "^error:" "$SCRATCH/c.2" || node_fail "(c) member 2 alone passed a barrier"
+pass "(c) a barrier's timeout names the member that never came"
+
+# (d) member 0's program is killed while it waits in a barrier that member
+# 2 never joins: member 1 fails at once, naming member 0.
+id0=$(node_field 0 id)
+for k in 0 1; do
+  "$PROBE" "$(sock $k)" barrier 0 >"$SCRATCH/d.$k" 2>&1 &
+  PIDS+=("$!")
+  dp[$k]=$!
+done
+sleep 1
+kill -9 "${dp[0]}" 2>/dev/null || true
+t_kill=$SECONDS
+wait_for 10 "member 1's barrier to fail" test -s "$SCRATCH/d.1"
+grep -q "^error: member ${id0}.*went away" "$SCRATCH/d.1" ||
+  node_fail "(d) member 1: $(cat "$SCRATCH/d.1")"
+pass "(d) a program killed in a barrier fails it on the others in $((SECONDS - t_kill)) s: $(head -c 160 "$SCRATCH/d.1")"
+
+# (e) node 2 killed -9 during a barrier: the others fail within the
+# detector's bound, naming it.
+id2=$(node_field 2 id)
+for k in 0 1; do
+  "$PROBE" "$(sock $k)" barrier 0 >"$SCRATCH/e.$k" 2>&1 &
+  PIDS+=("$!")
+  ep[$k]=$!
+done
+sleep 0.5
+kill -9 "${NODE_PID[2]}"
+t_kill=$SECONDS
+for k in 0 1; do
+  wait_for 30 "member $k's barrier to fail" test -s "$SCRATCH/e.$k"
+done
+for k in 0 1; do
+  grep -q "^error: member ${id2}.*\(dead\|closed\|left\)" "$SCRATCH/e.$k" ||
+    node_fail "(e) member $k: $(cat "$SCRATCH/e.$k")"
+done
+pass "(e) node 2 killed: the barrier failed on both survivors in $((SECONDS - t_kill)) s, naming it"

@@ -1,0 +1,529 @@
+/* test_gossip_coll.c: the Check suite for the user collectives' machine
+ * (gossip/coll.c; the contract in gossip.h, "User collectives"). n
+ * machines are wired through in-memory links, one FIFO of encoded frames
+ * per ordered pair (as one TCP stream per direction), and driven in random
+ * interleavings from the suite's seeded generator: members are created
+ * (called) at random moments, and each turn delivers the oldest frame of a
+ * random non-empty link, decoded as the daemon decodes it.
+ *
+ * Checked: all-reduce (sum, mean, min, max; float32 and float64) on both
+ * paths (small, and the ring with segments of a few elements) for 1 to 9
+ * members and sizes 0, 1, fewer than members, and more; every member's
+ * result bit-identical and within (n + 2) u sum|x| of the float64 value
+ * (u: the dtype's unit roundoff); reduce (the root alone has a result);
+ * broadcast (everyone ends with the root's bits, chain and direct);
+ * barrier (nobody finishes before the last member arrives); a mismatch in
+ * count, kind, root, dtype or group fails every member and names the
+ * other call; a driver's abort on one member fails all the others (PEER);
+ * an out-of-order or foreign segment fails; the codec round-trips and
+ * refuses fields out of range; misuse. */
+#include <check.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gossip/gossip.h"
+#include "tests/unit/testutil.h"
+
+#define MAXN 9
+#define OP 0x0c011ec7u
+
+static st_rng_t rng;
+
+static void setup(void) {
+  st_rng_seed(&rng, tu_seed());
+}
+
+typedef struct frame_s {
+  uint8_t* p;
+  size_t len;
+  struct frame_s* next;
+} frame_t;
+
+typedef struct {
+  frame_t *head, *tail;
+  size_t n;
+} link_t;
+
+typedef struct {
+  int n;
+  st_coll_spec_t spec[MAXN];
+  void* input[MAXN];
+  st_coll_t* m[MAXN];
+  bool created[MAXN], held[MAXN], done[MAXN];
+  st_coll_result_t result[MAXN];
+  char why[MAXN][ST_COLL_REASON_MAX + 1];
+  int done_order[MAXN], n_done;
+  int created_n;
+  link_t link[MAXN][MAXN]; /* [from][to] */
+} net_t;
+
+static void drain(net_t* w, int r) {
+  st_cact_t a;
+  while (st_coll_next_action(w->m[r], &a)) {
+    if (a.kind == ST_CACT_SEND) {
+      ck_assert_uint_lt(a.to, (unsigned) w->n);
+      ck_assert_uint_ne(a.to, (unsigned) r);
+      frame_t* f = calloc(1, sizeof(*f));
+      f->p = malloc(a.len);
+      memcpy(f->p, a.data, a.len);
+      f->len = a.len;
+      link_t* l = &w->link[r][a.to];
+      if (l->tail != NULL)
+        l->tail->next = f;
+      else
+        l->head = f;
+      l->tail = f;
+      l->n++;
+    } else {
+      ck_assert(!w->done[r]);
+      w->done[r] = true;
+      w->result[r] = a.result;
+      snprintf(w->why[r], sizeof w->why[r], "%s", a.why);
+      w->done_order[w->n_done++] = r;
+    }
+  }
+}
+
+static void create(net_t* w, int r) {
+  ck_assert_int_eq(st_coll_new(&w->spec[r], w->input[r], &w->m[r]), 0);
+  w->created[r] = true;
+  w->created_n++;
+  drain(w, r);
+}
+
+/* One frame from `from` to `to`, decoded; frames to members not yet
+ * created wait (the daemon keeps them until the call comes). */
+static void deliver(net_t* w, int from, int to) {
+  link_t* l = &w->link[from][to];
+  frame_t* f = l->head;
+  l->head = f->next;
+  if (l->head == NULL)
+    l->tail = NULL;
+  l->n--;
+  st_msg_t msg;
+  ck_assert_int_eq(st_wire_decode(f->p, f->len, &msg, NULL), 0);
+  ck_assert_int_eq(st_coll_message(w->m[to], (uint32_t) from, &msg), 0);
+  st_wire_msg_free(&msg);
+  free(f->p);
+  free(f);
+  drain(w, to);
+}
+
+/* Runs until nothing moves: creates the members at random turns and
+ * delivers frames in a random order. */
+static void run(net_t* w) {
+  for (;;) {
+    int cand[MAXN * MAXN + MAXN][2], nc = 0;
+    for (int r = 0; r < w->n; r++)
+      if (!w->created[r] && !w->held[r])
+        cand[nc][0] = -1, cand[nc++][1] = r;
+    for (int a = 0; a < w->n; a++)
+      for (int b = 0; b < w->n; b++)
+        if (w->link[a][b].n > 0 && w->created[b])
+          cand[nc][0] = a, cand[nc++][1] = b;
+    if (nc == 0)
+      return;
+    int i = (int) st_rng_below(&rng, (uint64_t) nc);
+    if (cand[i][0] < 0)
+      create(w, cand[i][1]);
+    else
+      deliver(w, cand[i][0], cand[i][1]);
+  }
+}
+
+static void net_free(net_t* w) {
+  for (int a = 0; a < w->n; a++) {
+    st_coll_free(w->m[a]);
+    free(w->input[a]);
+    for (int b = 0; b < w->n; b++)
+      for (frame_t* f = w->link[a][b].head; f != NULL;) {
+        frame_t* nx = f->next;
+        free(f->p);
+        free(f);
+        f = nx;
+      }
+  }
+}
+
+static void net_init(net_t* w, int n, st_coll_kind_t kind, st_coll_rop_t rop,
+                     st_coll_dtype_t dt, uint64_t count, uint32_t seg_bytes) {
+  memset(w, 0, sizeof(*w));
+  w->n = n;
+  size_t e = st_coll_elem_bytes(dt);
+  for (int r = 0; r < n; r++) {
+    st_coll_spec_t* s = &w->spec[r];
+    st_coll_spec_default(s);
+    s->op_id = OP;
+    s->kind = kind;
+    s->rop = rop;
+    s->dtype = dt;
+    s->count = kind == ST_COLL_BARRIER ? 1 : count;
+    s->n = (uint32_t) n;
+    s->rank = (uint32_t) r;
+    s->root = kind == ST_COLL_REDUCE || kind == ST_COLL_BROADCAST
+                  ? (uint32_t) (n - 1) / 2
+                  : 0;
+    s->members_hash = 0xabcdef;
+    if (seg_bytes)
+      s->segment_bytes = seg_bytes;
+    if (kind == ST_COLL_BARRIER)
+      continue;
+    w->input[r] = malloc(count * e + 1);
+    double scale = 1.0 + (double) r;
+    for (uint64_t i = 0; i < count; i++) {
+      double v = (st_rng_uniform(&rng) * 2 - 1) * scale;
+      if (dt == ST_COLL_F64)
+        ((double*) w->input[r])[i] = v;
+      else
+        ((float*) w->input[r])[i] = (float) v;
+    }
+  }
+}
+
+static double in_at(const net_t* w, int r, uint64_t i) {
+  return w->spec[r].dtype == ST_COLL_F64 ? ((const double*) w->input[r])[i]
+                                         : ((const float*) w->input[r])[i];
+}
+
+/* The float64 value of element i and the bound on its error. */
+static void reference(const net_t* w, uint64_t i, double* v, double* bound) {
+  const st_coll_spec_t* s = &w->spec[0];
+  double acc = in_at(w, 0, i), abs_sum = fabs(acc);
+  for (int r = 1; r < w->n; r++) {
+    double x = in_at(w, r, i);
+    abs_sum += fabs(x);
+    if (s->rop == ST_COLL_MIN)
+      acc = x < acc ? x : acc;
+    else if (s->rop == ST_COLL_MAX)
+      acc = x > acc ? x : acc;
+    else
+      acc += x;
+  }
+  double u = s->dtype == ST_COLL_F64 ? DBL_EPSILON / 2 : FLT_EPSILON / 2;
+  *bound = (w->n + 2) * u * abs_sum;
+  if (s->rop == ST_COLL_MEAN) {
+    acc /= w->n;
+    *bound /= w->n;
+  }
+  if (s->rop == ST_COLL_MIN || s->rop == ST_COLL_MAX)
+    *bound = 0;
+  *v = acc;
+}
+
+static void check_reduced(net_t* w) {
+  const st_coll_spec_t* s = &w->spec[0];
+  size_t bytes = s->count * st_coll_elem_bytes(s->dtype);
+  const void* first = NULL;
+  for (int r = 0; r < w->n; r++) {
+    ck_assert_msg(w->done[r] && w->result[r] == ST_COLL_OK,
+                  "n=%d count=%llu rank %d: %s %s", w->n,
+                  (unsigned long long) s->count, r,
+                  st_coll_result_name(w->result[r]), w->why[r]);
+    const void* res = st_coll_result(w->m[r]);
+    bool keeps = s->kind == ST_COLL_ALL_REDUCE || (int) s->root == r;
+    ck_assert(keeps == (res != NULL));
+    if (res == NULL)
+      continue;
+    if (first == NULL)
+      first = res;
+    ck_assert(memcmp(first, res, bytes) == 0);
+  }
+  for (uint64_t i = 0; i < s->count; i++) {
+    double v, bound;
+    reference(w, i, &v, &bound);
+    double got = s->dtype == ST_COLL_F64 ? ((const double*) first)[i]
+                                         : ((const float*) first)[i];
+    ck_assert_msg(fabs(got - v) <= bound * 1.0000001 + 1e-300,
+                  "n=%d %s element %llu: %.17g vs %.17g (bound %g)", w->n,
+                  st_coll_rop_name(s->rop), (unsigned long long) i, got, v,
+                  bound);
+  }
+}
+
+START_TEST(test_all_reduce) {
+  const uint64_t counts[] = {0, 1, 3, 1000, 20011};
+  for (int n = 1; n <= MAXN; n += (n < 4 ? 1 : 4))
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+      for (int rop = 0; rop < ST_COLL_ROP_COUNT; rop++)
+        for (int dt = 0; dt < ST_COLL_DTYPE_COUNT; dt++) {
+          net_t w;
+          /* Small segments (the ring path: 20011 float32 are 78 KiB). */
+          net_init(&w, n, ST_COLL_ALL_REDUCE, rop, dt, counts[c],
+                   (c == 4 && rop == 0) ? 8 * 37 : 0);
+          run(&w);
+          check_reduced(&w);
+          net_free(&w);
+        }
+}
+END_TEST
+
+START_TEST(test_reduce) {
+  for (int n = 1; n <= 7; n += 3)
+    for (int big = 0; big < 2; big++) {
+      net_t w;
+      net_init(&w, n, ST_COLL_REDUCE, ST_COLL_SUM, ST_COLL_F64,
+               big ? 30000 : 100, big ? 8 * 1000 : 0);
+      run(&w);
+      check_reduced(&w);
+      net_free(&w);
+    }
+}
+END_TEST
+
+START_TEST(test_broadcast) {
+  for (int n = 1; n <= 8; n++)
+    for (int big = 0; big < 2; big++) {
+      net_t w;
+      uint64_t count = big ? 100003 : 500;
+      net_init(&w, n, ST_COLL_BROADCAST, ST_COLL_SUM, ST_COLL_F32, count,
+               big ? 4 * 998 : 0);
+      run(&w);
+      uint32_t root = w.spec[0].root;
+      for (int r = 0; r < n; r++) {
+        ck_assert_int_eq(w.result[r], ST_COLL_OK);
+        const void* res = st_coll_result(w.m[r]);
+        ck_assert_ptr_nonnull(res);
+        ck_assert(memcmp(res, w.input[root], count * 4) == 0);
+      }
+      net_free(&w);
+    }
+}
+END_TEST
+
+/* Nobody leaves a barrier before the last member has arrived. */
+START_TEST(test_barrier) {
+  for (int trial = 0; trial < 50; trial++) {
+    int n = 2 + (int) st_rng_below(&rng, 7);
+    net_t w;
+    net_init(&w, n, ST_COLL_BARRIER, ST_COLL_SUM, ST_COLL_F32, 1, 0);
+    /* Create all but one, run to quiescence: nobody is done. */
+    int late = (int) st_rng_below(&rng, (uint64_t) n);
+    w.held[late] = true;
+    run(&w);
+    ck_assert_int_eq(w.n_done, 0);
+    create(&w, late);
+    run(&w);
+    ck_assert_int_eq(w.n_done, n);
+    for (int r = 0; r < n; r++) {
+      ck_assert_int_eq(w.result[r], ST_COLL_OK);
+      ck_assert_ptr_null(st_coll_result(w.m[r]));
+    }
+    net_free(&w);
+  }
+}
+END_TEST
+
+static void expect_all_fail(net_t* w, int culprit_rank, const char* needle) {
+  for (int r = 0; r < w->n; r++) {
+    ck_assert_msg(w->done[r], "rank %d not done", r);
+    ck_assert_msg(w->result[r] != ST_COLL_OK, "rank %d succeeded", r);
+    ck_assert_ptr_null(st_coll_result(w->m[r]));
+  }
+  if (needle != NULL) {
+    bool named = false;
+    for (int r = 0; r < w->n; r++)
+      named |= strstr(w->why[r], needle) != NULL;
+    ck_assert_msg(named, "nobody's error names '%s' (rank 0: %s)", needle,
+                  w->why[0]);
+  }
+  (void) culprit_rank;
+}
+
+START_TEST(test_mismatch) {
+  for (int big = 0; big < 2; big++)
+    for (int what = 0; what < 5; what++) {
+      net_t w;
+      int n = 4;
+      net_init(&w, n, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32,
+               big ? 40000 : 100, 0);
+      st_coll_spec_t* s = &w.spec[2];
+      const char* needle = NULL;
+      if (what == 0) {
+        s->count = big ? 39999 : 99;
+        needle = big ? "of 39999 float32" : "of 99 float32";
+      } else if (what == 1) {
+        s->kind = ST_COLL_BROADCAST;
+        needle = "broadcast(";
+      } else if (what == 2) {
+        s->rop = ST_COLL_MAX;
+        needle = "all_reduce(max";
+      } else if (what == 3) {
+        s->members_hash ^= 1;
+        needle = "members";
+      } else {
+        s->dtype = ST_COLL_F64;
+        free(w.input[2]);
+        w.input[2] = calloc(s->count, 8);
+        needle = "float64";
+      }
+      run(&w);
+      expect_all_fail(&w, 2, needle);
+      net_free(&w);
+    }
+}
+END_TEST
+
+/* A driver's abort on one member (its peer died, its deadline passed)
+ * fails every other member, through ABORT, naming the reason. */
+START_TEST(test_abort_spreads) {
+  for (int big = 0; big < 2; big++) {
+    net_t w;
+    net_init(&w, 5, ST_COLL_ALL_REDUCE, ST_COLL_MEAN, ST_COLL_F32,
+             big ? 50000 : 10, 4 * 1000);
+    for (int r = 0; r < 4; r++)
+      create(&w, r);
+    w.held[4] = true; /* never called */
+    run(&w);
+    ck_assert_int_eq(w.n_done, 0);
+    ck_assert_int_eq(st_coll_abort(w.m[1], ST_COLL_FAIL_TIMEOUT, 5,
+                                   "member 4 did not arrive within 2 s"),
+                     0);
+    drain(&w, 1);
+    ck_assert_int_eq(w.result[1], ST_COLL_FAIL_TIMEOUT);
+    run(&w);
+    for (int r = 0; r < 4; r++) {
+      ck_assert(w.done[r]);
+      ck_assert(w.result[r] != ST_COLL_OK);
+      ck_assert_msg(strstr(w.why[r], "did not arrive") != NULL, "%s", w.why[r]);
+    }
+    ck_assert_int_eq(w.result[0], ST_COLL_FAIL_PEER);
+    /* Events after DONE are ignored. */
+    ck_assert_int_eq(st_coll_abort(w.m[1], ST_COLL_FAIL_ABORTED, 0, "x"), 0);
+    st_cact_t a;
+    ck_assert(!st_coll_next_action(w.m[1], &a));
+    net_free(&w);
+  }
+}
+END_TEST
+
+/* A segment out of order, or from a member that owes none, fails. */
+START_TEST(test_protocol) {
+  net_t w;
+  net_init(&w, 3, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32, 30000, 4096);
+  for (int r = 0; r < 3; r++)
+    create(&w, r);
+  /* Rank 1 receives from 0 only; a segment from 2 is foreign. */
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_COLL_SEG;
+  float data[4] = {1, 2, 3, 4};
+  m.u.coll_seg =
+      (st_msg_coll_seg_t){.op_id = OP, .data = (uint8_t*) data, .data_len = 16};
+  ck_assert_int_eq(st_coll_message(w.m[1], 2, &m), 0);
+  drain(&w, 1);
+  ck_assert_int_eq(w.result[1], ST_COLL_FAIL_PROTOCOL);
+  ck_assert_ptr_nonnull(strstr(w.why[1], "rank 2"));
+  run(&w);
+  expect_all_fail(&w, 1, NULL);
+  net_free(&w);
+}
+END_TEST
+
+START_TEST(test_misuse_and_codec) {
+  st_coll_spec_t s;
+  st_coll_spec_default(&s);
+  st_coll_t* x;
+  s.n = 0;
+  ck_assert_int_eq(st_coll_new(&s, NULL, &x), -EINVAL);
+  s.n = 2, s.rank = 2;
+  ck_assert_int_eq(st_coll_new(&s, NULL, &x), -EINVAL);
+  s.rank = 0, s.kind = ST_COLL_BARRIER, s.count = 5;
+  ck_assert_int_eq(st_coll_new(&s, NULL, &x), -EINVAL);
+  s.count = 1, s.segment_bytes = 12;
+  ck_assert_int_eq(st_coll_new(&s, NULL, &x), -EINVAL);
+  s.segment_bytes = ST_COLL_SEGMENT_BYTES, s.op_id = 9;
+  ck_assert_int_eq(st_coll_new(&s, NULL, &x), 0);
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_COLL_ABORT;
+  m.u.coll_abort.op_id = 8; /* another operation */
+  ck_assert_int_eq(st_coll_message(x, 1, &m), -EINVAL);
+  m.u.coll_abort.op_id = 9;
+  ck_assert_int_eq(st_coll_message(x, 0, &m), -EINVAL); /* itself */
+  ck_assert_int_eq(st_coll_abort(x, ST_COLL_OK, 0, "x"), -EINVAL);
+  st_coll_free(x);
+
+  /* The codec: round trips, and fields out of range are dropped. */
+  uint8_t buf[512];
+  size_t len;
+  double d[3] = {1.5, -2, 3};
+  m.type = ST_MSG_COLL_HELLO;
+  m.u.coll_hello = (st_msg_coll_hello_t){.op_id = 7,
+                                         .kind = ST_COLL_REDUCE,
+                                         .rop = ST_COLL_MAX,
+                                         .dtype = ST_COLL_F64,
+                                         .root = 2,
+                                         .count = 3,
+                                         .n = 4,
+                                         .members_hash = 99,
+                                         .data = (uint8_t*) d,
+                                         .data_len = 24};
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  st_msg_t o;
+  ck_assert_int_eq(st_wire_decode(buf, len, &o, NULL), 0);
+  ck_assert_int_eq(o.type, ST_MSG_COLL_HELLO);
+  ck_assert_uint_eq(o.u.coll_hello.members_hash, 99);
+  ck_assert_uint_eq(o.u.coll_hello.root, 2);
+  ck_assert(memcmp(o.u.coll_hello.data, d, 24) == 0);
+  st_wire_msg_free(&o);
+  m.u.coll_hello.root = 4; /* outside the group */
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.u.coll_hello.root = 2, m.u.coll_hello.data_len = 20; /* not whole */
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.u.coll_hello.data_len = 24, m.u.coll_hello.count = 2; /* past count */
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.u.coll_hello.count = 3, m.u.coll_hello.dtype = 7;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.type = ST_MSG_COLL_SEG;
+  m.u.coll_seg = (st_msg_coll_seg_t){.op_id = 1, .phase = 3};
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.u.coll_seg.phase = ST_COLL_PHASE_AG, m.u.coll_seg.offset = 5;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_wire_decode(buf, len, &o, NULL), 0);
+  ck_assert_uint_eq(o.u.coll_seg.offset, 5);
+  st_wire_msg_free(&o);
+  m.u.coll_seg.offset = ST_COLL_MAX_COUNT + 1;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  char reason[ST_COLL_REASON_MAX + 1];
+  memset(reason, 'x', sizeof reason);
+  m.type = ST_MSG_COLL_ABORT;
+  m.u.coll_abort = (st_msg_coll_abort_t){
+      .op_id = 1, .reason = reason, .reason_len = ST_COLL_REASON_MAX + 1};
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  m.u.coll_abort.reason_len = 10;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  ck_assert_int_eq(st_wire_decode(buf, len, &o, NULL), 0);
+  ck_assert_uint_eq(o.u.coll_abort.reason_len, 10);
+  st_wire_msg_free(&o);
+}
+END_TEST
+
+static Suite* suite(void) {
+  Suite* s = suite_create("gossip_coll");
+  TCase* tc = tcase_create("coll");
+  tcase_set_timeout(tc, 300);
+  tcase_add_checked_fixture(tc, setup, NULL);
+  tcase_add_test(tc, test_all_reduce);
+  tcase_add_test(tc, test_reduce);
+  tcase_add_test(tc, test_broadcast);
+  tcase_add_test(tc, test_barrier);
+  tcase_add_test(tc, test_mismatch);
+  tcase_add_test(tc, test_abort_spreads);
+  tcase_add_test(tc, test_protocol);
+  tcase_add_test(tc, test_misuse_and_codec);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  tu_seed(); /* print the seed once, before the forks */
+  SRunner* sr = srunner_create(suite());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
