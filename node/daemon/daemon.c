@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Time for the leave to spread: a few gossip rounds at the default 200 ms
@@ -732,6 +733,13 @@ static void log_started(st__daemon_t* d) {
            : d->n_seeds == 0 ? "first node: seeded initialization"
                              : "will synchronize from a peer",
            d->control_path);
+  /* The wall clock of this log's second 0, so that `starling plot` can put
+   * the nodes of a cluster on one time axis. */
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  st__dlog(d, "log clock: second 0 of this log is Unix time %.3f",
+           (double) now.tv_sec + (double) now.tv_nsec / 1e9 -
+               (double) (st__dnow(d) - d->started_ms) / 1e3);
 }
 
 /* Runs the loop to its end (or, when start-up failed, closes whatever it

@@ -17,6 +17,8 @@ static const st__subcommand_t commands[] = {
      "train a model on this machine (local SGD, CPU or GPU)"},
     {"keygen", st__cmd_keygen,
      "make a node identity or cluster key file; show its public part"},
+    {"plot", st__cmd_plot,
+     "draw loss and test accuracy per node from node logs (PNG, SVG)"},
 };
 
 static const st__program_t starling = {

@@ -11,7 +11,9 @@
 # node has run its epochs, then prints each node's
 # test accuracy and the spread between nodes, and makes every node leave
 # (each writes its checkpoint into DIR/nodeK). Ctrl-C makes them leave too.
-# Logs: DIR/nodeK.log.
+# Logs: DIR/nodeK.log (a progress line a second). Last, draws every node's
+# loss and test accuracy into DIR/plot.png and DIR/plot.svg (`starling
+# plot`; needs python3-matplotlib).
 set -euo pipefail
 
 nodes=4
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --starling) starling=$2; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown option '$1' (node flags go after --)" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +43,17 @@ stop_all() {
   done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
-trap 'echo; echo "stopping every node (each announces its leave and writes a checkpoint)"; stop_all; exit 130' INT TERM
+# plot_all: draws the nodes' logs (`starling plot`) and says where, or how
+# to get matplotlib.
+plot_all() {
+  if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+    "$starling" plot "$dir" --out "$dir/plot" >/dev/null &&
+      echo "loss and test accuracy per node: $dir/plot.png (and $dir/plot.svg)"
+  else
+    echo "no plot: matplotlib is missing (sudo apt-get install python3-matplotlib; then: $starling plot $dir)"
+  fi
+}
+trap 'echo; echo "stopping every node (each announces its leave and writes a checkpoint)"; stop_all; plot_all || true; exit 130' INT TERM
 
 status_of() { # status_of NODE: `starling status` (the table); empty while
   # the node is not answering yet
@@ -61,7 +73,7 @@ start_node() { # start_node K [--join ADDR]
   shift
   "$starling" node --listen 127.0.0.1:0 --cluster-key "$dir/cluster.key" \
     --data-dir "$dir/node$k" --shard "$k/$nodes" --min-nodes "$nodes" \
-    --log-every 0 "$@" \
+    --log-every 1 "$@" \
     >"$dir/node$k.log" 2>&1 &
   pids+=($!)
 }
@@ -130,3 +142,4 @@ done
 awk -v lo="$min" -v hi="$max" 'BEGIN { printf "  spread between nodes: %.4f (min %.4f, max %.4f)\n", hi - lo, lo, hi }'
 stop_all
 echo "every node left; checkpoints in $dir/nodeK/checkpoint.safetensors"
+plot_all || echo "cluster.sh: the plot failed (see above); the logs are in $dir/nodeK.log" >&2

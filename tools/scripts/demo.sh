@@ -4,7 +4,9 @@
 # 784-256-128-10 MLP on its own quarter of Fashion-MNIST and averaging with
 # its peers over encrypted TCP. Shows one line per node, refreshed, until
 # every node has run its 10 epochs; then each node's test accuracy and the
-# spread between nodes. Ctrl-C stops every node cleanly.
+# spread between nodes, and draws every node's loss and test accuracy into
+# out/cluster/plot.png and .svg (`starling plot`, matplotlib). Ctrl-C stops
+# every node cleanly.
 #
 # Extra arguments go to every `starling node` (e.g. --device cpu). NODES=N
 # changes the cluster size. Logs and checkpoints: out/cluster/.

@@ -27,8 +27,26 @@ from .errors import (
     NonFiniteParameters,
     StarlingError,
 )
-from .checkpoint import load_checkpoint
-from .node import Node, attach, model_tensors
+
+# What needs PyTorch is imported on first use, so that the parts that do not
+# (`python3 -m starling.plot`, starling._lib) work on a machine without it.
+_LAZY = {
+    "load_checkpoint": ".checkpoint",
+    "Node": ".node",
+    "attach": ".node",
+    "model_tensors": ".node",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
+    if name not in _LAZY:
+        raise AttributeError(f"module 'starling' has no attribute '{name}'")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
