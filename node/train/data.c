@@ -26,6 +26,8 @@ void st_dataset_free(st_dataset_t* ds) {
     return;
   free(ds->x);
   free(ds->y);
+  free(ds->norm_mean);
+  free(ds->norm_std);
   memset(ds, 0, sizeof(*ds));
 }
 
@@ -49,15 +51,65 @@ void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
 }
 
 /* ==== Normalization =========================================================
- */
+ *
+ * The statistics come from the whole training set and are rounded to
+ * float32 before use, so that the tensors a checkpoint stores
+ * (normalize.mean, normalize.std) are exactly the ones applied. */
+
+int st_dataset_normalize(st_dataset_t* ds, const float* mean, const float* std,
+                         size_t len, char* err, size_t err_len) {
+  if (len != 1 && len != ds->dim) {
+    st_set_err(err, err_len,
+               "%s: normalization has %zu values but the data has %zu "
+               "features per example (want 1 or %zu)",
+               ds->source, len, ds->dim, ds->dim);
+    return -EINVAL;
+  }
+  for (size_t j = 0; j < len; j++)
+    if (!(std[j] > 0) || !isfinite(std[j]) || !isfinite(mean[j])) {
+      st_set_err(err, err_len,
+                 "normalization value %zu (mean %g, std %g) is not usable: "
+                 "the std must be finite and positive",
+                 j, (double) mean[j], (double) std[j]);
+      return -EINVAL;
+    }
+  for (size_t i = 0; i < ds->n; i++) {
+    float* row = ds->x + i * ds->dim;
+    for (size_t j = 0; j < ds->dim; j++) {
+      size_t k = len == 1 ? 0 : j;
+      row[j] = (float) (((double) row[j] - (double) mean[k]) / (double) std[k]);
+    }
+  }
+  return 0;
+}
+
+/* A standard deviation as applied: float32, and 1 for a constant input (only
+ * centre it) or one too small or large for a float. */
+static float usable_std(double sd) {
+  float f = (float) sd;
+  return f > 0 && isfinite(f) ? f : 1.0f;
+}
+
+/* Keeps the statistics on the training set (for its checkpoints) and
+ * applies them to both sets. mean and std are taken over. */
+static int apply_stats(st_dataset_t* train, st_dataset_t* test, float* mean,
+                       float* std, size_t len) {
+  train->norm_mean = mean;
+  train->norm_std = std;
+  train->norm_len = len;
+  int rc = st_dataset_normalize(train, mean, std, len, NULL, 0);
+  if (rc == 0 && test->n > 0)
+    rc = st_dataset_normalize(test, mean, std, len, NULL, 0);
+  return rc;
+}
 
 /* Standardizes with one mean and standard deviation over every pixel of the
  * whole training file (images: every pixel has the same meaning), shard or
  * not: hist counts each byte value over all of its images (data_idx.c), so
  * the statistics are exact sums in double of the values as loaded,
  * (float) v / 255, with no 47-million-term rounding drift. */
-static void normalize_scalar(st_dataset_t* train, st_dataset_t* test,
-                             const uint64_t hist[256]) {
+static int normalize_scalar(st_dataset_t* train, st_dataset_t* test,
+                            const uint64_t hist[256]) {
   uint64_t count = 0;
   double sum = 0.0, sq = 0.0;
   for (int v = 0; v < 256; v++) {
@@ -69,15 +121,16 @@ static void normalize_scalar(st_dataset_t* train, st_dataset_t* test,
     double d = (double) (v / 255.0f) - mean;
     sq += (double) hist[v] * d * d;
   }
-  double sd = count > 0 ? sqrt(sq / (double) count) : 1.0;
-  if (!(sd > 0.0))
-    sd = 1.0; /* a constant input: only centre it */
-  size_t total = train->n * train->dim;
-  for (size_t i = 0; i < total; i++)
-    train->x[i] = (float) ((train->x[i] - mean) / sd);
-  size_t test_total = test->n * test->dim;
-  for (size_t i = 0; i < test_total; i++)
-    test->x[i] = (float) ((test->x[i] - mean) / sd);
+  float* m = malloc(sizeof(float));
+  float* sd = malloc(sizeof(float));
+  if (m == NULL || sd == NULL) {
+    free(m);
+    free(sd);
+    return -ENOMEM;
+  }
+  *m = (float) mean;
+  *sd = usable_std(count > 0 ? sqrt(sq / (double) count) : 1.0);
+  return apply_stats(train, test, m, sd, 1);
 }
 
 /* Standardizes each feature (CSV columns have unrelated units). */
@@ -85,9 +138,13 @@ static int normalize_features(st_dataset_t* train, st_dataset_t* test) {
   size_t dim = train->dim;
   double* mean = calloc(dim, sizeof(double));
   double* sd = calloc(dim, sizeof(double));
-  if (mean == NULL || sd == NULL) {
+  float* mean_f = malloc(dim * sizeof(float));
+  float* sd_f = malloc(dim * sizeof(float));
+  if (mean == NULL || sd == NULL || mean_f == NULL || sd_f == NULL) {
     free(mean);
     free(sd);
+    free(mean_f);
+    free(sd_f);
     return -ENOMEM;
   }
   for (size_t i = 0; i < train->n; i++)
@@ -101,20 +158,12 @@ static int normalize_features(st_dataset_t* train, st_dataset_t* test) {
       sd[j] += d * d;
     }
   for (size_t j = 0; j < dim; j++) {
-    sd[j] = sqrt(sd[j] / (double) train->n);
-    if (!(sd[j] > 0.0))
-      sd[j] = 1.0; /* a constant column: only centre it */
+    mean_f[j] = (float) mean[j];
+    sd_f[j] = usable_std(sqrt(sd[j] / (double) train->n));
   }
-  st_dataset_t* sets[2] = {train, test};
-  for (int s = 0; s < 2; s++)
-    for (size_t i = 0; i < sets[s]->n; i++)
-      for (size_t j = 0; j < dim; j++) {
-        float* v = &sets[s]->x[i * dim + j];
-        *v = (float) ((*v - mean[j]) / sd[j]);
-      }
   free(mean);
   free(sd);
-  return 0;
+  return apply_stats(train, test, mean_f, sd_f, dim);
 }
 
 /* Keeps the examples i with i % n == k of a whole dataset, in order. */
@@ -309,15 +358,11 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
     goto out;
 
   if (opt->normalize) {
-    if (per_feature) {
-      rc = normalize_features(&d->train, &d->test);
-      if (rc != 0) {
-        st_set_err(err, err_len, "out of memory normalizing %s",
-                   d->train.source);
-        goto out;
-      }
-    } else {
-      normalize_scalar(&d->train, &d->test, hist);
+    rc = per_feature ? normalize_features(&d->train, &d->test)
+                     : normalize_scalar(&d->train, &d->test, hist);
+    if (rc != 0) {
+      st_set_err(err, err_len, "out of memory normalizing %s", d->train.source);
+      goto out;
     }
   }
   /* CSV loads whole (its per-feature statistics come from every row), then

@@ -7,7 +7,8 @@
  * is skipped; it still fixes the number of columns. Empty lines are
  * skipped. One column is the label (classification: a non-negative integer
  * class index) or the target (regression: any finite real); the others are
- * the features, in file order.
+ * the features, in file order. A file to predict on has no label column
+ * (st_dataset_load_csv_features): every column is a feature.
  *
  * The file is read one line at a time with getline, and the example arrays
  * grow geometrically, so files of any size load in linear time. */
@@ -61,7 +62,8 @@ static field_kind_t parse_field(char* s, char* end, double* out) {
 /* Loader state, so that the per-line work can be a helper. */
 typedef struct {
   const char* path;
-  int label_col; /* resolved, >= 0 */
+  int label_col; /* resolved, >= 0; unused when no_label */
+  int no_label;  /* every column is a feature (load_csv_features) */
   int regression;
   size_t ncols;  /* 0 until the first non-empty line */
   size_t n, cap; /* rows loaded, rows allocated */
@@ -80,8 +82,13 @@ static size_t count_fields(const char* line) {
   return n;
 }
 
+/* Features per row: every column but the label's. */
+static size_t features(const csv_t* c) {
+  return c->no_label ? c->ncols : c->ncols - 1;
+}
+
 static int grow(csv_t* c) {
-  size_t dim = c->ncols - 1;
+  size_t dim = features(c);
   size_t ncap = c->cap ? c->cap * 2 : CSV_INITIAL_ROWS;
   if (ncap < c->cap || ncap > SIZE_MAX / sizeof(float) / dim)
     goto nomem;
@@ -107,7 +114,7 @@ nomem:
 static int check_columns(csv_t* c, size_t nf, size_t lineno, int first) {
   if (first) {
     c->ncols = nf;
-    if (nf < 2) {
+    if (nf < 2 && !c->no_label) {
       st_set_err(c->err, c->err_len,
                  "%s:%zu: only one column: a CSV needs at least one feature "
                  "column and a label column",
@@ -116,7 +123,7 @@ static int check_columns(csv_t* c, size_t nf, size_t lineno, int first) {
     }
     if (c->label_col < 0)
       c->label_col = (int) nf - 1;
-    if ((size_t) c->label_col >= nf) {
+    if (!c->no_label && (size_t) c->label_col >= nf) {
       st_set_err(c->err, c->err_len,
                  "%s:%zu: label column %d does not exist: the file has %zu "
                  "columns (0 to %zu)",
@@ -212,8 +219,9 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
   if (rc != 0)
     return rc < 0 ? rc : 0; /* 1: a header */
 
-  double label = c->row[c->label_col];
-  if (!c->regression) {
+  int labelled = !c->no_label;
+  double label = labelled ? c->row[c->label_col] : 0.0;
+  if (labelled && !c->regression) {
     rc = check_label(c, label, lineno);
     if (rc != 0)
       return rc;
@@ -224,9 +232,9 @@ static int csv_line(csv_t* c, char* line, size_t lineno, int first) {
     if (rc != 0)
       return rc;
   }
-  float* dst = c->x + c->n * (c->ncols - 1);
+  float* dst = c->x + c->n * features(c);
   for (size_t i = 0, j = 0; i < nf; i++)
-    if (i != (size_t) c->label_col)
+    if (!labelled || i != (size_t) c->label_col)
       dst[j++] = (float) c->row[i];
   c->y[c->n] = (float) label;
   c->n++;
@@ -285,9 +293,13 @@ static void take_rows(st_dataset_t* ds, csv_t* c) {
   ds->total = ds->n;
   ds->shard_k = 0;
   ds->shard_n = 1;
-  ds->dim = c->ncols - 1;
-  ds->n_classes =
-      c->regression ? 0 : (c->max_label + 1 < 2 ? 2 : c->max_label + 1);
+  ds->dim = features(c);
+  ds->n_classes = c->regression || c->no_label
+                      ? 0
+                      : (c->max_label + 1 < 2 ? 2 : c->max_label + 1);
+  ds->shape[0] = ds->dim;
+  ds->shape_ndim = 1;
+  ds->input_scale = 1.0;
   /* Give back the unused tail of the geometric growth. */
   float* nx = realloc(c->x, c->n * ds->dim * sizeof(float));
   if (nx != NULL)
@@ -302,9 +314,9 @@ static void take_rows(st_dataset_t* ds, csv_t* c) {
   snprintf(ds->source, sizeof(ds->source), "%s", c->path);
 }
 
-int st_dataset_load_csv(st_dataset_t* ds, const char* path,
-                        const st_csv_options_t* opt, char* err,
-                        size_t err_len) {
+/* Both loaders: opt NULL for a file of features only. */
+static int load_csv(st_dataset_t* ds, const char* path,
+                    const st_csv_options_t* opt, char* err, size_t err_len) {
   csv_t c;
   FILE* f = NULL;
   int rc = 0;
@@ -314,6 +326,7 @@ int st_dataset_load_csv(st_dataset_t* ds, const char* path,
   c.path = path;
   c.label_col = opt ? opt->label_col : -1;
   c.regression = opt ? opt->regression : 0;
+  c.no_label = opt == NULL;
   c.err = err;
   c.err_len = err_len;
   if (path == NULL) {
@@ -355,4 +368,16 @@ out:
   free(c.x);
   free(c.y);
   return rc;
+}
+
+int st_dataset_load_csv(st_dataset_t* ds, const char* path,
+                        const st_csv_options_t* opt, char* err,
+                        size_t err_len) {
+  static const st_csv_options_t defaults = {-1, 0};
+  return load_csv(ds, path, opt ? opt : &defaults, err, err_len);
+}
+
+int st_dataset_load_csv_features(st_dataset_t* ds, const char* path, char* err,
+                                 size_t err_len) {
+  return load_csv(ds, path, NULL, err, err_len);
 }

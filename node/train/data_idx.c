@@ -336,9 +336,9 @@ int st_dataset_load_idx(st_dataset_t* ds, const char* images_path,
                                     err, err_len);
 }
 
-/* Converts shard k of n of the images (to [0, 1]) and labels into x and y
- * (malloc'd, the caller frees them whatever the outcome); *kept: the
- * shard's number of images. */
+/* Converts shard k of n of the images (to [0, 1]) and labels (NULL: all 0)
+ * into x and y (malloc'd, the caller frees them whatever the outcome);
+ * *kept: the shard's number of images. */
 static int shard_to_floats(const idx_file_t* im, const unsigned char* pixels,
                            const unsigned char* labels, uint32_t shard_k,
                            uint32_t shard_n, float** x, float** y,
@@ -358,7 +358,7 @@ static int shard_to_floats(const idx_file_t* im, const unsigned char* pixels,
     float* dst = *x + j * im->per_item;
     for (size_t i = 0; i < im->per_item; i++)
       dst[i] = src[i] / 255.0f;
-    (*y)[j] = (float) labels[shard_k + j * shard_n];
+    (*y)[j] = labels ? (float) labels[shard_k + j * shard_n] : 0.0f;
   }
   *kept_out = kept;
   return 0;
@@ -372,6 +372,26 @@ static unsigned largest_label(const unsigned char* labels, size_t count) {
     if (labels[i] > max_label)
       max_label = labels[i];
   return max_label;
+}
+
+/* What the files say about the dataset: its size, classes (labels NULL:
+ * none), the shape of one image, the scale of its pixels, its source. */
+static void describe(st_dataset_t* ds, const idx_file_t* im,
+                     const unsigned char* labels, const char* labels_path) {
+  unsigned max_label = labels ? largest_label(labels, im->count) : 0;
+  ds->total = im->count;
+  ds->dim = im->per_item;
+  ds->n_classes = labels == NULL ? 0 : max_label + 1 < 2 ? 2 : max_label + 1;
+  ds->input_scale = 255.0; /* shard_to_floats: bytes / 255 */
+  if (im->ndims - 1 <= ST_DATASET_MAX_SHAPE) {
+    ds->shape_ndim = im->ndims - 1;
+    for (int i = 1; i < im->ndims; i++)
+      ds->shape[i - 1] = im->dims[i];
+  }
+  if (labels_path != NULL)
+    snprintf(ds->source, sizeof(ds->source), "%s,%s", im->path, labels_path);
+  else
+    snprintf(ds->source, sizeof(ds->source), "%s", im->path);
 }
 
 int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
@@ -388,9 +408,8 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
   memset(ds, 0, sizeof(*ds));
   memset(&im, 0, sizeof(im));
   memset(&lb, 0, sizeof(lb));
-  if (images_path == NULL || labels_path == NULL) {
-    st_set_err(err, err_len,
-               "IDX loader: an image and a label path are needed");
+  if (images_path == NULL) {
+    st_set_err(err, err_len, "IDX loader: an image path is needed");
     return -EINVAL;
   }
 
@@ -399,7 +418,10 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
   rc = idx_open(&im, images_path, 1, err, err_len);
   if (rc != 0)
     goto out;
-  rc = idx_open(&lb, labels_path, 0, err, err_len);
+  if (labels_path == NULL) /* images alone: no labels to read */
+    lb.count = im.count;
+  else
+    rc = idx_open(&lb, labels_path, 0, err, err_len);
   if (rc != 0)
     goto out;
   if (lb.count != im.count) {
@@ -412,7 +434,8 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
   rc = idx_read_body(&im, &pixels, err, err_len);
   if (rc != 0)
     goto out;
-  rc = idx_read_body(&lb, &labels, err, err_len);
+  if (labels_path != NULL)
+    rc = idx_read_body(&lb, &labels, err, err_len);
   if (rc != 0)
     goto out;
 
@@ -432,19 +455,14 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
     for (size_t i = 0; i < im.body_bytes; i++)
       hist[pixels[i]]++;
   }
-  unsigned max_label = largest_label(labels, lb.count);
-
+  describe(ds, &im, labels, labels_path);
   ds->n = kept;
-  ds->total = im.count;
   ds->shard_k = shard_k;
   ds->shard_n = shard_n;
-  ds->dim = im.per_item;
-  ds->n_classes = max_label + 1 < 2 ? 2 : max_label + 1;
   ds->x = x;
   ds->y = y;
   x = NULL;
   y = NULL;
-  snprintf(ds->source, sizeof(ds->source), "%s,%s", images_path, labels_path);
 
 out:
   if (im.gz != NULL)

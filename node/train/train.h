@@ -12,6 +12,9 @@
  * - Training (trainer.c, trainer_checkpoint.c): model + optimizer +
  *   schedule + data shard, stepped one batch at a time, so that `starling
  *   train` and the daemon's trainer thread run the same loop.
+ * - Saved models (saved_model.c): a checkpoint's model used on its own,
+ *   with the input transform its training data had, for `starling eval`
+ *   and `starling predict`.
  *
  * Errors follow the house rule: 0 or a negative errno. Functions that take
  * (err, err_len) also write one sentence into err naming the bad input (the
@@ -34,6 +37,10 @@ extern "C" {
 
 /* ==== Data =============================================================== */
 
+/* Dimensions of one example that a dataset records (IDX files have at most
+ * 16 in all, the count included; real ones have 2 or 3). */
+#define ST_DATASET_MAX_SHAPE 8
+
 /* An in-memory dataset of n examples with dim float features each: the
  * whole of its source, or one shard of it (st_data_options_t). */
 typedef struct {
@@ -47,6 +54,20 @@ typedef struct {
   float* x;         /* n x dim, row-major; owned */
   float* y;         /* n targets; owned */
   char source[512]; /* where it came from, for messages */
+  /* What one example is, for checkpoints (st_trainer_save): its shape as
+   * the file has it (IDX images: {28, 28}; CSV: {dim}; ndim 0: {dim}),
+   * and the divisor the loader applied to the raw values (IDX bytes: 255;
+   * CSV: 1; 0 counts as 1). */
+  size_t shape[ST_DATASET_MAX_SHAPE];
+  int shape_ndim;
+  double input_scale;
+  /* The standardization st_data_open applied, x = (x - mean) / std in
+   * double rounded to float (st_dataset_normalize): norm_len 1 (one scalar
+   * for every feature), dim (per feature) or 0 (not normalized, the
+   * pointers NULL). Set on the training set; owned. */
+  float* norm_mean;
+  float* norm_std;
+  size_t norm_len;
 } st_dataset_t;
 
 void st_dataset_free(st_dataset_t* ds);
@@ -54,7 +75,9 @@ void st_dataset_free(st_dataset_t* ds);
 /* Loads an IDX image file (magic 0x00000803, unsigned bytes, any number of
  * dimensions >= 1 after the count) and its IDX label file (0x00000801),
  * each gzip-compressed or raw (detected from the content, not the name).
- * Pixels are scaled to [0, 1]; n_classes is max label + 1 (at least 2).
+ * Pixels are scaled to [0, 1] (input_scale 255); n_classes is max label + 1
+ * (at least 2); shape is the image's dimensions. labels_path may be NULL:
+ * images without labels (y all 0, n_classes 0), to predict on.
  * Refuses, naming the file: a missing or unreadable file, a wrong magic, a
  * truncated body, trailing garbage, zero dimensions, and image and label
  * counts that differ. */
@@ -74,6 +97,11 @@ typedef struct {
  * not a non-negative integer (classification), no data rows. */
 int st_dataset_load_csv(st_dataset_t* ds, const char* path,
                         const st_csv_options_t* opt, char* err, size_t err_len);
+
+/* The same for a file of features only, to predict on: every column is a
+ * feature (a single column too); y is all 0 and n_classes 0. */
+int st_dataset_load_csv_features(st_dataset_t* ds, const char* path, char* err,
+                                 size_t err_len);
 
 /* A training set and an optional test set that share dim and classes. */
 typedef struct {
@@ -104,6 +132,16 @@ typedef struct {
 int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
                  char* err, size_t err_len);
 void st_data_close(st_data_t* d);
+
+/* Standardizes every example of ds in place, x = (float) ((x - mean) /
+ * std) computed in double, with len 1 (one mean and std for every
+ * feature) or len == ds->dim (per feature): the transform st_data_open
+ * applies, so that a checkpoint's normalize.mean and normalize.std
+ * reproduce it bit for bit. mean and std are borrowed; every std must be
+ * finite and > 0. Returns 0, or -EINVAL (len or a std that does not fit,
+ * said in err). */
+int st_dataset_normalize(st_dataset_t* ds, const float* mean, const float* std,
+                         size_t len, char* err, size_t err_len);
 
 /* Where the Debian package keeps Fashion-MNIST. The directory can be
  * overridden with the environment variable STARLING_FASHION_MNIST_DIR. */
@@ -278,6 +316,68 @@ int st_trainer_save(st_trainer_t* t, const char* path,
  * whose tensors are missing, mis-shaped or not finite. */
 int st_trainer_load(st_trainer_t* t, const char* path, char* err,
                     size_t err_len);
+
+/* ==== Using a checkpoint's model (saved_model.c) =========================
+ *
+ * A checkpoint of st_trainer_save carries everything needed to use its
+ * model: the layers, the input transform of its training data
+ * (normalize.mean, normalize.std, input_scale) and what the model expects
+ * (input_shape, classes). `starling eval` and `starling predict` read it
+ * here; docs/training.md does the same in PyTorch. */
+
+typedef struct {
+  st_model_t model;     /* parameters loaded, on the backend; owned */
+  char model_text[256]; /* the spec, "mlp:784-256-10" */
+  char path[512];       /* the checkpoint, for messages */
+  size_t inputs, outputs;
+  size_t classes; /* the "classes" metadata; 0 for a regression model */
+  size_t input_shape[ST_DATASET_MAX_SHAPE];
+  int input_ndim;
+  double input_scale; /* raw values are divided by this, then normalized */
+  float* norm_mean;   /* norm_len values each; owned copies */
+  float* norm_std;
+  size_t norm_len; /* 1 or inputs */
+  uint64_t step;   /* the "step" metadata (0 when absent) */
+} st_saved_model_t;
+
+/* Reads the checkpoint at path and loads its model onto be (borrowed; it
+ * must outlive sm). Refuses, naming the file and what is wrong: a file that
+ * is not safetensors (st_safetensors_read), one that is not a starling
+ * checkpoint (an attached program's is named as such), and one that lacks
+ * what a model needs (the metadata "model", "classes", "input_shape",
+ * "input_scale" and the tensors normalize.mean and normalize.std: every
+ * missing one is named), or whose tensors do not fit its model. On
+ * failure sm holds nothing to close. */
+int st_saved_model_open(st_saved_model_t* sm, st_backend_t* be,
+                        const char* path, char* err, size_t err_len);
+void st_saved_model_close(st_saved_model_t* sm);
+
+/* Makes ds (loaded without normalization) what the model was trained on:
+ * refuses (err naming both) examples whose number of features is not the
+ * model's inputs; rescales values that ds's loader divided by a different
+ * input_scale than the model's training data (CSV pixels 0..255 for a
+ * model trained on IDX images are divided by 255); applies normalize.mean
+ * and normalize.std as st_data_open applied them. Once per dataset. */
+int st_saved_model_prepare(const st_saved_model_t* sm, st_dataset_t* ds,
+                           char* err, size_t err_len);
+
+/* Evaluates the model on a prepared, labelled dataset: the mean loss and,
+ * for classifiers, the accuracy (NaN for regression), exactly as
+ * st_trainer_evaluate would for a trainer holding these parameters.
+ * Refuses labels the model cannot have produced (more classes than
+ * outputs; class labels for a regression model or real targets for a
+ * classifier). */
+int st_saved_model_evaluate(st_saved_model_t* sm, const st_dataset_t* ds,
+                            double* mean_loss, double* accuracy, char* err,
+                            size_t err_len);
+
+/* The model's outputs for rows [start, start + rows) of a prepared dataset
+ * into out (host memory, rows x sm->outputs floats): class probabilities
+ * (softmax) for classifiers, the prediction for a regression model. At most
+ * ST_SAVED_MODEL_MAX_ROWS rows a call. Returns 0 or a negative errno. */
+#define ST_SAVED_MODEL_MAX_ROWS 1000
+int st_saved_model_predict(st_saved_model_t* sm, const st_dataset_t* ds,
+                           size_t start, size_t rows, float* out);
 
 /* ==== Output
  * ================================================================== */

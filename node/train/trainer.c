@@ -16,9 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Rows per forward pass during evaluation: large enough that the matrix
- * products run at full speed, small enough to bound the workspace. */
-#define EVAL_BATCH_ROWS 1000
+#define EVAL_BATCH_ROWS ST__EVAL_BATCH_ROWS
 
 void st_train_config_default(st_train_config_t* cfg) {
   memset(cfg, 0, sizeof(*cfg));

@@ -9,8 +9,18 @@
  * batch, seed and shard that must match to resume, and the position (step,
  * epoch, step within the epoch, optimizer step count) to resume from.
  * Because the flat parameter buffer is laid out W0, b0, W1, b1, ..., the
- * tensors are written in buffer order and the file's data section is the
- * flat buffer itself.
+ * tensors are written in buffer order and the file's data section starts
+ * with the flat buffer itself.
+ *
+ * So that the file alone is a usable model (saved_model.c, and PyTorch:
+ * docs/training.md), it also holds the input transform of the training
+ * data, "normalize.mean" and "normalize.std" (the float32 values
+ * st_data_open applied: shape [1] for one scalar, [inputs] per feature;
+ * 0 and 1 when the data was not normalized), after every other tensor, and
+ * metadata describing the model's use: "architecture" (the layers in
+ * PyTorch's words), "classes", "input_shape" ("28,28"), "input_scale" (the
+ * divisor the loader applied to raw values before normalizing: 255 for
+ * IDX bytes) and "normalize" ("scalar", "per-feature" or "none").
  */
 #include "node/train/train.h"
 #include "node/train/train_internal.h"
@@ -22,9 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECKPOINT_FORMAT "starling-checkpoint-1"
+#define CHECKPOINT_FORMAT ST__CHECKPOINT_FORMAT
 #define MAX_STATE 3 /* params + up to two optimizer buffers */
 #define NAME_LEN 96
+#define N_NORM_TENSORS 2 /* normalize.mean, normalize.std */
+#define N_OWN_META 17    /* metadata entries st_trainer_save writes itself */
 
 /* The buffers a checkpoint holds, each with its name prefix. */
 typedef struct {
@@ -57,6 +69,87 @@ static void shard_text(const st_train_config_t* c, char* buf, size_t len) {
 /* ---- Save
  * ------------------------------------------------------------------------ */
 
+/* The metadata texts of one checkpoint, formatted before they are listed. */
+typedef struct {
+  char model[256], shard[48], step[32], epoch[32], pos[32], opt_t[32],
+      batch[32], seed[32], lr[48];
+  char arch[ST_MODEL_MAX_LAYERS * 40], classes[32], shape[160], scale[40];
+  float identity[2]; /* mean 0 and std 1 when the data is not normalized */
+} meta_text_t;
+
+/* "Linear(784, 256), ReLU, Linear(256, 10)": the model as PyTorch layers. */
+static void architecture_text(const st_model_spec_t* m, char* buf, size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (int l = 0; l < m->n_layers && at < len; l++)
+    at += (size_t) snprintf(buf + at, len - at, "%sLinear(%zu, %zu)%s",
+                            l ? ", " : "", m->sizes[l], m->sizes[l + 1],
+                            l + 1 < m->n_layers ? ", ReLU" : "");
+}
+
+/* The metadata and tensors that make the file usable on its own: the
+ * training data's input shape, scale and normalization. Adds the two
+ * normalize.* tensors at tensors[*k] and the entries at meta[*m]. */
+static void input_description(const st_trainer_t* t, meta_text_t* x,
+                              st_tensor_desc_t* tensors, size_t* k,
+                              st_meta_kv_t* meta, size_t* m) {
+  const st_dataset_t* ds = t->train;
+  architecture_text(&t->cfg.model, x->arch, sizeof(x->arch));
+  size_t classes =
+      ds->n_classes ? ds->n_classes : st_model_spec_classes(&t->cfg.model);
+  snprintf(x->classes, sizeof(x->classes), "%zu", classes);
+  size_t at = 0;
+  if (ds->shape_ndim == 0)
+    snprintf(x->shape, sizeof(x->shape), "%zu", ds->dim);
+  for (int i = 0; i < ds->shape_ndim && at < sizeof(x->shape); i++)
+    at += (size_t) snprintf(x->shape + at, sizeof(x->shape) - at, "%s%zu",
+                            i ? "," : "", ds->shape[i]);
+  snprintf(x->scale, sizeof(x->scale), "%.17g",
+           ds->input_scale > 0 ? ds->input_scale : 1.0);
+  x->identity[0] = 0.0f;
+  x->identity[1] = 1.0f;
+  size_t len = ds->norm_len ? ds->norm_len : 1;
+  const float* mean = ds->norm_len ? ds->norm_mean : &x->identity[0];
+  const float* std = ds->norm_len ? ds->norm_std : &x->identity[1];
+  tensors[(*k)++] = (st_tensor_desc_t){"normalize.mean", mean, {len}, 1};
+  tensors[(*k)++] = (st_tensor_desc_t){"normalize.std", std, {len}, 1};
+  meta[(*m)++] = (st_meta_kv_t){"architecture", x->arch};
+  meta[(*m)++] = (st_meta_kv_t){"classes", x->classes};
+  meta[(*m)++] = (st_meta_kv_t){"input_shape", x->shape};
+  meta[(*m)++] = (st_meta_kv_t){"input_scale", x->scale};
+  meta[(*m)++] =
+      (st_meta_kv_t){"normalize", ds->norm_len == 0   ? "none"
+                                  : ds->norm_len == 1 ? "scalar"
+                                                      : "per-feature"};
+}
+
+/* The metadata of the run: what must match to resume, and where it is. */
+static void run_description(const st_trainer_t* t, meta_text_t* x,
+                            st_meta_kv_t* meta, size_t* m) {
+  st_model_spec_format(&t->cfg.model, x->model, sizeof(x->model));
+  shard_text(&t->cfg, x->shard, sizeof(x->shard));
+  snprintf(x->step, sizeof(x->step), "%" PRIu64, t->step);
+  snprintf(x->epoch, sizeof(x->epoch), "%" PRIu64, t->epoch);
+  snprintf(x->pos, sizeof(x->pos), "%zu", t->pos);
+  snprintf(x->opt_t, sizeof(x->opt_t), "%" PRIu64, t->optim.t);
+  snprintf(x->batch, sizeof(x->batch), "%zu", t->cfg.batch);
+  snprintf(x->seed, sizeof(x->seed), "%" PRIu64, t->cfg.seed);
+  snprintf(x->lr, sizeof(x->lr), "%.9g", t->last_lr);
+  meta[(*m)++] = (st_meta_kv_t){"format", CHECKPOINT_FORMAT};
+  meta[(*m)++] = (st_meta_kv_t){"model", x->model};
+  meta[(*m)++] = (st_meta_kv_t){"optimizer", st_opt_kind_name(t->cfg.opt.kind)};
+  meta[(*m)++] = (st_meta_kv_t){"batch", x->batch};
+  meta[(*m)++] = (st_meta_kv_t){"seed", x->seed};
+  meta[(*m)++] = (st_meta_kv_t){"shard", x->shard};
+  meta[(*m)++] = (st_meta_kv_t){"step", x->step};
+  meta[(*m)++] = (st_meta_kv_t){"epoch", x->epoch};
+  meta[(*m)++] = (st_meta_kv_t){"pos", x->pos};
+  meta[(*m)++] = (st_meta_kv_t){"optimizer_step", x->opt_t};
+  meta[(*m)++] = (st_meta_kv_t){"lr", x->lr};
+  meta[(*m)++] =
+      (st_meta_kv_t){"schedule", st_sched_kind_name(t->cfg.sched.kind)};
+}
+
 int st_trainer_save(st_trainer_t* t, const char* path,
                     const st_meta_kv_t* extra, size_t n_extra, char* err,
                     size_t err_len) {
@@ -64,13 +157,15 @@ int st_trainer_save(st_trainer_t* t, const char* path,
   int nbufs = state_buffers(t, bufs);
   int L = t->cfg.model.n_layers;
   size_t n = t->model.n_params;
-  size_t n_tensors = (size_t) nbufs * 2 * (size_t) L;
+  size_t n_tensors = (size_t) nbufs * 2 * (size_t) L + N_NORM_TENSORS;
   float* host = malloc((size_t) nbufs * (n ? n : 1) * sizeof(float));
   st_tensor_desc_t* tensors = calloc(n_tensors, sizeof(*tensors));
   char(*names)[NAME_LEN] = calloc(n_tensors, NAME_LEN);
-  st_meta_kv_t* meta = calloc(16 + n_extra, sizeof(*meta));
+  st_meta_kv_t* meta = calloc(N_OWN_META + n_extra, sizeof(*meta));
+  meta_text_t* text = malloc(sizeof(*text));
   int rc = -ENOMEM;
-  if (host == NULL || tensors == NULL || names == NULL || meta == NULL) {
+  if (host == NULL || tensors == NULL || names == NULL || meta == NULL ||
+      text == NULL) {
     st_set_err(err, err_len, "%s: out of memory writing the checkpoint", path);
     goto done;
   }
@@ -95,31 +190,9 @@ int st_trainer_save(st_trainer_t* t, const char* path,
       k++;
     }
   }
-
-  char model[256], shard[48], step[32], epoch[32], pos[32], opt_t[32],
-      batch[32], seed[32], lr[48];
-  st_model_spec_format(&t->cfg.model, model, sizeof(model));
-  shard_text(&t->cfg, shard, sizeof(shard));
-  snprintf(step, sizeof(step), "%" PRIu64, t->step);
-  snprintf(epoch, sizeof(epoch), "%" PRIu64, t->epoch);
-  snprintf(pos, sizeof(pos), "%zu", t->pos);
-  snprintf(opt_t, sizeof(opt_t), "%" PRIu64, t->optim.t);
-  snprintf(batch, sizeof(batch), "%zu", t->cfg.batch);
-  snprintf(seed, sizeof(seed), "%" PRIu64, t->cfg.seed);
-  snprintf(lr, sizeof(lr), "%.9g", t->last_lr);
   size_t m = 0;
-  meta[m++] = (st_meta_kv_t){"format", CHECKPOINT_FORMAT};
-  meta[m++] = (st_meta_kv_t){"model", model};
-  meta[m++] = (st_meta_kv_t){"optimizer", st_opt_kind_name(t->cfg.opt.kind)};
-  meta[m++] = (st_meta_kv_t){"batch", batch};
-  meta[m++] = (st_meta_kv_t){"seed", seed};
-  meta[m++] = (st_meta_kv_t){"shard", shard};
-  meta[m++] = (st_meta_kv_t){"step", step};
-  meta[m++] = (st_meta_kv_t){"epoch", epoch};
-  meta[m++] = (st_meta_kv_t){"pos", pos};
-  meta[m++] = (st_meta_kv_t){"optimizer_step", opt_t};
-  meta[m++] = (st_meta_kv_t){"lr", lr};
-  meta[m++] = (st_meta_kv_t){"schedule", st_sched_kind_name(t->cfg.sched.kind)};
+  run_description(t, text, meta, &m);
+  input_description(t, text, tensors, &k, meta, &m);
   for (size_t i = 0; i < n_extra; i++)
     meta[m++] = extra[i];
   rc = st_safetensors_write(path, tensors, k, meta, m, err, err_len);
@@ -128,6 +201,7 @@ done:
   free(tensors);
   free(names);
   free(meta);
+  free(text);
   return rc;
 }
 
@@ -194,13 +268,12 @@ static int check_run_meta(const st_trainer_t* t, const st_safetensors_t* st,
   return 0;
 }
 
-/* Checks the tensors of one state buffer (names starting with prefix)
- * and copies them into host, laid out as the flat buffer. */
-static int load_buffer(const st_trainer_t* t, const st_safetensors_t* st,
-                       const char* path, const char* prefix, const char* model,
-                       float* host, char* err, size_t err_len) {
-  for (int l = 0; l < t->cfg.model.n_layers; l++) {
-    size_t in = t->cfg.model.sizes[l], out = t->cfg.model.sizes[l + 1];
+int st__load_model_tensors(const st_model_t* mdl, const st_safetensors_t* st,
+                           const char* path, const char* prefix,
+                           const char* model, float* host, char* err,
+                           size_t err_len) {
+  for (int l = 0; l < mdl->spec.n_layers; l++) {
+    size_t in = mdl->spec.sizes[l], out = mdl->spec.sizes[l + 1];
     for (int is_bias = 0; is_bias < 2; is_bias++) {
       char name[NAME_LEN];
       snprintf(name, sizeof(name), "%slayers.%d.%s", prefix, l,
@@ -218,7 +291,7 @@ static int load_buffer(const st_trainer_t* t, const st_safetensors_t* st,
                    path, name, model);
         return -EINVAL;
       }
-      float* dst = host + (is_bias ? t->model.b_off[l] : t->model.w_off[l]);
+      float* dst = host + (is_bias ? mdl->b_off[l] : mdl->w_off[l]);
       for (size_t i = 0; i < count; i++) {
         if (!isfinite(data[i])) {
           st_set_err(err, err_len,
@@ -272,7 +345,8 @@ int st_trainer_load(st_trainer_t* t, const char* path, char* err,
    * only after every tensor has passed (one buffer at a time, but a failure
    * in buffer b leaves the trainer in need of a reset: report it). */
   for (int b = 0; b < nbufs; b++) {
-    rc = load_buffer(t, st, path, bufs[b].prefix, model, host, err, err_len);
+    rc = st__load_model_tensors(&t->model, st, path, bufs[b].prefix, model,
+                                host, err, err_len);
     if (rc != 0)
       goto done;
     rc = st_copy_to_device(t->be, bufs[b].device, host, n);

@@ -4,6 +4,9 @@
 # NumPy reads, an interrupted and resumed run that lands on exactly the
 # parameters of an uninterrupted one, and clear errors for bad input.
 source "$(dirname "$0")/lib.sh"
+# `starling train` keeps its model in out/train/ under the current
+# directory by default: run in a directory of our own.
+mkdir "$SCRATCH/run" && cd "$SCRATCH/run"
 
 common=(--model mlp:784-64-10 --data fashion-mnist --shard 0/10 --batch 32
         --lr 0.05 --momentum 0.9 --schedule cosine --threads 1 --device cpu)

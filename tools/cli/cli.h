@@ -19,6 +19,10 @@ int st__cmd_node(int argc, char** argv);
 int st__cmd_status(int argc, char** argv);
 int st__cmd_peers(int argc, char** argv);
 int st__cmd_leave(int argc, char** argv);
+/* `starling eval` and `starling predict`: a checkpoint's model on data
+ * (cli_eval.c). */
+int st__cmd_eval(int argc, char** argv);
+int st__cmd_predict(int argc, char** argv);
 /* Execs /usr/bin/python3 -m starling.plot (cli_plot.c); returns only on
  * failure. */
 int st__cmd_plot(int argc, char** argv);
