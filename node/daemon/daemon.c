@@ -296,6 +296,7 @@ static void leave_done_cb(uv_timer_t* t) {
     close_handle((uv_handle_t*) &c->tcp);
   }
   st__control_close(d);
+  st__metrics_close(d);
   st__attach_close(d);
   if (d->net_started) {
     close_handle((uv_handle_t*) &d->udp);
@@ -530,6 +531,8 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   st__coll_init(d);
   if ((rc = st__control_start(d, err, err_len)) != 0)
     return rc;
+  if ((rc = st__metrics_start(d, err, err_len)) != 0)
+    return rc;
   uv_async_init(&d->loop, &d->tt_async, tt_async_cb);
   d->tt_async.data = d;
   uv_signal_init(&d->loop, &d->sigint);
@@ -621,6 +624,7 @@ static void cleanup(st__daemon_t* d) {
     d->tt = NULL;
   }
   st__attach_free(d);
+  st__metrics_free(d);
   while (d->conns != NULL) {
     st__conn_t* c = d->conns;
     c->handle_closed = true;
@@ -662,7 +666,8 @@ static void prepare_process(st__daemon_t* d) {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-/* --listen and --join, parsed before the data directory is touched. */
+/* --listen, --join and --metrics, parsed before the data directory is
+ * touched. */
 static int parse_addresses(st__daemon_t* d, char* err, size_t err_len) {
   const st_daemon_config_t* cfg = d->cfg;
   struct sockaddr_storage ss;
@@ -678,6 +683,9 @@ static int parse_addresses(st__daemon_t* d, char* err, size_t err_len) {
       st_set_err(err, err_len, "--join: %s", e);
   }
   d->n_seeds = cfg->n_seeds;
+  if (rc == 0 && cfg->metrics != NULL &&
+      (rc = st__metrics_parse(cfg->metrics, &ss, e, sizeof(e))) != 0)
+    st_set_err(err, err_len, "--metrics: %s", e);
   return rc;
 }
 
@@ -754,6 +762,7 @@ static int run_and_close_loop(st__daemon_t* d, int rc, char* err,
       d->tt = NULL;
     }
     st__control_close(d);
+    st__metrics_close(d);
     uv_walk(&d->loop, walk_close, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
   }

@@ -42,6 +42,9 @@ typedef struct {
   const char* allowlist_path;    /* NULL: any cluster-key holder */
   const char* data_dir;          /* required */
   const char* control_path;      /* NULL: DATA_DIR/control.sock */
+  const char* metrics; /* the Prometheus endpoint's "[HOST:]PORT" (a bare
+                          port: on 127.0.0.1; port 0: any free one);
+                          NULL: no endpoint (node/daemon/daemon_metrics.c) */
 
   st_train_config_t train; /* model parsed, schedule spanning the epochs */
   const char* data_spec;

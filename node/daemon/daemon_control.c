@@ -156,6 +156,11 @@ static void status_json_node(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   st_node_id_format(&d->ident.id, id);
   kv_str(b, first, "id", id);
   kv_str(b, first, "address", d->self_addr_text);
+  put_key(b, first, "metrics"); /* the --metrics endpoint; null: off */
+  if (d->metrics_addr[0] != '\0')
+    st_json_buf_string(b, d->metrics_addr);
+  else
+    st_json_buf_puts(b, "null");
   kv_str(b, first, "state", st__dstate_name(d->state));
   kv_str(b, first, "model", d->local.model);
   kv_u64(b, first, "boot_epoch", d->boot_epoch);
@@ -323,6 +328,11 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
            st.step, st.epoch, figure(st.loss, 4).s,
            figure(st.test_accuracy, 4).s, figure(st.samples_per_sec, 0).s);
   st_json_buf_puts(b, line);
+  if (d->metrics_addr[0] != '\0') {
+    snprintf(line, sizeof(line), "metrics    http://%s/metrics\n",
+             d->metrics_addr);
+    st_json_buf_puts(b, line);
+  }
   if (d->cfg->attach) {
     snprintf(line, sizeof(line),
              "program    %s; %" PRIu64 " sessions, %" PRIu64

@@ -9,6 +9,7 @@
  *   daemon_control.c  the Unix control socket: status, peers, leave
  *   daemon_attach.c   attach mode: a program's session on the control
  *                     socket (docs/attach.md)
+ *   daemon_metrics.c  the Prometheus endpoint (--metrics)
  */
 #ifndef STARLING_NODE_DAEMON_INTERNAL_H
 #define STARLING_NODE_DAEMON_INTERNAL_H
@@ -199,6 +200,22 @@ typedef struct {
 
 #define ST__OFFLOAD_BYTES (64u * 1024u)
 
+/* A duration histogram (Prometheus buckets): counts[i] observations in
+ * (st__hist_bounds_s[i-1], st__hist_bounds_s[i]], counts[ST__HIST_BUCKETS]
+ * those beyond the last bound. The bounds run from 5 ms (an exchange of a
+ * small model on loopback) to 60 s (a ring round of a large model across
+ * a WAN, or one that stalls to its timeout). */
+#define ST__HIST_BUCKETS 13
+extern const double st__hist_bounds_s[ST__HIST_BUCKETS];
+typedef struct {
+  uint64_t counts[ST__HIST_BUCKETS + 1];
+  uint64_t count;
+  double sum_s;
+} st__hist_t;
+
+/* daemon_metrics.c: counts one observation of `seconds`. */
+void st__hist_observe(st__hist_t* h, double seconds);
+
 typedef struct {
   uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
   uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
@@ -239,6 +256,8 @@ typedef struct {
   uint64_t coll_ok, coll_failed, coll_dropped;
   uint64_t coll_bytes_in, coll_bytes_out;
   uint64_t coll_sessions_refused;
+  st__hist_t exchange_s; /* successful averaging exchanges, connect to done */
+  st__hist_t ring_s[2];  /* ring rounds: [0] ok, [1] aborted */
 } st__dcounters_t;
 
 /* When this node last heard from each member (authenticated traffic). */
@@ -414,6 +433,10 @@ struct st__daemon_s {
   uint64_t ctl_evicted;   /* idle clients closed to make room */
   uint64_t ctl_timed_out; /* clients closed at their deadline */
   uint64_t ctl_refused;   /* closed at once: every slot was answering */
+  /* The Prometheus endpoint (daemon_metrics.c); NULL: --metrics not given.
+   * metrics_addr: where it listens ("" when off), for status and logs. */
+  struct st__metrics_s* metrics;
+  char metrics_addr[64];
 };
 
 uint64_t st__dnow(const st__daemon_t* d);
@@ -617,6 +640,23 @@ void st__ring_on_closed(st__conn_t* c);
 void st__ring_on_member_gone(st__daemon_t* d, const st_node_id_t* id);
 /* true when the event was the ring's */
 bool st__ring_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
+
+/* daemon_metrics.c: the Prometheus endpoint (--metrics). */
+/* Parses cfg->metrics ("PORT" or "HOST:PORT"; a bare port is on 127.0.0.1)
+ * into ss, or says in err what is wrong with it. */
+int st__metrics_parse(const char* text, struct sockaddr_storage* ss, char* err,
+                      size_t err_len);
+/* With --metrics: binds its address, starts the HTTP thread and the
+ * loop's render timer, fills d->metrics_addr and logs it. Without: 0 and
+ * nothing. A bind that fails (address in use, not local) returns a
+ * negative errno with err naming the address and what to do. */
+int st__metrics_start(st__daemon_t* d, char* err, size_t err_len);
+/* Leave: stops the HTTP thread (joined) and closes the render timer. Safe
+ * to call twice and without st__metrics_start. */
+void st__metrics_close(st__daemon_t* d);
+/* Frees what st__metrics_start made (stopping the thread first if
+ * st__metrics_close has not); the timer handle must be closed by then. */
+void st__metrics_free(st__daemon_t* d);
 
 /* daemon_control.c */
 int st__control_start(st__daemon_t* d, char* err, size_t err_len);

@@ -104,6 +104,7 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
               d->ring_stripe.send_lanes, d->ring_stripe.recv_lanes);
   }
   d->c.ring_last_ms = ms;
+  st__hist_observe(&d->c.ring_s[r == ST_RING_OK ? 0 : 1], ms / 1e3);
   d->c.ring_last_round = d->ring_round;
   d->c.ring_last_ok = r == ST_RING_OK;
   d->c.ring_last_n = d->ring_n;

@@ -53,6 +53,7 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
       d->c.exchange_ms_sum += ms;
       d->c.exchange_ms_last = ms;
+      st__hist_observe(&d->c.exchange_s, ms / 1e3);
     } else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
       d->c.busy++;
     else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||

@@ -21,6 +21,7 @@ enum {
   OPT_ALLOW,
   OPT_DATA_DIR,
   OPT_CONTROL,
+  OPT_METRICS,
   OPT_GOSSIP_EVERY,
   OPT_RING_EVERY,
   OPT_CHECKPOINT_EVERY,
@@ -43,6 +44,7 @@ static const struct option own_opts[] = {
     {"allow", required_argument, NULL, OPT_ALLOW},
     {"data-dir", required_argument, NULL, OPT_DATA_DIR},
     {"control", required_argument, NULL, OPT_CONTROL},
+    {"metrics", required_argument, NULL, OPT_METRICS},
     {"gossip-every", required_argument, NULL, OPT_GOSSIP_EVERY},
     {"ring-every", required_argument, NULL, OPT_RING_EVERY},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
@@ -104,6 +106,12 @@ static void usage(FILE* f) {
       "  --data-dir DIR       identity, boot epoch, checkpoint, control "
       "socket\n"
       "  --control PATH       control socket (default DATA_DIR/control.sock)\n"
+      "  --metrics ADDR       serve Prometheus metrics at "
+      "http://ADDR/metrics (default:\n"
+      "                       off); ADDR is HOST:PORT, or a bare PORT on "
+      "127.0.0.1;\n"
+      "                       port 0: any free one, shown by 'starling "
+      "status'\n"
       "  --gossip-every S     average with a random peer every S seconds "
       "(default 0.5;\n"
       "                       0: never)\n"
@@ -220,6 +228,9 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
       break;
     case OPT_CONTROL:
       cfg->control_path = v;
+      break;
+    case OPT_METRICS:
+      cfg->metrics = v;
       break;
     case OPT_GOSSIP_EVERY:
     case OPT_RING_EVERY:

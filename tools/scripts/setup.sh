@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev
-          libmsgpack-dev check libopenblas-dev zlib1g-dev
+          libmsgpack-dev check libopenblas-dev zlib1g-dev libmicrohttpd-dev
           dataset-fashion-mnist)
 # Python packages: matplotlib draws `starling plot` (the demo's plot).
 packages+=(python3 python3-matplotlib)
