@@ -229,13 +229,20 @@ static void op_fail(st__daemon_t* d, st__coll_op_t* op, st_coll_result_t why,
 
 static void op_fail(st__daemon_t* d, st__coll_op_t* op, st_coll_result_t why,
                     const st_node_id_t* culprit, const char* fmt, ...) {
+  /* The culprit's id goes into the sentence itself, so that the ABORT the
+   * machine sends the others names it too. */
   char text[ST_COLL_REASON_MAX];
+  size_t at = 0;
+  if (culprit != NULL) {
+    char hex[33];
+    st_node_id_format(culprit, hex);
+    at = (size_t) snprintf(text, sizeof text, "member %s: ", hex);
+  }
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
+  vsnprintf(text + at, sizeof text - at, fmt, ap);
   va_end(ap);
-  int r = culprit != NULL ? rank_of(op, culprit) : -1;
-  st_coll_abort(op->m, why, r < 0 ? op->g.n : (uint32_t) r, text);
+  st_coll_abort(op->m, why, op->g.n, text);
   op_drain(d, op);
 }
 
@@ -268,8 +275,10 @@ static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
       if (rc != 0 && !st_coll_finished(op->m)) {
         char hex[33];
         st_node_id_format(&op->g.ids[a.to], hex);
-        st_coll_abort(op->m, ST_COLL_FAIL_ABORTED, a.to,
-                      "cannot reach member (no connection)");
+        char text[120];
+        snprintf(text, sizeof text, "member %s: cannot reach it (%s)", hex,
+                 strerror(-rc));
+        st_coll_abort(op->m, ST_COLL_FAIL_ABORTED, op->g.n, text);
       }
       continue;
     }

@@ -93,7 +93,7 @@ sleep 1
 kill -9 "${dp[0]}" 2>/dev/null || true
 t_kill=$SECONDS
 wait_for 10 "member 1's barrier to fail" test -s "$SCRATCH/d.1"
-grep -q "^error: member ${id0}.*went away" "$SCRATCH/d.1" ||
+grep -q "^error: .*member ${id0}.*went away" "$SCRATCH/d.1" ||
   node_fail "(d) member 1: $(cat "$SCRATCH/d.1")"
 pass "(d) a program killed in a barrier fails it on the others in $((SECONDS - t_kill)) s: $(head -c 160 "$SCRATCH/d.1")"
 
@@ -112,7 +112,7 @@ for k in 0 1; do
   wait_for 30 "member $k's barrier to fail" test -s "$SCRATCH/e.$k"
 done
 for k in 0 1; do
-  grep -q "^error: member ${id2}.*\(dead\|closed\|left\)" "$SCRATCH/e.$k" ||
+  grep -q "^error: .*member ${id2}: .*\(dead\|closed\|left\)" "$SCRATCH/e.$k" ||
     node_fail "(e) member $k: $(cat "$SCRATCH/e.$k")"
 done
 pass "(e) node 2 killed: the barrier failed on both survivors in $((SECONDS - t_kill)) s, naming it"
