@@ -14,30 +14,16 @@
 #       error naming the socket.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
+source "$(dirname "$0")/install_lib.sh"
 
 BUILD=${ST_BUILD_DIR:?ST_BUILD_DIR: the build directory}
 PREFIX=$SCRATCH/prefix
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null || fail "cmake --install"
-pc_dir=$(dirname "$(find "$PREFIX" -name starling.pc | head -n 1)")
-[ -d "$pc_dir" ] || fail "no starling.pc installed under $PREFIX"
-export PKG_CONFIG_PATH=$pc_dir
-flags=$(pkg-config --cflags --libs starling) || fail "pkg-config starling"
-libdir=$(pkg-config --variable=libdir starling)
 CLIENT=$SCRATCH/client
-# The sanitizers' runtime, when the library was built with them.
-san=()
-[ "${ST_SANITIZE:-OFF}" = ON ] && san=(-fsanitize=address,undefined)
-cc -std=c11 -Wall -Wextra -Werror "${san[@]}" "$SRC/examples/client.c" \
-  $flags -lm -Wl,-rpath,"$libdir" -o "$CLIENT" ||
-  fail "building examples/client.c against the installed library"
+client_build_against "$PREFIX" "$CLIENT"
 pass "examples/client.c builds against the installed library (pkg-config)"
 # The Python package went in beside it and finds the installed library.
-pydir=$(dirname "$(find "$PREFIX" -path '*/starling/_installed.py' | head -n 1)")
-PYTHONPATH=$(dirname "$pydir") "$NUMPY_PY" -c '
-import sys, starling._lib as L
-c = L._candidates()
-assert c and c[0].startswith(sys.argv[1]), c' "$PREFIX" ||
-  fail "the installed Python package does not find the installed library"
+python_finds_library "$PREFIX" "$PREFIX"
 pass "the installed Python package finds the installed library"
 
 ATTACH=(--attach --gossip-every 0.2 --ring-every 1)

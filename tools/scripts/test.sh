@@ -13,7 +13,7 @@
 #   ST_TEST_QUICK=1 tools/scripts/test.sh   plain build only (no sanitizers, no fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export ST_EXTRA_PACKAGES="python3-numpy python3-torch python3-pytest clang-format iptables prometheus ${ST_EXTRA_PACKAGES:-}"
+export ST_EXTRA_PACKAGES="python3-numpy python3-torch python3-pytest clang-format iptables prometheus groff-base systemd ${ST_EXTRA_PACKAGES:-}"
 
 werror=${STARLING_WERROR:-ON}
 ST_BUILD_DIR=build ST_CMAKE_ARGS="-DSTARLING_WERROR=$werror" tools/scripts/setup.sh
