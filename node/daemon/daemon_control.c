@@ -287,10 +287,30 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "control_over_limit", d->ctl_refused);
 }
 
+/* User collectives (daemon_coll.c): operations, drops, bytes, sessions. */
+static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
+                                    bool* first) {
+  uint64_t running = 0;
+  for (const st__coll_op_t* op = d->coll.ops; op != NULL; op = op->next)
+    running++;
+  put_key(b, first, "collectives");
+  bool f2 = true;
+  kv_u64(b, &f2, "ok", d->c.coll_ok);
+  kv_u64(b, &f2, "failed", d->c.coll_failed);
+  kv_u64(b, &f2, "running", running);
+  kv_u64(b, &f2, "dropped", d->c.coll_dropped);
+  kv_u64(b, &f2, "bytes_in", d->c.coll_bytes_in);
+  kv_u64(b, &f2, "bytes_out", d->c.coll_bytes_out);
+  kv_u64(b, &f2, "sessions", d->coll.n_sessions);
+  kv_u64(b, &f2, "sessions_refused", d->c.coll_sessions_refused);
+  st_json_buf_puts(b, "}");
+}
+
 static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   bool first = true;
   status_json_node(d, b, &first);
   status_json_exchanges(d, b, &first);
+  status_json_collectives(d, b, &first);
   status_json_ring(d, b, &first);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
@@ -357,6 +377,13 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
            d->c.ring_last_n, d->c.ring_last_ms, (double) d->c.bytes_in / 1e6,
            (double) d->c.bytes_out / 1e6, rejected);
   st_json_buf_puts(b, line);
+  if (d->c.coll_ok + d->c.coll_failed > 0 || d->coll.n_sessions > 0) {
+    snprintf(line, sizeof(line),
+             "collectives %" PRIu64 " ok, %" PRIu64
+             " failed, %zu program(s) connected\n",
+             d->c.coll_ok, d->c.coll_failed, d->coll.n_sessions);
+    st_json_buf_puts(b, line);
+  }
 }
 
 static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {

@@ -376,6 +376,36 @@ static void render_ring(st__daemon_t* d, st_json_buf_t* b) {
               &d->c.ring_s[1]);
 }
 
+/* User collectives: status --json's "collectives". */
+static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
+  uint64_t running = 0;
+  for (const st__coll_op_t* op = d->coll.ops; op != NULL; op = op->next)
+    running++;
+  family(b, "starling_collectives_total", "counter",
+         "User collective operations this node took part in, by result.");
+  sample_u64(b, "starling_collectives_total", "result=\"ok\"", d->c.coll_ok);
+  sample_u64(b, "starling_collectives_total", "result=\"failed\"",
+             d->c.coll_failed);
+  gauge(b, "starling_collectives_running",
+        "User collective operations in progress here.", (double) running);
+  counter(b, "starling_collectives_dropped_total",
+          "Collective messages dropped: undecodable, from outside the "
+          "group, kept too long or past the bound.",
+          d->c.coll_dropped);
+  counter(b, "starling_collectives_receive_bytes_total",
+          "Bytes of collective messages received (plaintext).",
+          d->c.coll_bytes_in);
+  counter(b, "starling_collectives_transmit_bytes_total",
+          "Bytes of collective messages sent (plaintext).",
+          d->c.coll_bytes_out);
+  gauge(b, "starling_collectives_sessions",
+        "Programs with a collectives session on the control socket.",
+        (double) d->coll.n_sessions);
+  counter(b, "starling_collectives_sessions_refused_total",
+          "Collectives sessions refused (too many, node leaving).",
+          d->c.coll_sessions_refused);
+}
+
 static void render_traffic(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_network_receive_bytes_total",
           "Bytes received on the wire, TCP and UDP.", d->c.bytes_in);
@@ -438,6 +468,7 @@ static void render(st__daemon_t* d) {
   render_identity(d, &b);
   render_training(d, &b);
   render_members(d, &b);
+  render_collectives(d, &b);
   render_exchanges(d, &b);
   render_ring(d, &b);
   render_traffic(d, &b);

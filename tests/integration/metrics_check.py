@@ -84,6 +84,16 @@ ATTACH = {
     "nonfinite_snapshots": "starling_attach_nonfinite_snapshots_total",
     "refused": "starling_attach_refused_total",
 }
+COLLECTIVES = {
+    "ok": ("starling_collectives_total", {"result": "ok"}),
+    "failed": ("starling_collectives_total", {"result": "failed"}),
+    "running": ("starling_collectives_running", {}),
+    "dropped": ("starling_collectives_dropped_total", {}),
+    "bytes_in": ("starling_collectives_receive_bytes_total", {}),
+    "bytes_out": ("starling_collectives_transmit_bytes_total", {}),
+    "sessions": ("starling_collectives_sessions", {}),
+    "sessions_refused": ("starling_collectives_sessions_refused_total", {}),
+}
 ENUMS = {"state": "starling_node_state", "ring_state": "starling_ring_state"}
 INFO = ("id", "address", "model")  # labels of starling_node_info
 # Identifiers, not figures: the endpoint's own address and round ids.
@@ -190,6 +200,12 @@ def check(starling, data_dir, out_path):
                 if k not in ATTACH:
                     sys.exit(f"status key attach.{k} has no metric")
                 need(series, ATTACH[k], {})
+            checked += len(value) - 1
+        elif key == "collectives":
+            for k in value:
+                if k not in COLLECTIVES:
+                    sys.exit(f"status key collectives.{k} has no metric")
+                need(series, *COLLECTIVES[k])
             checked += len(value) - 1
         elif key not in NOT_FIGURES:
             sys.exit(f"status --json key {key!r} has no metric: add it to "

@@ -47,6 +47,16 @@ probe_all a check $N
 for ((k = 0; k < N; k++)); do
   grep -q "^ok rank" "$SCRATCH/a.$k" || node_fail "(a) member $k: $(cat "$SCRATCH/a.$k")"
 done
+# Eight operations each; status counts them (and nothing failed).
+coll_ok() {
+  "$NUMPY_PY" -c '
+import json, sys
+c = json.loads(sys.argv[1])["collectives"]
+sys.exit(0 if c["ok"] == 8 and c["failed"] == 0 and c["running"] == 0 else 1)' "$(node_status "$1")"
+}
+for ((k = 0; k < N; k++)); do
+  coll_ok $k || node_fail "(a) node $k's status: $(node_status $k | grep -o '"collectives":{[^}]*}')"
+done
 pass "(a) barrier, all-reduce (small and ring), reduce, broadcast correct on all $N members"
 
 # (b) a mismatch fails everywhere and names both calls.
