@@ -144,44 +144,50 @@ static void finish(st_coll_t* x, st_coll_result_t r, uint32_t culprit,
   (void) push(x, (qitem_t){.kind = Q_DONE});
 }
 
-/* out op= in, n elements of the dtype. */
+/* out op= in, n elements of the dtype. Element by element through memcpy:
+ * in is borrowed from a received message and has no alignment. */
+#define COMBINE(T)                                                            \
+  static void combine_##T(st_coll_rop_t rop, uint8_t* out, const uint8_t* in, \
+                          uint64_t n) {                                       \
+    for (uint64_t i = 0; i < n; i++) {                                        \
+      T o, a;                                                                 \
+      memcpy(&o, out + i * sizeof(T), sizeof(T));                             \
+      memcpy(&a, in + i * sizeof(T), sizeof(T));                              \
+      o = rop == ST_COLL_MIN   ? (a < o ? a : o)                              \
+          : rop == ST_COLL_MAX ? (a > o ? a : o)                              \
+                               : o + a;                                       \
+      memcpy(out + i * sizeof(T), &o, sizeof(T));                             \
+    }                                                                         \
+  }
+COMBINE(float)
+COMBINE(double)
+#undef COMBINE
+
 static void combine(const st_coll_t* x, uint8_t* out, const uint8_t* in,
                     uint64_t n) {
-#define COMBINE(T)                          \
-  do {                                      \
-    T* o = (T*) out;                        \
-    const T* a = (const T*) in;             \
-    switch (x->s.rop) {                     \
-      case ST_COLL_MIN:                     \
-        for (uint64_t i = 0; i < n; i++)    \
-          o[i] = a[i] < o[i] ? a[i] : o[i]; \
-        break;                              \
-      case ST_COLL_MAX:                     \
-        for (uint64_t i = 0; i < n; i++)    \
-          o[i] = a[i] > o[i] ? a[i] : o[i]; \
-        break;                              \
-      default:                              \
-        for (uint64_t i = 0; i < n; i++)    \
-          o[i] += a[i];                     \
-    }                                       \
-  } while (0)
   if (x->s.dtype == ST_COLL_F64)
-    COMBINE(double);
+    combine_double(x->s.rop, out, in, n);
   else
-    COMBINE(float);
-#undef COMBINE
+    combine_float(x->s.rop, out, in, n);
 }
 
 /* MEAN: where a sum completes, divide it by n. */
 static void finish_mean(const st_coll_t* x, uint8_t* p, uint64_t n) {
   if (x->s.rop != ST_COLL_MEAN || x->s.kind == ST_COLL_BARRIER)
     return;
-  if (x->s.dtype == ST_COLL_F64)
-    for (uint64_t i = 0; i < n; i++)
-      ((double*) p)[i] /= (double) x->s.n;
-  else
-    for (uint64_t i = 0; i < n; i++)
-      ((float*) p)[i] /= (float) x->s.n;
+  for (uint64_t i = 0; i < n; i++) {
+    if (x->s.dtype == ST_COLL_F64) {
+      double v;
+      memcpy(&v, p + 8 * i, 8);
+      v /= (double) x->s.n;
+      memcpy(p + 8 * i, &v, 8);
+    } else {
+      float v;
+      memcpy(&v, p + 4 * i, 4);
+      v /= (float) x->s.n;
+      memcpy(p + 4 * i, &v, 4);
+    }
+  }
 }
 
 /* Success: the result is the working vector, for those who keep one. */
