@@ -118,24 +118,35 @@ int st__coll_group(st__daemon_t* d, const st_node_id_t* ids, size_t n, bool all,
   }
   g->members_hash =
       hash64("starling-coll-members-v1", g->ids, g->n * sizeof(*g->ids), 0);
-  /* The operation's number: per group key ("all", or the list), the
-   * calls made so far on this node. */
-  uint64_t key =
-      all ? hash64("starling-coll-all-v1", "", 0, 0)
-          : hash64("starling-coll-list-v1", g->ids, g->n * sizeof(*g->ids), 0);
-  uint64_t seq = 0;
+  g->all = all;
+  return 0;
+}
+
+int st__coll_number(st__daemon_t* d, st__coll_group_t* g) {
+  /* Per group key ("all", or the list), the calls made so far on this
+   * node: every key a program ever used is kept (16 bytes each), since a
+   * count lost here would put this node out of step with the others. */
+  uint64_t key = g->all ? hash64("starling-coll-all-v1", "", 0, 0)
+                        : hash64("starling-coll-list-v1", g->ids,
+                                 g->n * sizeof(*g->ids), 0);
   st__coll_seq_t* s = NULL;
-  for (size_t i = 0; i < d->coll.n_seqs; i++)
+  for (size_t i = 0; i < d->coll.n_seqs && s == NULL; i++)
     if (d->coll.seqs[i].key == key)
       s = &d->coll.seqs[i];
-  if (s == NULL && d->coll.n_seqs < ST__COLL_GROUP_KEYS) {
+  if (s == NULL) {
+    if (d->coll.n_seqs == d->coll.cap_seqs) {
+      size_t cap = d->coll.cap_seqs ? 2 * d->coll.cap_seqs : 16;
+      st__coll_seq_t* p = realloc(d->coll.seqs, cap * sizeof(*p));
+      if (p == NULL)
+        return -ENOMEM;
+      d->coll.seqs = p;
+      d->coll.cap_seqs = cap;
+    }
     s = &d->coll.seqs[d->coll.n_seqs++];
     s->key = key;
     s->next = 0;
   }
-  if (s != NULL)
-    seq = s->next++;
-  g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, seq);
+  g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, s->next++);
   return 0;
 }
 
@@ -528,6 +539,9 @@ void st__coll_close(st__daemon_t* d) {
     free(e);
   }
   d->coll.pending_bytes = 0;
+  free(d->coll.seqs);
+  d->coll.seqs = NULL;
+  d->coll.n_seqs = d->coll.cap_seqs = 0;
   if (d->coll.sweep_open) {
     uv_timer_stop(&d->coll.sweep);
     uv_close((uv_handle_t*) &d->coll.sweep, NULL);

@@ -159,8 +159,6 @@ static void members_reply(session_t* s) {
     reply_error(s, "invalid", "%s", err);
     return;
   }
-  /* Asking is not an operation: give the number back. */
-  s->d->coll.seqs[s->d->coll.n_seqs - 1].next--;
   st_json_buf_t b;
   st_json_buf_init(&b);
   char hex[33];
@@ -303,6 +301,12 @@ static void start_op(session_t* s, const st_json_t* root, int kind,
   if (op->root >= op->g.n) {
     reply_error(s, "invalid", "root %u is not a rank of a group of %u",
                 op->root, op->g.n);
+    st__coll_group_free(&op->g);
+    free(op);
+    return;
+  }
+  if (st__coll_number(d, &op->g) != 0) {
+    reply_error(s, "invalid", "out of memory");
     st__coll_group_free(&op->g);
     free(op);
     return;

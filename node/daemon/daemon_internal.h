@@ -142,11 +142,10 @@ struct st__conn_s {
 
 /* ---- User collectives (daemon_coll.c, daemon_coll_session.c) ---------- */
 
-/* Group keys ("all", or a member list) whose call count is kept; messages
- * of the last ST__COLL_FINISHED operations are dropped quietly; messages
+/* Messages of the last ST__COLL_FINISHED operations are dropped quietly;
+ * messages
  * for operations not started here are kept up to ST__COLL_PENDING_MAX
  * bytes, each at most ST__COLL_PENDING_MS. */
-#define ST__COLL_GROUP_KEYS 256
 #define ST__COLL_FINISHED 256
 #define ST__COLL_PENDING_MAX (256u << 20)
 #define ST__COLL_PENDING_MS 300000u
@@ -165,6 +164,7 @@ typedef struct {
   st_node_id_t* ids;
   uint32_t n, rank;
   uint64_t members_hash, op_id;
+  bool all; /* the group "all" (its key), not a list */
 } st__coll_group_t;
 
 typedef struct st__coll_op_s {
@@ -184,8 +184,8 @@ typedef struct {
   st__coll_op_t* ops;
   struct st__coll_pend_s* pending;
   size_t pending_bytes;
-  st__coll_seq_t seqs[ST__COLL_GROUP_KEYS];
-  size_t n_seqs;
+  st__coll_seq_t* seqs; /* every group key used, with its call count */
+  size_t n_seqs, cap_seqs;
   uint64_t finished[ST__COLL_FINISHED];
   size_t finished_at;
   uv_timer_t sweep;
@@ -485,11 +485,14 @@ void st__coll_init(st__daemon_t* d);
  * what waits. */
 void st__coll_close(st__daemon_t* d);
 /* Freezes a group: ids[0..n) (all: every alive or suspected member and this
- * node, ids ignored), sorted, with this node's rank, the members' hash and
- * the next operation id of its key. -EINVAL / -ENOENT with err naming the
- * member at fault, -ENOMEM. */
+ * node, ids ignored), sorted, with this node's rank and the members' hash.
+ * -EINVAL / -ENOENT with err naming the member at fault, -ENOMEM. */
 int st__coll_group(st__daemon_t* d, const st_node_id_t* ids, size_t n, bool all,
                    st__coll_group_t* g, char* err, size_t err_len);
+/* Takes the next operation number of g's key into g->op_id: only for an
+ * operation that starts (every member counts the same calls). 0 or
+ * -ENOMEM. */
+int st__coll_number(st__daemon_t* d, st__coll_group_t* g);
 void st__coll_group_free(st__coll_group_t* g);
 /* Starts op (its group, kind, rop, dtype, root, count and deadline set;
  * input: count elements) and feeds it what came early. Its end reaches

@@ -17,10 +17,23 @@ path when it is not beside this package or on the library path), and the
 model then holds the cluster's parameters. Failures raise StarlingError or
 one of its kinds (NodeUnavailable, ModelMismatch, NodeBusy,
 NonFiniteParameters) with the library's sentence.
+
+Collectives across the cluster (all-reduce, reduce, broadcast, barrier) go
+through a communicator on any node's control socket::
+
+    with starling.open_comm("state/control.sock") as comm:
+        comm.all_reduce(tensor, op="mean")   # numpy or torch, in place
+
+and fail with CollectiveError (CollectiveMismatch, MemberFailed,
+CollectiveTimeout) or NodeUnavailable.
 """
 
 from ._lib import DID_APPLY, DID_SNAPSHOT, DID_STATE, PROTOCOL_VERSION
 from .errors import (
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    MemberFailed,
     ModelMismatch,
     NodeBusy,
     NodeUnavailable,
@@ -31,6 +44,8 @@ from .errors import (
 # What needs PyTorch is imported on first use, so that the parts that do not
 # (`python3 -m starling.plot`, starling._lib) work on a machine without it.
 _LAZY = {
+    "Comm": ".comm",
+    "open_comm": ".comm",
     "load_checkpoint": ".checkpoint",
     "Node": ".node",
     "attach": ".node",
@@ -60,6 +75,12 @@ __all__ = [
     "ModelMismatch",
     "NodeBusy",
     "NonFiniteParameters",
+    "open_comm",
+    "Comm",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "MemberFailed",
+    "CollectiveTimeout",
     "DID_APPLY",
     "DID_SNAPSHOT",
     "DID_STATE",

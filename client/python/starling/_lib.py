@@ -1,11 +1,11 @@
 """starling._lib: finds and loads the C client library (libstarling.so) and
 declares its functions for ctypes, mirroring client/starling/client.h.
 
-The library is looked up when a program first attaches, not at import, so
-that ``import starling`` works on a machine without it: $STARLING_LIB, then a
-libstarling.so beside this package, then the library directory `cmake
---install` recorded (starling/_installed.py), then the system library path
-(ctypes.util.find_library).
+The library is looked up when a program first attaches or opens a
+communicator, not at import, so that ``import starling`` works on a machine
+without it: $STARLING_LIB, then a libstarling.so beside this package, then
+the library directory `cmake --install` recorded (starling/_installed.py),
+then the system library path (ctypes.util.find_library).
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ F32 = 0
 DID_APPLY = 1
 DID_SNAPSHOT = 2
 DID_STATE = 4
+# st_comm_dtype_t and st_comm_op_t.
+COMM_F32 = 0
+COMM_F64 = 1
+COMM_OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
+ID_HEX = 33  # a member id: 32 hex digits and a NUL
 
 
 class Tensor(ctypes.Structure):
@@ -99,6 +104,42 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.st_client_error.restype = ctypes.c_char_p
     lib.st_client_detach.argtypes = [c]
     lib.st_client_detach.restype = ctypes.c_int
+    _declare_comm(lib)
+
+
+def _declare_comm(lib: ctypes.CDLL) -> None:
+    """The collectives (client.h, "Collectives")."""
+    c, i, u32, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+    f64, sz, s = ctypes.c_double, ctypes.c_size_t, ctypes.c_char_p
+    lib.st_comm_open.argtypes = [s, ctypes.POINTER(c), s, sz]
+    lib.st_comm_open.restype = i
+    lib.st_comm_close.argtypes = [c]
+    lib.st_comm_close.restype = None
+    lib.st_comm_error.argtypes = [c]
+    lib.st_comm_error.restype = s
+    # ids is a char (*)[33]: an array of ID_HEX-byte rows, or NULL.
+    lib.st_comm_members.argtypes = [
+        c,
+        c,
+        sz,
+        ctypes.POINTER(sz),
+        ctypes.POINTER(sz),
+    ]
+    lib.st_comm_members.restype = i
+    lib.st_comm_all_reduce.argtypes = [c, s, c, u64, i, i, f64]
+    lib.st_comm_all_reduce.restype = i
+    lib.st_comm_reduce.argtypes = [c, s, u32, c, u64, i, i, f64]
+    lib.st_comm_reduce.restype = i
+    lib.st_comm_broadcast.argtypes = [c, s, u32, c, u64, i, f64]
+    lib.st_comm_broadcast.restype = i
+    lib.st_comm_barrier.argtypes = [c, s, f64]
+    lib.st_comm_barrier.restype = i
+    lib.st_comm_last_group.argtypes = [
+        c,
+        ctypes.POINTER(u32),
+        ctypes.POINTER(u32),
+    ]
+    lib.st_comm_last_group.restype = None
 
 
 def load() -> ctypes.CDLL:

@@ -9,7 +9,8 @@ fits the errno, with the library's sentence as its message and the
 from __future__ import annotations
 
 import errno as _errno
-from typing import Optional
+import re as _re
+from typing import List, Optional
 
 __all__ = [
     "StarlingError",
@@ -17,7 +18,12 @@ __all__ = [
     "ModelMismatch",
     "NodeBusy",
     "NonFiniteParameters",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "MemberFailed",
+    "CollectiveTimeout",
     "error_for",
+    "comm_error_for",
 ]
 
 
@@ -50,6 +56,59 @@ class NonFiniteParameters(StarlingError):
     first such tensor."""
 
 
+class CollectiveError(StarlingError):
+    """A collective (starling.Comm) failed on this member. On failure the
+    operand's contents are unspecified: nothing partial is returned as
+    complete. ``kind`` says why: "invalid" (a bad argument: a dtype, an op,
+    a root, a group; ``errno`` 0 when the package refused it before asking
+    the node), "mismatch", "member_failed" or "timeout" (the subclasses
+    below). ``members`` lists the member ids the message names,
+    as it writes them (32 hex digits, or the first 12 of them for members
+    not heard from before a timeout)."""
+
+    kind = "invalid"
+
+    def __init__(self, message: str, errno: int = 0) -> None:
+        super().__init__(message, errno)
+        self.members: List[str] = _named_members(message)
+
+
+class CollectiveMismatch(CollectiveError):
+    """The members of the group did not call the same operation (kind,
+    reduction, dtype, root, count or group): the message names both calls.
+    Every member of the group fails."""
+
+    kind = "mismatch"
+
+
+class MemberFailed(CollectiveError):
+    """A member of the group died, left, or its program went away or failed
+    the operation: the message names it. Every surviving member fails,
+    within the failure detector's bound plus one round."""
+
+    kind = "member_failed"
+
+
+class CollectiveTimeout(CollectiveError):
+    """The caller's timeout passed: the message names the members not heard
+    from."""
+
+    kind = "timeout"
+
+
+_MISMATCH = _re.compile(r"rank \d+ called .*; rank \d+ \(this member\) called ")
+_FULL_ID = _re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+_SILENT = _re.compile(r"no word yet from ((?:[0-9a-f]{12}(?:, )?)+)")
+
+
+def _named_members(text: str) -> List[str]:
+    out = _FULL_ID.findall(text)
+    m = _SILENT.search(text)
+    if m:
+        out += [h for h in m.group(1).split(", ") if h]
+    return list(dict.fromkeys(out))  # in order, once each
+
+
 # The errnos that mean "the node is not there (any more)".
 _UNAVAILABLE = {
     _errno.ENOENT,
@@ -79,3 +138,34 @@ def error_for(rc: int, message: str, attaching: bool) -> StarlingError:
     elif code == _errno.EDOM:
         cls = NonFiniteParameters
     return (cls or StarlingError)(text, code)
+
+
+def comm_error_for(rc: int, message: str) -> StarlingError:
+    """The exception for a collective's negative return ``rc`` (client.h,
+    "Collectives"): a sentence that names two calls is a mismatch (with
+    -EINVAL, or -ECONNABORTED on a member that heard of it from another);
+    another -EINVAL is a refused argument; -ECONNABORTED a failed member;
+    -ETIMEDOUT the caller's timeout; -ENOTCONN and the connection errnos
+    mean the node went away (NodeUnavailable); -EBUSY the node refused the
+    communicator (NodeBusy)."""
+    code = -rc
+    text = message or _errno.errorcode.get(code, f"error {code}")
+    cls: type = StarlingError
+    if code in _UNAVAILABLE:
+        cls = NodeUnavailable
+    elif code == _errno.EBUSY:
+        cls = NodeBusy
+    elif code in (_errno.EINVAL, _errno.ECONNABORTED) and _MISMATCH.search(text):
+        # The library answers a refused argument and a mismatch with the
+        # same -EINVAL, and a member that learns of the mismatch from
+        # another (its ABORT) with -ECONNABORTED; the mismatch's sentence,
+        # relayed as it is, is the only one that says what two ranks
+        # "called" (gossip/coll.c), so every member raises the same kind.
+        cls = CollectiveMismatch
+    elif code == _errno.EINVAL:
+        cls = CollectiveError
+    elif code == _errno.ETIMEDOUT:
+        cls = CollectiveTimeout
+    elif code == _errno.ECONNABORTED:
+        cls = MemberFailed
+    return cls(text, code)

@@ -1,0 +1,397 @@
+"""test_collectives.py: the package's collectives (starling.Comm,
+docs/collectives.md) across three real `starling node --attach` processes
+on 127.0.0.1, one Python thread per node, each with its own communicator
+on its own node, calling at the same time. Every member's operands are a
+function of its rank, so every member checks its results against float64
+values computed here.
+
+  - all-reduce: sum, mean, min and max of float32 and float64 numpy arrays
+    (small: the latency path), bit-identical on every member; a float32
+    torch tensor of 256 KiB (the ring) in place through its own memory; a
+    non-contiguous float64 tensor through a host copy; a CUDA tensor (when
+    there is one); a Python list and a float;
+  - reduce to rank 1 (the others keep their data), broadcast from rank 2
+    (small and > 64 KiB), barrier, an explicit group of two members;
+  - refusals before the node is asked (dtype, op, root, timeout,
+    read-only array, a malformed group);
+  - a count mismatch: every member raises CollectiveMismatch, naming both
+    calls;
+  - a member that never comes: the others' barrier raises
+    CollectiveTimeout (or MemberFailed, relayed) naming it;
+  - NodeUnavailable with no node, and once the node went away;
+  - (expected to fail until the node is fixed) members() after an
+    operation on an explicit group leaves "all" in step.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+import pytest
+import torch
+
+import starling
+from conftest import SLOW, Cluster
+
+N = 3
+OPS = ["sum", "mean", "min", "max"]
+
+
+def value(rank: int, n: int) -> np.ndarray:
+    """Member rank's operand of n elements, in float64 (as comm_probe's)."""
+    i = np.arange(n, dtype=np.int64)
+    return ((rank * 7919 + i * 104729) % 1000) / 1000.0 - 0.5 + rank
+
+
+def expect(op: str, dtype: type, n: int) -> np.ndarray:
+    """The reduction over all N members, in float64, of their operands as
+    they are in dtype."""
+    xs = np.stack([value(r, n).astype(dtype).astype(np.float64) for r in range(N)])
+    return {
+        "sum": xs.sum(0),
+        "mean": xs.sum(0) / N,
+        "min": xs.min(0),
+        "max": xs.max(0),
+    }[op]
+
+
+class Members:
+    """The three nodes, and one open communicator on each (index k: node
+    k's), with its rank in the group "all"."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.comms: List[Any] = []
+        self.ranks: List[int] = []
+        self.ids: List[str] = []
+
+    def run(
+        self, fn: Callable[[Any, int], Any], who: Optional[List[int]] = None
+    ) -> Dict[int, Any]:
+        """fn(comm, rank) on a thread per member in who (the indexes of the
+        nodes; None: all), all at once; their results (or exceptions) by
+        rank. Fails when one has not returned in 60 s (every call here has
+        a timeout)."""
+        out: Dict[int, Any] = {}
+
+        def body(k: int) -> None:
+            try:
+                out[self.ranks[k]] = fn(self.comms[k], self.ranks[k])
+            except Exception as e:  # handed to the test
+                out[self.ranks[k]] = e
+
+        threads = [
+            threading.Thread(target=body, args=(k,), daemon=True)
+            for k in (range(N) if who is None else who)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60 * SLOW)
+            if t.is_alive():
+                pytest.fail("a collective did not return in 60 s" + self.cluster.logs())
+        return out
+
+    def ok(self, fn: Callable[[Any, int], Any]) -> Dict[int, Any]:
+        """run(), failing on the first member that raised."""
+        out = self.run(fn)
+        for r, v in sorted(out.items()):
+            if isinstance(v, Exception):
+                pytest.fail(f"rank {r}: {type(v).__name__}: {v}" + self.cluster.logs())
+        return out
+
+
+@pytest.fixture(scope="module")
+def members(
+    cluster_key: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Members]:
+    """Three `starling node --attach`, each given a model by a program that
+    attached and detached (a node goes on the network with its first
+    model, and then stays on it, idle), and a communicator on each."""
+    c = Cluster(tmp_path_factory.mktemp("coll"), cluster_key)
+    m = Members(c)
+    try:
+        for k in range(N):
+            n = c.node(join=c.nodes[0].address() if k else None)
+            model = torch.nn.Linear(2, 2)
+            with starling.attach(model, socket=n.sock, timeout=30 * SLOW):
+                pass
+        m.comms = [starling.open_comm(n.sock, timeout=30) for n in c.nodes]
+        deadline = time.monotonic() + 30 * SLOW
+        while True:
+            seen = [comm.members() for comm in m.comms]
+            if all(len(ids) == N for ids, _ in seen):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the nodes never saw {N} members: {seen}" + c.logs())
+            time.sleep(0.1)
+        assert all(ids == seen[0][0] for ids, _ in seen), seen
+        m.ids = seen[0][0]
+        m.ranks = [rank for _, rank in seen]
+        assert sorted(m.ranks) == list(range(N))
+        assert m.ids == sorted(m.ids)  # ranks are the ids in sorted order
+        yield m
+    finally:
+        for comm in m.comms:
+            comm.close()
+        c.close()
+
+
+def test_all_reduce_numpy(members: Members) -> None:
+    """Every op on float32 and float64 arrays: the float64 reference on
+    every member, and the same bits everywhere."""
+
+    def fn(comm: Any, rank: int) -> Dict[Any, np.ndarray]:
+        got = {}
+        for dtype in (np.float32, np.float64):
+            for op in OPS:
+                x = value(rank, 1000).astype(dtype).reshape(10, 100)
+                assert comm.all_reduce(x, op=op) is x  # in place
+                assert comm.last_group() == (rank, N)
+                got[(dtype, op)] = x
+        return got
+
+    out = members.ok(fn)
+    for (dtype, op), x0 in out[0].items():
+        tol = 1e-12 if dtype is np.float64 else 1e-6
+        want = expect(op, dtype, 1000).reshape(10, 100)
+        for r in range(N):
+            x = out[r][(dtype, op)]
+            assert x.dtype == dtype and x.shape == (10, 100)
+            np.testing.assert_allclose(x, want, rtol=tol, atol=tol, err_msg=op)
+            assert x.tobytes() == x0.tobytes(), f"{op} {dtype}: rank {r} differs"
+
+
+def test_all_reduce_torch_and_python(members: Members) -> None:
+    """A 256 KiB float32 tensor (the ring path) in its own memory; a
+    transposed float64 tensor and a CUDA one through a host copy; a list
+    and a float, whose results are returned."""
+    big = 65536  # float32: 256 KiB, above the 64 KiB latency path
+    cuda = torch.cuda.is_available()
+
+    def fn(comm: Any, rank: int) -> Dict[str, Any]:
+        t = torch.from_numpy(value(rank, big).astype(np.float32))
+        ptr = t.data_ptr()
+        assert comm.all_reduce(t, op="mean") is t
+        assert t.data_ptr() == ptr
+        tt = torch.from_numpy(value(rank, 600).reshape(20, 30)).t()  # not contiguous
+        assert not tt.is_contiguous()
+        comm.all_reduce(tt, op="max")
+        got = {"big": t.numpy().copy(), "tt": tt.numpy().copy()}
+        if cuda:
+            g = torch.from_numpy(value(rank, 5000).astype(np.float32)).cuda()
+            assert comm.all_reduce(g, op="sum") is g and g.is_cuda
+            got["cuda"] = g.cpu().numpy()
+        got["list"] = comm.all_reduce([float(rank), 2.5, -float(rank)], op="sum")
+        got["float"] = comm.all_reduce(float(rank), op="min")
+        return got
+
+    out = members.ok(fn)
+    for r in range(N):
+        np.testing.assert_allclose(
+            out[r]["big"], expect("mean", np.float32, big), rtol=1e-6, atol=1e-6
+        )
+        want_tt = expect("max", np.float64, 600).reshape(20, 30).T
+        np.testing.assert_array_equal(out[r]["tt"], want_tt)
+        if cuda:
+            np.testing.assert_allclose(
+                out[r]["cuda"], expect("sum", np.float32, 5000), rtol=1e-6, atol=1e-5
+            )
+        assert out[r]["list"] == [0.0 + 1 + 2, 2.5 * N, -3.0]
+        assert out[r]["float"] == 0.0
+        assert out[r]["big"].tobytes() == out[0]["big"].tobytes()
+
+
+def test_reduce_broadcast_barrier(members: Members) -> None:
+    """reduce to rank 1 (the others' data unchanged), broadcast from rank 2
+    of a small and a large tensor, a barrier."""
+
+    def fn(comm: Any, rank: int) -> Dict[str, Any]:
+        comm.barrier()
+        d = value(rank, 50)
+        assert comm.reduce(d, root=1, op="max") is d
+        small = torch.from_numpy(value(rank, 10).astype(np.float32))
+        comm.broadcast(small, root=2)
+        large = np.ascontiguousarray(value(rank, 40000).astype(np.float32))
+        comm.broadcast(large, root=2)  # 160 KB
+        comm.barrier(timeout=30)
+        return {"d": d, "small": small.numpy(), "large": large}
+
+    out = members.ok(fn)
+    for r in range(N):
+        want = expect("max", np.float64, 50) if r == 1 else value(r, 50)
+        np.testing.assert_array_equal(out[r]["d"], want)
+        np.testing.assert_array_equal(out[r]["small"], value(2, 10).astype(np.float32))
+        np.testing.assert_array_equal(
+            out[r]["large"], value(2, 40000).astype(np.float32)
+        )
+
+
+def test_group_of_two(members: Members) -> None:
+    """A group given by its ids: ranks are the group's sorted order."""
+    pair = [members.ids[2], members.ids[0]]  # in any order
+    who = [k for k in range(N) if members.ranks[k] in (0, 2)]
+
+    def fn(comm: Any, rank: int) -> Any:
+        x = np.full(4, float(rank), dtype=np.float64)
+        comm.all_reduce(x, group=pair, timeout=30)
+        return x, comm.last_group()
+
+    out = members.run(fn, who=who)
+    assert out[0][0].tolist() == [2.0] * 4 and out[0][1] == (0, 2), out
+    assert out[2][0].tolist() == [2.0] * 4 and out[2][1] == (1, 2), out
+
+
+def test_refusals(members: Members) -> None:
+    """Bad operands and arguments are refused, naming them, before the
+    node is asked (a malformed group by the library); nothing changes."""
+    comm = members.comms[0]
+    before = comm.last_group()
+    cases = [
+        (lambda: comm.all_reduce(torch.zeros(3, dtype=torch.float16)), "float16"),
+        (lambda: comm.all_reduce(np.zeros(3, dtype=np.int32)), "int32"),
+        (lambda: comm.all_reduce(np.zeros(3), op="avg"), "'avg'"),
+        (lambda: comm.reduce(np.zeros(3), root=-1), "root -1"),
+        (lambda: comm.all_reduce(np.zeros(3), timeout=-1), "timeout -1"),
+        (lambda: comm.all_reduce("abc"), "str"),
+        (lambda: comm.all_reduce([[1.0]]), "list"),
+    ]
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    cases.append((lambda: comm.all_reduce(ro), "read-only"))
+    for call, word in cases:
+        with pytest.raises(starling.CollectiveError, match=word) as e:
+            call()
+        assert e.value.kind == "invalid"
+    with pytest.raises(starling.CollectiveError, match="32 hex digits") as e:
+        comm.barrier(group=["not-an-id"], timeout=5)
+    assert e.value.errno == errno.EINVAL and type(e.value) is starling.CollectiveError
+    assert comm.last_group() == before and not comm.closed
+
+
+def test_mismatch(members: Members) -> None:
+    """One member all-reduces 99 floats, the others 100: every member
+    raises CollectiveMismatch, and the sentence names both calls."""
+
+    def fn(comm: Any, rank: int) -> Any:
+        n = 99 if rank == 2 else 100
+        comm.all_reduce(np.zeros(n, dtype=np.float32), timeout=10 * SLOW)
+
+    out = members.run(fn)
+    for r in range(N):
+        e = out[r]
+        assert isinstance(e, starling.CollectiveMismatch), f"rank {r}: {out}"
+        # -EINVAL where it was found, -ECONNABORTED where it was relayed.
+        assert e.kind == "mismatch", repr(e)
+        assert e.errno in (errno.EINVAL, errno.ECONNABORTED), repr(e)
+    text = " | ".join(str(out[r]) for r in range(N))
+    assert "of 99 float32" in text and "of 100 float32" in text, text
+    # Everyone is in step again.
+    members.ok(lambda comm, rank: comm.barrier(timeout=30))
+
+
+def test_timeout_names_the_absent_member(members: Members) -> None:
+    """Ranks 0 and 1 wait in a barrier with a 1 s timeout that rank 2
+    never joins: the first to time out raises CollectiveTimeout naming rank
+    2; the other the same, or MemberFailed when the first's failure
+    reached it first (naming both). Rank 2's own late barrier then times
+    out alone."""
+    absent = members.ids[2]
+    t0 = time.monotonic()
+    out = members.run(
+        lambda comm, rank: comm.barrier(timeout=1),
+        who=[k for k in range(N) if members.ranks[k] != 2],
+    )
+    took = time.monotonic() - t0
+    for r in (0, 1):
+        e = out[r]
+        assert isinstance(e, (starling.CollectiveTimeout, starling.MemberFailed)), (
+            f"rank {r}: {e!r}"
+        )
+        assert "timed out after" in str(e), str(e)
+        assert absent[:12] in str(e) and absent[:12] in e.members, str(e)
+        if isinstance(e, starling.MemberFailed):
+            assert e.errno == errno.ECONNABORTED and e.members[0] in members.ids
+        else:
+            assert e.errno == errno.ETIMEDOUT
+    assert any(isinstance(out[r], starling.CollectiveTimeout) for r in (0, 1)), out
+    assert took < 10 * SLOW, f"the timeout of 1 s took {took:.1f} s"
+    late = members.run(
+        lambda comm, rank: comm.barrier(timeout=1),
+        who=[members.ranks.index(2)],
+    )
+    # It fails (timed out, or the others' ABORT kept for it): never passes.
+    assert isinstance(
+        late[2], (starling.CollectiveTimeout, starling.MemberFailed)
+    ), repr(late[2])
+
+
+def test_members_after_a_group_keeps_all_in_step(members: Members) -> None:
+    """Asking for the members is not an operation, even after an operation
+    on an explicit group: the next operation on "all" still matches the
+    other members'. (Last of the tests on `members`: when it fails, the
+    node it asked is one operation ahead on "all".)"""
+    pair = [members.ids[0], members.ids[2]]
+    who = [k for k in range(N) if members.ranks[k] in (0, 2)]
+    members.run(lambda comm, rank: comm.barrier(group=pair, timeout=10), who=who)
+    members.comms[who[0]].members()
+    out = members.run(lambda comm, rank: comm.barrier(timeout=2))
+    assert all(v is None for v in out.values()), out
+
+
+def test_error_kinds() -> None:
+    """The errno and sentence of each failure (client.h, docs/collectives.md,
+    "Failures") give its exception, with the members it names."""
+    a, b = "1e72" + "0" * 28, "7cc3" + "f" * 28
+    mism = (
+        f"member {a}: rank 0 called all_reduce(sum, root 0) of 99 float32 in a "
+        "group of 3 (members 8fdd0123456789ab); rank 2 (this member) called "
+        "all_reduce(sum, root 0) of 100 float32 in a group of 3 (members "
+        "8fdd0123456789ab)"
+    )
+    relayed = f"member {b}: rank 1 failed the operation: " + mism.split(": ", 1)[1]
+    silent = f"timed out after 1.0 s; no word yet from {a[:12]}, {b[:12]}"
+    dead = f"member {a} is not an alive member of the cluster"
+    cases = [
+        (-errno.EINVAL, mism, starling.CollectiveMismatch, [a]),
+        (-errno.ECONNABORTED, relayed, starling.CollectiveMismatch, [b]),
+        (-errno.EINVAL, dead, starling.CollectiveError, [a]),
+        (-errno.ECONNABORTED, f"member {b}: it is dead", starling.MemberFailed, [b]),
+        (-errno.ETIMEDOUT, silent, starling.CollectiveTimeout, [a[:12], b[:12]]),
+        (-errno.ENOTCONN, "the node went away", starling.NodeUnavailable, None),
+        (-errno.EBUSY, "too many sessions", starling.NodeBusy, None),
+        (-errno.ENOMEM, "", starling.StarlingError, None),
+    ]
+    for rc, text, cls, named in cases:
+        e = starling.errors.comm_error_for(rc, text)
+        assert type(e) is cls and e.errno == -rc, (text, e)
+        assert str(e) == (text or "ENOMEM")
+        if named is not None:
+            assert e.members == named, (text, e.members)
+
+
+def test_no_node(tmp_path: Path, built: None) -> None:
+    with pytest.raises(starling.NodeUnavailable, match="no starling node"):
+        starling.open_comm(str(tmp_path / "control.sock"))
+
+
+def test_node_went_away(cluster: Cluster) -> None:
+    """A node alone is a group of one; when it dies, the next call and
+    every later one raise NodeUnavailable."""
+    n = cluster.node()
+    with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
+        pass
+    with starling.open_comm(n.sock, timeout=10) as comm:
+        x = np.arange(3.0)
+        comm.all_reduce(x, op="max")
+        assert x.tolist() == [0.0, 1.0, 2.0] and comm.last_group() == (0, 1)
+        n.kill()
+        for _ in range(2):
+            with pytest.raises(starling.NodeUnavailable, match="went away"):
+                comm.barrier()
+    assert comm.closed
