@@ -124,6 +124,14 @@ typedef struct st_json_doc_s st_json_doc_t;
  * (err may be NULL). */
 int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
                   st_json_doc_t** out, char* err, size_t err_len);
+/* As st_json_parse, except that an integer beyond +-2^53 is kept as a
+ * double (is_int = 0) instead of refused: for our own node's documents,
+ * whose large counters are read only roughly (`starling top` reading
+ * `peers --json`, where an incarnation is boot epoch x 2^32). A
+ * checkpoint's offsets must be exact: safetensors uses st_json_parse. */
+int st_json_parse_inexact(const char* text, size_t len,
+                          const st_json_limits_t* limits, st_json_doc_t** out,
+                          char* err, size_t err_len);
 void st_json_free(st_json_doc_t* doc);
 /* The root value, borrowed from doc. */
 const st_json_t* st_json_root(const st_json_doc_t* doc);

@@ -150,7 +150,8 @@ typedef struct {
   st_json_doc_t* doc;
   char* err;
   size_t err_len;
-  int rc; /* 0 until the first error */
+  int rc;            /* 0 until the first error */
+  bool inexact_ints; /* st_json_parse_inexact: beyond 2^53 is a double */
 } parser_t;
 
 #if defined(__GNUC__)
@@ -379,6 +380,8 @@ static st_json_t* parse_number(parser_t* p) {
     while (p->pos < p->len && is_digit(p->s[p->pos]))
       p->pos++;
   }
+  if (too_big && p->inexact_ints)
+    is_int = 0; /* read by strtod below, as a double */
   if (is_int) {
     if (too_big) {
       p->pos = start;
@@ -561,8 +564,9 @@ static st_json_t* parse_value(parser_t* p, int depth) {
   }
 }
 
-int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
-                  st_json_doc_t** out, char* err, size_t err_len) {
+static int parse(const char* text, size_t len, const st_json_limits_t* limits,
+                 bool inexact_ints, st_json_doc_t** out, char* err,
+                 size_t err_len) {
   *out = NULL;
   if (err != NULL && err_len > 0)
     err[0] = '\0';
@@ -574,7 +578,8 @@ int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
                 .lim = limits,
                 .doc = doc,
                 .err = err,
-                .err_len = err_len};
+                .err_len = err_len,
+                .inexact_ints = inexact_ints};
   doc->root = parse_value(&p, 0);
   if (doc->root != NULL) {
     skip_ws(&p);
@@ -587,6 +592,17 @@ int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
   }
   *out = doc;
   return 0;
+}
+
+int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
+                  st_json_doc_t** out, char* err, size_t err_len) {
+  return parse(text, len, limits, false, out, err, err_len);
+}
+
+int st_json_parse_inexact(const char* text, size_t len,
+                          const st_json_limits_t* limits, st_json_doc_t** out,
+                          char* err, size_t err_len) {
+  return parse(text, len, limits, true, out, err, err_len);
 }
 
 const st_json_t* st_json_get(const st_json_t* obj, const char* key) {

@@ -157,6 +157,7 @@ static void status_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   if (d->state == ST__D_LEAVING)
     return;
+  st__events_tick(d);
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   st_msg_status_t s;
@@ -172,6 +173,15 @@ static void status_cb(uv_timer_t* t) {
   st__net_drain(d);
 }
 
+st__figure_t st__figure(double v, int decimals) {
+  st__figure_t f;
+  if (isnan(v))
+    snprintf(f.s, sizeof(f.s), "-");
+  else
+    snprintf(f.s, sizeof(f.s), "%.*f", decimals, v);
+  return f;
+}
+
 static void log_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   st__tt_stats_t st;
@@ -182,11 +192,12 @@ static void log_cb(uv_timer_t* t) {
     state = "no program attached,";
   st__dlog(d,
            "%s step %" PRIu64 " epoch %" PRIu64
-           " loss %.4f test acc %.4f %.0f samples/s peers %zu exchanges "
+           " loss %s test acc %s %s samples/s peers %zu exchanges "
            "%" PRIu64 " ok %" PRIu64 " failed %" PRIu64 " busy",
-           state, st.step, st.epoch, st.loss, st.test_accuracy,
-           st.samples_per_sec, alive > 0 ? alive - 1 : 0, d->c.ok, d->c.failed,
-           d->c.busy);
+           state, st.step, st.epoch, st__figure(st.loss, 4).s,
+           st__figure(st.test_accuracy, 4).s,
+           st__figure(st.samples_per_sec, 0).s, alive > 0 ? alive - 1 : 0,
+           d->c.ok, d->c.failed, d->c.busy);
 }
 
 /* With seeds given and nobody known yet, joins again, with backoff, and
@@ -296,6 +307,7 @@ static void leave_done_cb(uv_timer_t* t) {
     close_handle((uv_handle_t*) &c->tcp);
   }
   st__control_close(d);
+  st__events_close(d);
   st__metrics_close(d);
   st__attach_close(d);
   if (d->net_started) {
@@ -548,12 +560,54 @@ static int start_loop(st__daemon_t* d, char* err, size_t err_len) {
   return 0;
 }
 
+/* The address peers are told to use (in our ALIVE claims): --advertise
+ * (its port 0: the bound port); else the bound address, unless it is the
+ * unspecified address (0.0.0.0 or ::), for which the first up interface
+ * of its family that is not loopback stands in, said in the log. */
+static void choose_public_addr(st__daemon_t* d) {
+  st_wire_addr_t a = d->has_advertise ? d->advertise_addr : d->self_addr;
+  if (d->has_advertise && a.port == 0)
+    a.port = d->self_addr.port;
+  static const uint8_t zero[16] = {0};
+  if (!d->has_advertise && memcmp(a.ip, zero, a.ip_len) == 0) {
+    uv_interface_address_t* ifs = NULL;
+    int n = 0;
+    bool found = false;
+    if (uv_interface_addresses(&ifs, &n) == 0) {
+      for (int i = 0; i < n && !found; i++) {
+        st_wire_addr_t c;
+        st__addr_from_sockaddr((const struct sockaddr*) &ifs[i].address, &c);
+        if (!ifs[i].is_internal && c.ip_len == a.ip_len) {
+          c.port = a.port;
+          a = c;
+          found = true;
+        }
+      }
+      uv_free_interface_addresses(ifs, n);
+    }
+    char text[64];
+    st__addr_format(&a, text, sizeof(text));
+    if (found)
+      st__dlog(d,
+               "listening on every interface; peers are told %s (the first "
+               "that is not loopback: --advertise ADDR chooses another)",
+               text);
+    else
+      st__dwarn(d,
+                "listening on every interface, and none but loopback is up: "
+                "give --advertise ADDR, the address peers should use");
+  }
+  d->public_addr = a;
+  st__addr_format(&a, d->self_addr_text, sizeof(d->self_addr_text));
+}
+
 /* The sockets and the periodic work: the node is on the network. */
 static int start_network(st__daemon_t* d, char* err, size_t err_len) {
   const st_daemon_config_t* cfg = d->cfg;
   int rc = bind_sockets(d, err, err_len);
   if (rc != 0)
     return rc;
+  choose_public_addr(d);
   d->net_started = true;
   start_periodic(&d->gossip_timer, gossip_cb, cfg->gossip_every_s);
   start_periodic(&d->sweep_timer, sweep_cb, SWEEP_MS / 1000.0);
@@ -585,7 +639,7 @@ static int start_membership(st__daemon_t* d, char* err, size_t err_len) {
   memcpy(&seed, d->ident.id.b, sizeof(seed));
   st_rng_seed(&d->rng, seed ^ ((uint64_t) d->boot_epoch << 32) ^ uv_hrtime());
   int rc =
-      st_membership_new(&mc, &d->ident.id, &d->self_addr, d->ident.public_key,
+      st_membership_new(&mc, &d->ident.id, &d->public_addr, d->ident.public_key,
                         d->boot_epoch, &d->rng, &d->m);
   if (rc != 0) {
     st_set_err(err, err_len, "cannot start membership: %s", strerror(-rc));
@@ -625,6 +679,7 @@ static void cleanup(st__daemon_t* d) {
   }
   st__attach_free(d);
   st__metrics_free(d);
+  st__events_free(d);
   while (d->conns != NULL) {
     st__conn_t* c = d->conns;
     c->handle_closed = true;
@@ -683,6 +738,12 @@ static int parse_addresses(st__daemon_t* d, char* err, size_t err_len) {
       st_set_err(err, err_len, "--join: %s", e);
   }
   d->n_seeds = cfg->n_seeds;
+  if (rc == 0 && cfg->advertise != NULL) {
+    rc = st__addr_parse(cfg->advertise, &ss, &d->advertise_addr, e, sizeof(e));
+    if (rc != 0)
+      st_set_err(err, err_len, "--advertise: %s", e);
+    d->has_advertise = rc == 0;
+  }
   if (rc == 0 && cfg->metrics != NULL &&
       (rc = st__metrics_parse(cfg->metrics, &ss, e, sizeof(e))) != 0)
     st_set_err(err, err_len, "--metrics: %s", e);
@@ -762,6 +823,7 @@ static int run_and_close_loop(st__daemon_t* d, int rc, char* err,
       d->tt = NULL;
     }
     st__control_close(d);
+    st__events_close(d);
     st__metrics_close(d);
     uv_walk(&d->loop, walk_close, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);

@@ -33,7 +33,10 @@ extern "C" {
 #define ST_DAEMON_MAX_SEEDS 16
 
 typedef struct {
-  const char* listen;                     /* "HOST:PORT" (UDP and TCP) */
+  const char* listen;    /* "HOST:PORT" (UDP and TCP) */
+  const char* advertise; /* "HOST:PORT" peers should use (port 0: the
+                            bound one); NULL: the bound address, or the
+                            first interface when that is 0.0.0.0 or :: */
   const char* seeds[ST_DAEMON_MAX_SEEDS]; /* "HOST:PORT" each */
   size_t n_seeds;
   const char* cluster_key_path;  /* required */

@@ -13,7 +13,9 @@
  * for a client to send its line and CTL_ANSWER_DEADLINE_MS to take its
  * answer; each closure is counted (control_* under "rejected" in status
  * --json). A connection that says "attach" leaves this table when the
- * session takes it over (daemon_attach.c has its own limits).
+ * session takes it over (daemon_attach.c has its own limits); one that
+ * says "monitor" is handed to daemon_events.c, which streams the node's
+ * events to it (`starling monitor`).
  */
 #include "node/daemon/daemon_internal.h"
 #include "base/base.h"
@@ -76,19 +78,8 @@ static void put_num(st_json_buf_t* b, double v) {
   }
 }
 
-/* A figure for the tables: "-" while there is none (NaN: no step or no
- * evaluation yet), as JSON gives null. */
-typedef struct {
-  char s[24];
-} figure_t;
-
-static figure_t figure(double v, int decimals) {
-  figure_t f;
-  if (isnan(v))
-    snprintf(f.s, sizeof(f.s), "-");
-  else
-    snprintf(f.s, sizeof(f.s), "%.*f", decimals, v);
-  return f;
+static st__figure_t figure(double v, int decimals) {
+  return st__figure(v, decimals);
 }
 
 static void put_key(st_json_buf_t* b, bool* first, const char* key) {
@@ -462,6 +453,52 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
 
 /* ---- Clients ------------------------------------------------------------- */
 
+/* "join ADDR [ADDR...]": asks membership to join through these seeds (a
+ * running node that started alone, or lost its cluster). Names resolve
+ * here (blocking: `starling join` is a human's command). */
+static void join_request(st__daemon_t* d, char* args, bool json,
+                         st_json_buf_t* b) {
+  st_wire_addr_t addrs[ST_DAEMON_MAX_SEEDS];
+  size_t n = 0;
+  char err[300] = "";
+  char* save = NULL;
+  for (char* tok = strtok_r(args, " ", &save); tok != NULL;
+       tok = strtok_r(NULL, " ", &save)) {
+    if (strcmp(tok, "json") == 0)
+      continue;
+    struct sockaddr_storage ss;
+    if (n == ST_DAEMON_MAX_SEEDS) {
+      snprintf(err, sizeof err, "at most %d addresses", ST_DAEMON_MAX_SEEDS);
+      break;
+    }
+    if (st__addr_parse(tok, &ss, &addrs[n], err, sizeof err) != 0)
+      break;
+    n++;
+  }
+  if (err[0] == '\0' && n == 0)
+    snprintf(err, sizeof err, "no address given: starling join HOST:PORT");
+  if (err[0] == '\0' && d->m == NULL)
+    snprintf(err, sizeof err,
+             "the node is not on the network yet (an attach-mode node joins "
+             "once a program brings its model)");
+  if (err[0] != '\0') {
+    st_json_buf_puts(b, "error: ");
+    st_json_buf_puts(b, err);
+    st_json_buf_puts(b, "\n");
+    return;
+  }
+  st_membership_join(d->m, st__dnow(d), addrs, n);
+  st__net_drain(d);
+  st__dlog(d, "joining through %zu address(es), asked by `starling join`", n);
+  char line[128];
+  snprintf(line, sizeof line,
+           json ? "{\"joining\":%zu}\n"
+                : "joining: asked %zu address(es); `starling peers` shows "
+                  "who answered\n",
+           n);
+  st_json_buf_puts(b, line);
+}
+
 static void client_close_cb(uv_handle_t* h) {
   free(h->data);
 }
@@ -510,10 +547,44 @@ static void cwrite_cb(uv_write_t* req, int status) {
   client_close(cl);
 }
 
+/* The requests after which another module takes the connection over:
+ * "attach" (its session, daemon_attach.c), "collectives" (a collectives
+ * session, daemon_coll_session.c) and "monitor" (the event stream,
+ * daemon_events.c). true when cl's request was one of them (cl is closed:
+ * the module keeps a duplicate of its socket). more: bytes came after the
+ * line (meant for a session that has not started). */
+static bool hand_over(client_t* cl, bool more, bool json) {
+  int to = strcmp(cl->req, "attach") == 0        ? 1
+           : strcmp(cl->req, "collectives") == 0 ? 2
+           : strncmp(cl->req, "monitor", 7) == 0 ? 3
+                                                 : 0;
+  if (to == 0)
+    return false;
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0) {
+    if (to == 1)
+      st__attach_takeover(cl->d, fd, more);
+    else if (to == 2)
+      st__coll_takeover(cl->d, fd, more);
+    else
+      st__events_takeover(cl->d, fd, json);
+  }
+  client_close(cl);
+  return true;
+}
+
 static void answer(client_t* cl) {
   st__daemon_t* d = cl->d;
   cl->answered = true;
   cl->deadline_ms = st__dnow(d) + CTL_ANSWER_DEADLINE_MS;
+  char* nl = memchr(cl->req, '\n', cl->len);
+  bool more = nl != NULL && (size_t) (nl - cl->req) + 1 < cl->len;
+  if (nl != NULL)
+    *nl = '\0';
+  bool json = strstr(cl->req, " json") != NULL;
+  bool leave = false;
+  if (hand_over(cl, more, json))
+    return;
   cwrite_t* w = calloc(1, sizeof(*w));
   if (w == NULL) {
     client_close(cl);
@@ -521,34 +592,6 @@ static void answer(client_t* cl) {
   }
   w->cl = cl;
   st_json_buf_init(&w->buf);
-  char* nl = memchr(cl->req, '\n', cl->len);
-  /* Bytes after the line: only "attach" cares (they were meant for its
-   * session, which has not started). */
-  bool more = nl != NULL && (size_t) (nl - cl->req) + 1 < cl->len;
-  if (nl != NULL)
-    *nl = '\0';
-  bool json = strstr(cl->req, " json") != NULL;
-  bool leave = false;
-  if (strcmp(cl->req, "attach") == 0) {
-    /* The session takes the connection over (daemon_attach.c). */
-    st_json_buf_free(&w->buf);
-    free(w);
-    uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
-      st__attach_takeover(d, fd, more);
-    client_close(cl);
-    return;
-  }
-  if (strcmp(cl->req, "collectives") == 0) {
-    /* A collectives session takes it over (daemon_coll_session.c). */
-    st_json_buf_free(&w->buf);
-    free(w);
-    uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0)
-      st__coll_takeover(d, fd, more);
-    client_close(cl);
-    return;
-  }
   if (strncmp(cl->req, "status", 6) == 0) {
     if (json)
       status_json(d, &w->buf);
@@ -556,6 +599,8 @@ static void answer(client_t* cl) {
       status_text(d, &w->buf);
   } else if (strncmp(cl->req, "peers", 5) == 0) {
     peers_doc(d, &w->buf, json);
+  } else if (strncmp(cl->req, "join ", 5) == 0) {
+    join_request(d, cl->req + 5, json, &w->buf);
   } else if (strncmp(cl->req, "leave", 5) == 0) {
     leave = true;
     st_json_buf_puts(&w->buf, json ? "{\"leaving\":true}\n"
@@ -564,7 +609,8 @@ static void answer(client_t* cl) {
   } else {
     st_json_buf_puts(&w->buf,
                      "error: unknown request; expected status, "
-                     "peers, leave, attach or collectives\n");
+                     "peers, join, leave, monitor, attach or "
+                     "collectives\n");
   }
   if (w->buf.failed) {
     st_json_buf_free(&w->buf);

@@ -341,7 +341,10 @@ struct st__daemon_s {
 
   st_rng_t rng;
   st_membership_t* m;
-  st_wire_addr_t self_addr;
+  st_wire_addr_t self_addr;   /* bound (UDP and TCP) */
+  st_wire_addr_t public_addr; /* what peers are told (choose_public_addr) */
+  st_wire_addr_t advertise_addr;
+  bool has_advertise; /* --advertise given */
   char self_addr_text[64];
   struct sockaddr_storage seeds[ST_DAEMON_MAX_SEEDS];
   st_wire_addr_t seed_addrs[ST_DAEMON_MAX_SEEDS];
@@ -437,7 +440,17 @@ struct st__daemon_s {
    * metrics_addr: where it listens ("" when off), for status and logs. */
   struct st__metrics_s* metrics;
   char metrics_addr[64];
+  /* Recent events and the monitors streaming them (daemon_events.c);
+   * NULL until the first event or monitor. */
+  struct st__events_s* events;
 };
+
+/* A figure for logs and tables: "-" while there is none (NaN: no step or
+ * no evaluation yet; JSON gives null), else v with `decimals` decimals. */
+typedef struct {
+  char s[24];
+} st__figure_t;
+st__figure_t st__figure(double v, int decimals);
 
 uint64_t st__dnow(const st__daemon_t* d);
 void st__dlog(const st__daemon_t* d, const char* fmt, ...)
@@ -664,6 +677,23 @@ void st__metrics_free(st__daemon_t* d);
 /* daemon_control.c */
 int st__control_start(st__daemon_t* d, char* err, size_t err_len);
 void st__control_close(st__daemon_t* d);
+
+/* daemon_events.c: events for `starling monitor`. */
+/* Records one event (type: "member", "exchange", "ring", "rejected") and
+ * sends it to every monitor; fmt as printf, cut at 199 bytes. */
+void st__event(st__daemon_t* d, const char* type, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Once a second: one "rejected" event with what the refusal counters
+ * gained since the last tick, by reason, when any did. */
+void st__events_tick(st__daemon_t* d);
+/* A control client that asked "monitor" (fd borrowed; the events module
+ * keeps a duplicate): the events kept, then each new one, as lines or JSON
+ * objects. Refused with an "error: ..." line beyond 8 monitors. */
+void st__events_takeover(st__daemon_t* d, int fd, bool json);
+/* Closes every monitor (at the leave); st__events_free frees the rest once
+ * the loop has ended. */
+void st__events_close(st__daemon_t* d);
+void st__events_free(st__daemon_t* d);
 /* 1 when a node answers on the control socket at path. */
 int st__control_in_use(const char* path);
 

@@ -125,6 +125,7 @@ static void on_member(st__daemon_t* d, const st_member_t* mb) {
   if (h != NULL)
     h->logged_state = (int) mb->state;
   st__dlog(d, "member %.12s at %s is %s", id, addr, state);
+  st__event(d, "member", "member %.12s at %s is %s", id, addr, state);
   if (mb->state == ST_MEMBER_DEAD || mb->state == ST_MEMBER_LEFT) {
     /* Its next life comes with a higher boot epoch, which the window
      * accepts anyway; forgetting frees the slot for other senders. */

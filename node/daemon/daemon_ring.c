@@ -77,8 +77,14 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
     double per = ms / (double) segs;
     d->ring_segment_ms =
         d->ring_segment_ms > 0 ? 0.7 * d->ring_segment_ms + 0.3 * per : per;
+    st__event(d, "ring", "ring round %016llx of %u members done in %.0f ms",
+              (unsigned long long) d->ring_round, d->ring_n, ms);
   } else {
     d->c.ring_aborted++;
+    st__event(d, "ring",
+              "ring round %016llx of %u members aborted after %.0f ms: %s",
+              (unsigned long long) d->ring_round, d->ring_n, ms,
+              st_ring_result_name(r));
     /* A failure is a hint, not a verdict: membership probes both
      * neighbours next and suspects one only if it fails its probe. */
     if (r == ST_RING_FAIL_CLOSED || r == ST_RING_FAIL_TIMEOUT) {

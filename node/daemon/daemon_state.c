@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <netdb.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -21,6 +22,36 @@
 #include <unistd.h>
 
 /* ---- Addresses ---------------------------------------------------------- */
+
+/* A host name's address (getaddrinfo: /etc/hosts, then DNS; blocking, so
+ * only at start-up and for `starling join`), an IPv4 one when it has
+ * both. 0 or -1. */
+static int resolve(const char* host, uint16_t port,
+                   struct sockaddr_storage* ss) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM};
+  struct addrinfo* res = NULL;
+  if (getaddrinfo(host, NULL, &hints, &res) != 0 || res == NULL)
+    return -1;
+  const struct addrinfo* pick = res;
+  for (const struct addrinfo* a = res; a != NULL; a = a->ai_next)
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  int rc = -1;
+  if ((pick->ai_family == AF_INET || pick->ai_family == AF_INET6) &&
+      pick->ai_addrlen <= sizeof(*ss)) {
+    memset(ss, 0, sizeof(*ss));
+    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
+    if (pick->ai_family == AF_INET)
+      ((struct sockaddr_in*) ss)->sin_port = htons(port);
+    else
+      ((struct sockaddr_in6*) ss)->sin6_port = htons(port);
+    rc = 0;
+  }
+  freeaddrinfo(res);
+  return rc;
+}
 
 int st__addr_parse(const char* text, struct sockaddr_storage* ss,
                    st_wire_addr_t* wa, char* err, size_t err_len) {
@@ -57,10 +88,10 @@ int st__addr_parse(const char* text, struct sockaddr_storage* ss,
   } else if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
     s6->sin6_family = AF_INET6;
     s6->sin6_port = htons((uint16_t) port);
-  } else {
+  } else if (resolve(host, (uint16_t) port, ss) != 0) {
     st_set_err(err, err_len,
-               "'%s': '%s' is not an IPv4 or IPv6 address (names are not "
-               "resolved; give the address)",
+               "'%s': '%s' is neither an IPv4 or IPv6 address nor a host "
+               "name this machine can resolve",
                text, host);
     return -EINVAL;
   }

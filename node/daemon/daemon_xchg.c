@@ -54,6 +54,7 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       d->c.exchange_ms_sum += ms;
       d->c.exchange_ms_last = ms;
       st__hist_observe(&d->c.exchange_s, ms / 1e3);
+      st__event(d, "exchange", "averaged with %.12s in %.0f ms", id, ms);
     } else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
       d->c.busy++;
     else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
@@ -61,6 +62,9 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       d->c.dropped++;
     else
       d->c.failed++;
+    if (r != ST_XCHG_OK)
+      st__event(d, "exchange", "exchange with %.12s ended: %s", id,
+                st_xchg_result_name(r));
   }
   if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
       r == ST_XCHG_FAIL_SIZE)

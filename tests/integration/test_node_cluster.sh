@@ -37,7 +37,7 @@ expect_fail "--listen without a port" 1 "--listen: 'localhost' is not HOST:PORT"
   "$STARLING" node --listen localhost --cluster-key "$KEY" --data-dir "$SCRATCH/x" "${RECIPE[@]}"
 expect_fail "--listen port out of range" 1 "--listen: '127.0.0.1:70000': the port is not a number" -- \
   "$STARLING" node --listen 127.0.0.1:70000 --cluster-key "$KEY" --data-dir "$SCRATCH/x" "${RECIPE[@]}"
-expect_fail "--listen with a host name" 1 "--listen: 'node.example:7946': 'node.example' is not an IPv4 or IPv6 address" -- \
+expect_fail "--listen with a name that does not resolve" 1 "--listen: 'node.example:7946': 'node.example' is neither an IPv4 or IPv6 address nor a host name" -- \
   "$STARLING" node --listen node.example:7946 --cluster-key "$KEY" --data-dir "$SCRATCH/x" "${RECIPE[@]}"
 expect_fail "--join with a bad address" 1 "--join: '127.0.0.1' is not HOST:PORT" -- \
   "$STARLING" node --listen 127.0.0.1:0 --join 127.0.0.1 --cluster-key "$KEY" \

@@ -26,7 +26,7 @@ expect_fail "(a) --metrics 127.0.0.1:99999" 1 \
   "$STARLING" node --metrics 127.0.0.1:99999 --listen 127.0.0.1:0 \
   --cluster-key "$KEY" --data-dir "$SCRATCH/refused" "${ARGS[@]}"
 expect_fail "(a) --metrics nohost:9100" 1 \
-  "--metrics: 'nohost:9100': 'nohost' is not an IPv4 or IPv6 address" -- \
+  "--metrics: 'nohost:9100': 'nohost' is neither an IPv4 or IPv6 address nor a host name" -- \
   "$STARLING" node --metrics nohost:9100 --listen 127.0.0.1:0 \
   --cluster-key "$KEY" --data-dir "$SCRATCH/refused" "${ARGS[@]}"
 [ ! -e "$SCRATCH/refused" ] || fail "(a) a refused start made its data directory"

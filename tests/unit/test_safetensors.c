@@ -607,6 +607,20 @@ START_TEST(test_json_values) {
   /* Not NUL-terminated: the reader must stop at len. */
   ck_assert_int_eq(st_json_parse("[1]xyz", 3, &lim, &doc, err, 512), 0);
   st_json_free(doc);
+
+  /* Beyond 2^53: refused, but kept as a double by st_json_parse_inexact,
+   * which reads integers within 2^53 exactly as st_json_parse does. */
+  static const char big[] = "[393627155608633344, 9007199254740992]";
+  lim = (st_json_limits_t){.max_depth = 2, .max_values = 4};
+  ck_assert_int_eq(st_json_parse(big, strlen(big), &lim, &doc, err, 512),
+                   -EBADMSG);
+  ck_assert_msg(strstr(err, "beyond 2^53") != NULL, "%s", err);
+  ck_assert_int_eq(
+      st_json_parse_inexact(big, strlen(big), &lim, &doc, err, 512), 0);
+  x = st_json_root(doc)->child;
+  ck_assert(!x->is_int && x->number == 393627155608633344.0);
+  ck_assert(x->next->is_int && x->next->integer == ST_JSON_MAX_INT);
+  st_json_free(doc);
 }
 END_TEST
 

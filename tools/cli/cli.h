@@ -19,6 +19,8 @@ int st__cmd_node(int argc, char** argv);
 int st__cmd_status(int argc, char** argv);
 int st__cmd_peers(int argc, char** argv);
 int st__cmd_leave(int argc, char** argv);
+/* `starling join HOST:PORT...` (cli_join.c). */
+int st__cmd_join(int argc, char** argv);
 /* `starling eval` and `starling predict`: a checkpoint's model on data
  * (cli_eval.c). */
 int st__cmd_eval(int argc, char** argv);
@@ -26,6 +28,32 @@ int st__cmd_predict(int argc, char** argv);
 /* Execs /usr/bin/python3 -m starling.plot (cli_plot.c); returns only on
  * failure. */
 int st__cmd_plot(int argc, char** argv);
+/* `starling top`: a live view of the cluster from one node (cli_top.c). */
+int st__cmd_top(int argc, char** argv);
+/* `starling monitor`: the node's events as they happen (cli_monitor.c). */
+int st__cmd_monitor(int argc, char** argv);
+
+/* ==== The control socket's client (cli_control.c) =========================
+ *
+ * CMD names the command in messages ("top" -> "starling top: ..."). The
+ * socket is control when not NULL, else DIR/control.sock. Messages are
+ * whole lines, written into err (err_len bytes), not printed, so that a
+ * full-screen view can print them after restoring the terminal. */
+
+/* Connects to the node's control socket; writes the path used into path.
+ * Returns the socket (the caller closes it), -2 when the path is too long
+ * for a socket or -1 when no node answers there, the message in err. */
+int st__control_connect(const char* cmd, const char* dir, const char* control,
+                        char* path, size_t path_len, char* err, size_t err_len);
+/* Sends the request line req (with its "\n", e.g. "status json\n") and
+ * reads the node's whole answer into *out: malloc'd, NUL-terminated, owned
+ * by the caller (free), *out_len bytes before the NUL. Returns 0; -2 or -1
+ * as st__control_connect, or -1 when sending fails, the node does not
+ * answer within 10 s or answers "error: ...", *out NULL and the message in
+ * err. */
+int st__control_ask(const char* cmd, const char* dir, const char* control,
+                    const char* req, char** out, size_t* out_len, char* err,
+                    size_t err_len);
 
 /* ==== Subcommands (cli_common.c) ==========================================
  *

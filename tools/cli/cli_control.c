@@ -1,7 +1,9 @@
 /* cli_control.c: `starling status`, `starling peers` and `starling leave`:
  * clients of a running node's control socket (node/daemon/daemon_control.c).
  * The node renders the answer (a table, or JSON with --json); these commands
- * send one request line and copy the answer to stdout. */
+ * send one request line and copy the answer to stdout. st__control_connect
+ * and st__control_ask (cli.h) are the same client for other commands
+ * (`starling top`, cli_top.c). */
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -13,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "tools/cli/cli.h"
 
 /* A node that does not answer within this long is reported as stuck. */
@@ -93,11 +96,9 @@ static int parse_flags(const char* cmd, int argc, char** argv, const char** dir,
   return -1;
 }
 
-/* Connects to the node's control socket (path: --control, or
- * DIR/control.sock, written into path). Returns the socket, or -2 (a bad
- * path) or -1 (no node there), the message printed. */
-static int connect_control(const char* cmd, const char* dir,
-                           const char* control, char* path, size_t path_len) {
+int st__control_connect(const char* cmd, const char* dir, const char* control,
+                        char* path, size_t path_len, char* err,
+                        size_t err_len) {
   if (control != NULL)
     snprintf(path, path_len, "%s", control);
   else
@@ -106,8 +107,8 @@ static int connect_control(const char* cmd, const char* dir,
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof(sa.sun_path)) {
-    fprintf(stderr, "starling %s: control socket path '%s' is too long\n", cmd,
-            path);
+    snprintf(err, err_len,
+             "starling %s: control socket path '%s' is too long\n", cmd, path);
     return -2;
   }
   memcpy(sa.sun_path, path, strlen(path) + 1);
@@ -116,16 +117,102 @@ static int connect_control(const char* cmd, const char* dir,
     int e = errno;
     if (fd >= 0)
       close(fd);
-    fprintf(stderr,
-            "starling %s: no node is running at '%s' (%s).\n"
-            "Start one with 'starling node --data-dir %s --listen HOST:PORT "
-            "--cluster-key FILE ...',\n"
-            "or point at a running node with --data-dir DIR or --control "
-            "PATH.\n",
-            cmd, path, strerror(e), control != NULL ? "DIR" : dir);
+    snprintf(err, err_len,
+             "starling %s: no node is running at '%s' (%s).\n"
+             "Start one with 'starling node --data-dir %s --listen "
+             "HOST:PORT --cluster-key FILE ...',\n"
+             "or point at a running node with --data-dir DIR or --control "
+             "PATH.\n",
+             cmd, path, strerror(e), control != NULL ? "DIR" : dir);
     return -1;
   }
   return fd;
+}
+
+/* Sends the request line req (with its newline) on fd. 0, or -1 with the
+ * message in err. */
+static int send_request(const char* cmd, int fd, const char* path,
+                        const char* req, char* err, size_t err_len) {
+  size_t n = strlen(req);
+  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
+   * EPIPE and the message below, not a SIGPIPE death. */
+  if (send(fd, req, n, MSG_NOSIGNAL) != (ssize_t) n) {
+    snprintf(err, err_len, "starling %s: cannot send to '%s': %s\n", cmd, path,
+             strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Reads the node's whole answer on fd into *out (malloc'd, NUL-terminated)
+ * until it closes the socket. 0, or -1 with the message in err. */
+static int read_answer(const char* cmd, int fd, const char* path, char** out,
+                       size_t* out_len, char* err, size_t err_len) {
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  char buf[65536];
+  for (;;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int pr = poll(&p, 1, ANSWER_TIMEOUT_MS);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    if (pr == 0) {
+      snprintf(err, err_len,
+               "starling %s: the node at '%s' did not answer within %d s\n",
+               cmd, path, ANSWER_TIMEOUT_MS / 1000);
+      st_json_buf_free(&b);
+      return -1;
+    }
+    ssize_t r = read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    st_json_buf_append(&b, buf, (size_t) r);
+  }
+  st_json_buf_append(&b, "", 1); /* the NUL */
+  if (b.failed) {
+    snprintf(err, err_len, "starling %s: out of memory\n", cmd);
+    st_json_buf_free(&b);
+    return -1;
+  }
+  *out = b.p;
+  *out_len = b.len - 1;
+  return 0;
+}
+
+int st__control_ask(const char* cmd, const char* dir, const char* control,
+                    const char* req, char** out, size_t* out_len, char* err,
+                    size_t err_len) {
+  char path[1024];
+  *out = NULL;
+  *out_len = 0;
+  int fd =
+      st__control_connect(cmd, dir, control, path, sizeof(path), err, err_len);
+  if (fd < 0)
+    return fd;
+  int rc = send_request(cmd, fd, path, req, err, err_len);
+  if (rc == 0)
+    rc = read_answer(cmd, fd, path, out, out_len, err, err_len);
+  close(fd);
+  if (rc == 0 && *out_len == 0) {
+    snprintf(err, err_len,
+             "starling %s: the node at '%s' closed the connection without "
+             "answering (is it stopping?)\n",
+             cmd, path);
+    rc = -1;
+  } else if (rc == 0 && strncmp(*out, "error:", 6) == 0) {
+    snprintf(err, err_len, "starling %s: the node at '%s' answered: %s", cmd,
+             path, *out);
+    free(*out);
+    *out = NULL;
+    rc = -1;
+  }
+  if (rc != 0) {
+    free(*out);
+    *out = NULL;
+  }
+  return rc;
 }
 
 /* Copies the node's answer on fd to stdout until the node closes the
@@ -164,17 +251,17 @@ static int run(const char* cmd, int argc, char** argv) {
   int rc = parse_flags(cmd, argc, argv, &dir, &control, &json);
   if (rc >= 0)
     return rc;
-  char path[1024];
-  int fd = connect_control(cmd, dir, control, path, sizeof(path));
-  if (fd < 0)
+  char path[1024], err[2048];
+  int fd = st__control_connect(cmd, dir, control, path, sizeof(path), err,
+                               sizeof(err));
+  if (fd < 0) {
+    fputs(err, stderr);
     return fd == -2 ? 2 : 1;
+  }
   char req[64];
-  int n = snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
-  /* MSG_NOSIGNAL: a node that closed the socket (it is leaving) gives
-   * EPIPE and the message below, not a SIGPIPE death. */
-  if (send(fd, req, (size_t) n, MSG_NOSIGNAL) != n) {
-    fprintf(stderr, "starling %s: cannot send to '%s': %s\n", cmd, path,
-            strerror(errno));
+  snprintf(req, sizeof(req), "%s%s\n", cmd, json ? " json" : "");
+  if (send_request(cmd, fd, path, req, err, sizeof(err)) != 0) {
+    fputs(err, stderr);
     close(fd);
     return 1;
   }

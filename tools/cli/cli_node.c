@@ -22,6 +22,7 @@ enum {
   OPT_DATA_DIR,
   OPT_CONTROL,
   OPT_METRICS,
+  OPT_ADVERTISE,
   OPT_GOSSIP_EVERY,
   OPT_RING_EVERY,
   OPT_CHECKPOINT_EVERY,
@@ -45,6 +46,7 @@ static const struct option own_opts[] = {
     {"data-dir", required_argument, NULL, OPT_DATA_DIR},
     {"control", required_argument, NULL, OPT_CONTROL},
     {"metrics", required_argument, NULL, OPT_METRICS},
+    {"advertise", required_argument, NULL, OPT_ADVERTISE},
     {"gossip-every", required_argument, NULL, OPT_GOSSIP_EVERY},
     {"ring-every", required_argument, NULL, OPT_RING_EVERY},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
@@ -91,7 +93,14 @@ static void usage(FILE* f) {
       "fixes the model (unless DATA_DIR holds a checkpoint, which does).\n"
       "\n"
       "Cluster:\n"
-      "  --listen HOST:PORT   UDP and TCP address (port 0: any free port)\n"
+      "  --listen HOST:PORT   UDP and TCP address (port 0: any free port; "
+      "HOST an\n"
+      "                       address or a name; 0.0.0.0: every interface)\n"
+      "  --advertise HOST:PORT  the address peers should use (default: "
+      "--listen's,\n"
+      "                       or the first non-loopback interface for "
+      "0.0.0.0;\n"
+      "                       port 0: the bound port)\n"
       "  --join HOST:PORT     a seed node (repeat for more); without it this "
       "node\n"
       "                       starts a cluster\n"
@@ -201,6 +210,9 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
   switch (opt) {
     case OPT_LISTEN:
       cfg->listen = v;
+      break;
+    case OPT_ADVERTISE:
+      cfg->advertise = v;
       break;
     case OPT_JOIN:
       if (cfg->n_seeds == ST_DAEMON_MAX_SEEDS) {

@@ -1,0 +1,89 @@
+/* cli_join.c: `starling join HOST:PORT...`: asks a running node to join (or
+ * rejoin) a cluster through the seeds given (node/daemon/daemon_control.c,
+ * "join"), like `serf join`. The node resolves names and answers at once;
+ * `starling peers` then shows who answered. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli/cli.h"
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: starling join [--data-dir DIR | --control PATH] [--json] "
+          "HOST:PORT...\n"
+          "\n"
+          "Asks the running node to join a cluster through these seeds (up "
+          "to 16; HOST an\n"
+          "address or a name): a node started alone, or cut off from its "
+          "cluster.\n"
+          "\n"
+          "  --data-dir DIR   the node's data directory (default: "
+          "./starling-data)\n"
+          "  --control PATH   its control socket (default: "
+          "DIR/control.sock)\n"
+          "  --json           one JSON document ({\"joining\": N})\n"
+          "  -h, --help       this help\n");
+}
+
+int st__cmd_join(int argc, char** argv) {
+  static const struct option opts[] = {
+      {"data-dir", required_argument, NULL, 'd'},
+      {"control", required_argument, NULL, 'c'},
+      {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  const char* dir = "starling-data";
+  const char* control = NULL;
+  int json = 0, c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'd':
+        dir = optarg;
+        break;
+      case 'c':
+        control = optarg;
+        break;
+      case 'j':
+        json = 1;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
+    }
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "starling join: give at least one HOST:PORT\n");
+    usage(stderr);
+    return 2;
+  }
+  char req[2048];
+  size_t at = (size_t) snprintf(req, sizeof req, "join");
+  for (int i = optind; i < argc; i++) {
+    if (strchr(argv[i], ' ') != NULL || strchr(argv[i], '\n') != NULL ||
+        at + strlen(argv[i]) + 8 >= sizeof req) {
+      fprintf(stderr, "starling join: '%s' is not HOST:PORT\n", argv[i]);
+      return 2;
+    }
+    at += (size_t) snprintf(req + at, sizeof req - at, " %s", argv[i]);
+  }
+  snprintf(req + at, sizeof req - at, "%s\n", json ? " json" : "");
+  char* out = NULL;
+  size_t len = 0;
+  char err[2048];
+  int rc = st__control_ask("join", dir, control, req, &out, &len, err,
+                           sizeof err);
+  if (rc != 0) {
+    fputs(err, stderr);
+    return rc == -2 ? 2 : 1;
+  }
+  fwrite(out, 1, len, stdout);
+  free(out);
+  return 0;
+}
