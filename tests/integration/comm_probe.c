@@ -16,21 +16,51 @@
  *                               "error: <sentence>", exit 0 or 2
  *   comm_probe SOCKET bench S R ITERS  all-reduce of S bytes (float32) R
  *                               times per line of output, ITERS lines:
- *                               "allreduce bytes S seconds X" (median)
+ *                               "allreduce bytes S seconds X cpu_seconds
+ *                               Y" (the median time; this program's own
+ *                               CPU time, user + system, per operation)
+ *   comm_probe SOCKET suite N SIZES ROUNDS ITERS  for
+ *                               tools/bench/bench_collectives.sh: barrier,
+ *                               then broadcast from rank 0 and all-reduce
+ *                               (float32 sum) of each of SIZES bytes
+ *                               (comma-separated) on a group of N, and the
+ *                               same all-reduce on a group of this node
+ *                               alone (the client-node copies without the
+ *                               network). Each: one warm-up round, then
+ *                               ROUNDS rounds of K back-to-back operations
+ *                               after a barrier (K = ITERS for barriers, and
+ *                               ITERS capped to 4 MiB / SIZE, at least 1,
+ *                               for the rest); every result checked
+ *                               exactly. One JSON line per operation and
+ *                               size, with every round's CLOCK_MONOTONIC
+ *                               start and end (tests/bench/
+ *                               gloo_collectives.py prints the same).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client/starling/client.h"
 
+/* The largest group the suite mode runs in. */
+#define ST_COLL_PROBE_MAX 64
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+/* This process's CPU time so far, user and system. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double) (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double) (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
 static double value(size_t rank, size_t i) {
@@ -144,6 +174,7 @@ static int bench(st_comm_t* c, size_t bytes, int reps, int lines) {
   if (st_comm_barrier(c, NULL, 60) != 0)
     return 1;
   for (int l = 0; l < lines; l++) {
+    double cpu0 = cpu_s();
     for (int i = 0; i < reps; i++) {
       double t0 = now_s();
       if (st_comm_all_reduce(c, NULL, v, count, ST_COMM_F32, ST_COMM_SUM, 60)) {
@@ -158,10 +189,160 @@ static int bench(st_comm_t* c, size_t bytes, int reps, int lines) {
         t[j] = t[j - 1];
         t[j - 1] = x;
       }
-    printf("allreduce bytes %zu seconds %.6f\n", count * 4, t[reps / 2]);
+    double cpu = (cpu_s() - cpu0) / reps;
+    printf("allreduce bytes %zu seconds %.6f cpu_seconds %.6f\n", count * 4,
+           t[reps / 2], cpu);
   }
   free(v);
   free(t);
+  return 0;
+}
+
+/* ---- suite: the measurements of tools/bench/bench_collectives.sh ------- */
+
+enum { S_BARRIER, S_BROADCAST, S_ALL_REDUCE, S_SELF };
+static const char* const suite_names[] = {"barrier", "broadcast", "all_reduce",
+                                          "self_all_reduce"};
+
+/* Operations per round: ITERS for barriers, else capped to 4 MiB. */
+static int suite_iters(int kind, size_t bytes, int iters) {
+  if (kind == S_BARRIER)
+    return iters;
+  size_t cap = (4u << 20) / (bytes > 0 ? bytes : 1);
+  return cap < 1 ? 1 : cap < (size_t) iters ? (int) cap : iters;
+}
+
+/* Fills v before a round: rank + 1 everywhere (all-reduce), the round's
+ * number at the root and -1 elsewhere (broadcast). */
+static void suite_fill(int kind, float* v, size_t count, size_t rank,
+                       int round) {
+  for (size_t i = 0; i < count; i++)
+    v[i] = kind == S_BROADCAST ? (rank == 0 ? (float) round + 1 : -1.0f)
+                               : (float) rank + 1;
+}
+
+/* The value every element holds after k operations of the round: exact in
+ * float32 (a sum of n equal powers-of-two multiples). */
+static float suite_want(int kind, size_t n, size_t rank, int round, int k) {
+  if (kind == S_BROADCAST)
+    return (float) round + 1;
+  if (kind == S_SELF)
+    return (float) rank + 1;
+  double v = (double) n * (double) (n + 1) / 2;
+  for (int i = 1; i < k; i++)
+    v *= (double) n;
+  return (float) v;
+}
+
+static int suite_op(st_comm_t* c, int kind, const char* self, float* v,
+                    size_t count) {
+  switch (kind) {
+    case S_BARRIER:
+      return st_comm_barrier(c, NULL, 120);
+    case S_BROADCAST:
+      return st_comm_broadcast(c, NULL, 0, v, count, ST_COMM_F32, 120);
+    case S_ALL_REDUCE:
+      return st_comm_all_reduce(c, NULL, v, count, ST_COMM_F32, ST_COMM_SUM,
+                                120);
+    default:
+      return st_comm_all_reduce(c, self, v, count, ST_COMM_F32, ST_COMM_SUM,
+                                120);
+  }
+}
+
+/* The warm-up round (0) and the measured ones: their start and end times
+ * into t[2r], t[2r + 1]. */
+static int suite_rounds(st_comm_t* c, int kind, const char* self, size_t n,
+                        size_t rank, float* v, size_t count, int rounds, int k,
+                        double* t) {
+  for (int r = 0; r <= rounds; r++) {
+    suite_fill(kind, v, count, rank, r);
+    CHECK(st_comm_barrier(c, NULL, 120) == 0, "barrier before a round");
+    t[2 * r] = now_s();
+    for (int i = 0; i < k; i++)
+      CHECK(suite_op(c, kind, self, v, count) == 0, "%s of %zu bytes",
+            suite_names[kind], count * 4);
+    t[2 * r + 1] = now_s();
+    float want = suite_want(kind, n, rank, r, k);
+    for (size_t i = 0; i < count; i++)
+      CHECK(v[i] == want, "%s of %zu bytes: element %zu is %g, want %g",
+            suite_names[kind], count * 4, i, v[i], want);
+  }
+  return 0;
+}
+
+static void print_times(const double* t, int rounds, int which) {
+  for (int r = 1; r <= rounds; r++)
+    printf("%s%.9f", r > 1 ? ", " : "", t[2 * r + which]);
+}
+
+/* One operation and size: its rounds, then its JSON line. */
+static int suite_one(st_comm_t* c, int kind, const char* self, size_t n,
+                     size_t rank, size_t bytes, int rounds, int iters) {
+  size_t count = kind == S_BARRIER ? 0 : bytes / 4;
+  int k = suite_iters(kind, bytes, iters);
+  float* v = malloc((count > 0 ? count : 1) * sizeof(float));
+  double* t = malloc(2 * (size_t) (rounds + 1) * sizeof(double));
+  int rc = 1;
+  if (v == NULL || t == NULL)
+    printf("FAIL: out of memory for %zu bytes\n", bytes);
+  else
+    rc = suite_rounds(c, kind, self, n, rank, v, count, rounds, k, t);
+  if (rc == 0) {
+    printf(
+        "{\"system\": \"starling\", \"op\": \"%s\", \"bytes\": %zu, "
+        "\"n\": %zu, \"rank\": %zu, \"iters\": %d, \"start\": [",
+        suite_names[kind], count * 4, n, rank, k);
+    print_times(t, rounds, 0);
+    printf("], \"end\": [");
+    print_times(t, rounds, 1);
+    printf("]}\n");
+  }
+  free(v);
+  free(t);
+  return rc;
+}
+
+/* SIZES into bytes[0..*k): byte counts, multiples of 4, comma-separated. */
+static int parse_sizes(const char* sizes, size_t* bytes, size_t cap,
+                       size_t* k) {
+  *k = 0;
+  for (const char* p = sizes; *p != '\0' || *k == 0;) {
+    char* end;
+    unsigned long long b = strtoull(p, &end, 10);
+    if (*k == cap || end == p || b < 4 || b % 4 != 0 || b > (1ull << 34) ||
+        (*end != ',' && *end != '\0')) {
+      printf(
+          "FAIL: sizes \"%s\": byte counts, multiples of 4 (at most "
+          "16 GiB, %zu of them), separated by commas\n",
+          sizes, cap);
+      return -1;
+    }
+    bytes[(*k)++] = (size_t) b;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+static int suite(st_comm_t* c, size_t n, const char* sizes, int rounds,
+                 int iters) {
+  size_t rank = 0, got = 0, bytes[16], nb;
+  char ids[ST_COLL_PROBE_MAX][33];
+  if (parse_sizes(sizes, bytes, 16, &nb) != 0)
+    return 1;
+  CHECK(n >= 1 && n <= ST_COLL_PROBE_MAX && rounds >= 1 && iters >= 1,
+        "N %zu (1 to %d), ROUNDS %d and ITERS %d (at least 1)", n,
+        ST_COLL_PROBE_MAX, rounds, iters);
+  CHECK(wait_members(c, n, &rank) == 0, "the node never saw %zu members", n);
+  CHECK(st_comm_members(c, ids, ST_COLL_PROBE_MAX, &got, &rank) == 0 &&
+            got == n && rank < n,
+        "members");
+  if (suite_one(c, S_BARRIER, NULL, n, rank, 0, rounds, iters))
+    return 1;
+  for (size_t b = 0; b < nb; b++)
+    for (int kind = S_BROADCAST; kind <= S_SELF; kind++)
+      if (suite_one(c, kind, ids[rank], n, rank, bytes[b], rounds, iters))
+        return 1;
   return 0;
 }
 
@@ -169,7 +350,7 @@ int main(int argc, char** argv) {
   if (argc < 4) {
     fprintf(stderr,
             "usage: comm_probe SOCKET check N | count C | barrier T | "
-            "bench BYTES REPS LINES\n");
+            "bench BYTES REPS LINES | suite N SIZES ROUNDS ITERS\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -199,6 +380,9 @@ int main(int argc, char** argv) {
     else
       printf("error: %s\n", st_comm_error(c));
     rc = rc == 0 ? 0 : 2;
+  } else if (strcmp(argv[2], "suite") == 0 && argc >= 7) {
+    rc =
+        suite(c, (size_t) atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
   } else if (strcmp(argv[2], "bench") == 0 && argc >= 6) {
     rc = bench(c, (size_t) atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
   } else {
