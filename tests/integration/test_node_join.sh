@@ -8,7 +8,8 @@
 #       0.0.0.0 with --advertise 127.0.0.1:0 shows 127.0.0.1 and its bound
 #       port in status and in the others' peers, and joins them;
 #   (c) bad input: an address that does not resolve, no address, no node
-#       at the socket: clear errors, non-zero exits, nothing joined;
+#       at the socket, a duration with an unknown unit: clear errors,
+#       non-zero exits, nothing joined (and --log-every 500ms is taken);
 #   (d) a node with no test set logs "test acc -", never "nan".
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
@@ -53,7 +54,7 @@ wait_for 20 "node 0 to list node 1 alive" peer_alive 0 "$id1"
 pass "(a) starling join $host:${addr0##*:} made two lone nodes one cluster"
 
 # (b) bound to every interface, advertising loopback.
-start_alone 2 0.0.0.0:0 --advertise 127.0.0.1:0 --join "$addr0"
+start_alone 2 0.0.0.0:0 --advertise 127.0.0.1:0 --join "$addr0" --log-every 500ms
 node_up 2
 addr2=$NODE_ADDR
 [ "${addr2%:*}" = 127.0.0.1 ] || node_fail "(b) node 2 shows address $addr2, want 127.0.0.1:PORT"
@@ -75,7 +76,12 @@ expect_fail "(c) no node" 1 "$SCRATCH/nowhere" -- \
 expect_fail "(c) bad --advertise" 1 "--advertise" -- \
   "$STARLING" node --listen 127.0.0.1:0 --advertise 1.2.3:x --cluster-key "$KEY" \
   --data-dir "$SCRATCH/bad" "${ARGS[@]}"
-pass "(c) bad addresses and a missing node are refused with their reason"
+expect_fail "(c) a duration without a known unit" 2 "'5x' is not a duration" -- \
+  "$STARLING" node --listen 127.0.0.1:0 --log-every 5x --cluster-key "$KEY" \
+  --data-dir "$SCRATCH/bad" "${ARGS[@]}"
+"$STARLING" version --help | grep -q "^usage: starling version" ||
+  fail "(c) starling version --help prints no usage"
+pass "(c) bad addresses, durations and a missing node are refused with their reason"
 
 # (d) no test set: "-" in the log, never "nan".
 wait_for 20 "a training line in node 0's log" grep -q "training step" "$(node_log 0)"

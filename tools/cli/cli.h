@@ -90,6 +90,11 @@ int st__program_main(const st__program_t* p, int argc, char** argv);
  * "starling-bench ring"). */
 int st__parse_u64(const char* cmd, const char* flag, const char* text,
                   uint64_t min, uint64_t max, uint64_t* out);
+/* A duration: a number of seconds, or a number with a unit (ms, s, m, h),
+ * in [0, max_s]; *out in seconds. 0, or -EINVAL with the reason on
+ * stderr. */
+int st__parse_duration(const char* cmd, const char* flag, const char* text,
+                       double max_s, double* out);
 int st__parse_double(const char* cmd, const char* flag, const char* text,
                      double min, double max, double* out);
 

@@ -32,6 +32,19 @@ int st__program_main(const st__program_t* p, int argc, char** argv) {
   }
   if (p->version != NULL &&
       (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)) {
+    if (argc > 2 &&
+        (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+      printf(
+          "usage: %s version\n\nPrints the version of %s (also: %s "
+          "--version).\n",
+          p->prog, p->prog, p->prog);
+      return 0;
+    }
+    if (argc > 2) {
+      fprintf(stderr, "%s version: takes no arguments ('%s')\n", p->prog,
+              argv[2]);
+      return 2;
+    }
     printf("%s %s\n", p->prog, p->version);
     return 0;
   }
@@ -63,6 +76,29 @@ int st__parse_u64(const char* cmd, const char* flag, const char* text,
   }
   *out = v;
   return 0;
+}
+
+int st__parse_duration(const char* cmd, const char* flag, const char* text,
+                       double max_s, double* out) {
+  static const struct {
+    const char* unit;
+    double s;
+  } units[] = {{"ms", 1e-3}, {"s", 1}, {"m", 60}, {"h", 3600}, {"", 1}};
+  char* end = NULL;
+  errno = 0;
+  double v = strtod(text, &end);
+  for (size_t i = 0; end != text && errno == 0 && isfinite(v) && v >= 0 &&
+                     i < sizeof(units) / sizeof(units[0]);
+       i++)
+    if (strcmp(end, units[i].unit) == 0 && v * units[i].s <= max_s) {
+      *out = v * units[i].s;
+      return 0;
+    }
+  fprintf(stderr,
+          "%s: %s: '%s' is not a duration: a number of seconds, or with a "
+          "unit (500ms, 30s, 5m, 1h), at most %g s\n",
+          cmd, flag, text, max_s);
+  return -EINVAL;
 }
 
 int st__parse_double(const char* cmd, const char* flag, const char* text,

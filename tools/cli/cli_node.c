@@ -121,12 +121,15 @@ static void usage(FILE* f) {
       "127.0.0.1;\n"
       "                       port 0: any free one, shown by 'starling "
       "status'\n"
-      "  --gossip-every S     average with a random peer every S seconds "
-      "(default 0.5;\n"
+      "Intervals (--*-every T) are seconds, or durations with a unit: "
+      "500ms, 30s,\n"
+      "5m, 1h.\n"
+      "  --gossip-every T     average with a random peer every T (default "
+      "0.5 s;\n"
       "                       0: never)\n"
-      "  --ring-every S       propose an exact ring all-reduce with the "
+      "  --ring-every T       propose an exact ring all-reduce with the "
       "healthy peers\n"
-      "                       every S seconds (default 5; 0: never)\n"
+      "                       every T (default 5 s; 0: never)\n"
       "  --ring-lanes L       encrypted connections a ring link uses, each "
       "sealed and\n"
       "                       opened on its own thread (1..8; default: a "
@@ -137,11 +140,10 @@ static void usage(FILE* f) {
       "                       included (default 1: at once); training goes "
       "on\n"
       "                       whatever the count does afterwards\n"
-      "  --checkpoint-every S write a checkpoint every S seconds (default "
-      "30)\n"
-      "  --eval-every S       evaluate on the test set every S seconds "
-      "(default 5)\n"
-      "  --log-every S        progress line every S seconds (default 5; 0: "
+      "  --checkpoint-every T write a checkpoint every T (default 30 s)\n"
+      "  --eval-every T       evaluate on the test set every T (default "
+      "5 s)\n"
+      "  --log-every T        a progress line every T (default 5 s; 0: "
       "none)\n"
       "  --norm-guard X       drop a peer's model whose norm exceeds X times "
       "ours\n"
@@ -196,9 +198,13 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
     if (flags[i].opt != opt)
       continue;
     double* out = (double*) (void*) ((char*) cfg + flags[i].field);
-    return st__parse_double(CMD, flags[i].flag, v, 0, flags[i].max, out) != 0
-               ? 2
-               : 0;
+    /* The intervals (--*-every) are durations: 30, 30s, 500ms, 5m, 1h. */
+    bool interval = strstr(flags[i].flag, "-every") != NULL;
+    int rc =
+        interval
+            ? st__parse_duration(CMD, flags[i].flag, v, flags[i].max, out)
+            : st__parse_double(CMD, flags[i].flag, v, 0, flags[i].max, out);
+    return rc != 0 ? 2 : 0;
   }
   return 2;
 }
