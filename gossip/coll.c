@@ -34,6 +34,7 @@ typedef struct {
   uint32_t step;
   uint64_t offset, elems; /* Q_SEG: the range of the working vector */
   bool with_data;         /* Q_HELLO: carries the whole input */
+  bool withdraw;          /* Q_ABORT: an empty reason (st_coll_withdraw) */
 } qitem_t;
 
 struct st_coll_s {
@@ -535,8 +536,14 @@ int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg) {
     return 0;
   if (msg->type == ST_MSG_COLL_ABORT) {
     const st_msg_coll_abort_t* a = &msg->u.coll_abort;
-    finish(x, ST_COLL_FAIL_PEER, from, "rank %u failed the operation: %.*s",
-           from, (int) a->reason_len, a->reason);
+    if (a->reason_len == 0)
+      finish(x, ST_COLL_FAIL_PEER, from,
+             "rank %u withdrew its call: it timed out before it heard from "
+             "any member",
+             from);
+    else
+      finish(x, ST_COLL_FAIL_PEER, from, "rank %u failed the operation: %.*s",
+             from, (int) a->reason_len, a->reason);
   } else if (msg->type == ST_MSG_COLL_HELLO) {
     on_hello(x, from, &msg->u.coll_hello);
   } else if (x->small) {
@@ -546,6 +553,25 @@ int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg) {
     on_seg(x, from, &msg->u.coll_seg);
   }
   return 0;
+}
+
+int st_coll_withdraw(st_coll_t* x, const char* why) {
+  if (x == NULL || x->done)
+    return -EINVAL;
+  for (uint32_t r = 0; r < x->s.n; r++)
+    if (x->hello_from[r])
+      return -EBUSY;
+  /* finish() would send ABORTs with our sentence: these carry none. */
+  x->q_len = 0;
+  for (uint32_t i = 0; i < x->s.n; i++)
+    if (i != x->s.rank &&
+        push(x, (qitem_t){.kind = Q_ABORT, .to = i, .withdraw = true}) != 0)
+      return -ENOMEM;
+  x->done = true;
+  x->result = ST_COLL_FAIL_TIMEOUT;
+  x->culprit = x->s.n;
+  snprintf(x->why, sizeof x->why, "%s", why != NULL ? why : "");
+  return push(x, (qitem_t){.kind = Q_DONE});
 }
 
 int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,
@@ -593,7 +619,7 @@ static int encode(st_coll_t* x, const qitem_t* it, size_t* len) {
     data = m.u.coll_seg.data_len;
   } else {
     m.type = ST_MSG_COLL_ABORT;
-    size_t n = strlen(x->why);
+    size_t n = it->withdraw ? 0 : strlen(x->why);
     m.u.coll_abort = (st_msg_coll_abort_t){
         .op_id = x->s.op_id, .reason = x->why, .reason_len = (uint32_t) n};
     data = n;

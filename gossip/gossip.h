@@ -1557,6 +1557,14 @@ int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg);
  * every other member come before the DONE. */
 int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,
                   const char* why);
+/* The driver ends an operation that has heard from no member (the
+ * caller's deadline passed and nobody else called it): DONE(TIMEOUT, why)
+ * after a COLL_ABORT with an empty reason to every other member, which
+ * tells their drivers to forget what this member sent for it (it "never
+ * happened", so the driver may give its operation number back). -EBUSY
+ * when a message of the operation has come (then st_coll_abort), -EINVAL
+ * after DONE. */
+int st_coll_withdraw(st_coll_t* x, const char* why);
 bool st_coll_next_action(st_coll_t* x, st_cact_t* out);
 bool st_coll_finished(const st_coll_t* x);
 /* Whether a message of this operation came from rank r (for the driver's

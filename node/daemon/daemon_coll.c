@@ -146,8 +146,22 @@ int st__coll_number(st__daemon_t* d, st__coll_group_t* g) {
     s->key = key;
     s->next = 0;
   }
-  g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, s->next++);
+  g->key = key;
+  g->seq = s->next++;
+  g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, g->seq);
   return 0;
+}
+
+/* An operation that met nobody gives its number back, so that this node
+ * stays in step with members that never made the call: only when it is
+ * still the key's last number. */
+static bool give_number_back(st__daemon_t* d, const st__coll_group_t* g) {
+  for (size_t i = 0; i < d->coll.n_seqs; i++)
+    if (d->coll.seqs[i].key == g->key && d->coll.seqs[i].next == g->seq + 1) {
+      d->coll.seqs[i].next = g->seq;
+      return true;
+    }
+  return false;
 }
 
 void st__coll_group_free(st__coll_group_t* g) {
@@ -307,7 +321,8 @@ static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
                a.culprit < op->g.n ? "member " : "", hex,
                a.culprit < op->g.n ? ": " : "", a.why);
     }
-    remember_finished(d, op->g.op_id);
+    if (!op->withdrawn) /* a withdrawn number is used again */
+      remember_finished(d, op->g.op_id);
     op_unlink(d, op);
     st__coll_session_done(op, a.result, msg);
     return true; /* the session freed op */
@@ -385,6 +400,22 @@ bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
   return op_drain(d, op);
 }
 
+/* Drops what `from` sent for op_id before it withdrew the call. */
+static void forget_pending(st__daemon_t* d, uint64_t op_id,
+                           const st_node_id_t* from) {
+  pend_t** p = &d->coll.pending;
+  while (*p != NULL) {
+    pend_t* e = *p;
+    if (e->op_id == op_id && memcmp(&e->from, from, sizeof(*from)) == 0) {
+      *p = e->next;
+      d->coll.pending_bytes -= e->len;
+      free(e);
+    } else {
+      p = &e->next;
+    }
+  }
+}
+
 static st__coll_op_t* find_op(st__daemon_t* d, uint64_t op_id) {
   for (st__coll_op_t* op = d->coll.ops; op != NULL; op = op->next)
     if (op->g.op_id == op_id)
@@ -408,6 +439,10 @@ void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
                                                  : 0;
   bool coll = m.type == ST_MSG_COLL_HELLO || m.type == ST_MSG_COLL_SEG ||
               m.type == ST_MSG_COLL_ABORT;
+  /* An ABORT without a reason: the sender withdrew a call that met
+   * nobody (st_coll_withdraw). */
+  bool withdrawn =
+      m.type == ST_MSG_COLL_ABORT && m.u.coll_abort.reason_len == 0;
   st_wire_msg_free(&m);
   if (!coll) {
     d->c.coll_dropped++;
@@ -421,6 +456,10 @@ void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
   }
   if (recently_finished(d, op_id))
     return; /* the rest of an operation that ended here */
+  if (withdrawn) {
+    forget_pending(d, op_id, &c->peer);
+    return;
+  }
   if (d->coll.pending_bytes + len > ST__COLL_PENDING_MAX) {
     d->c.coll_dropped++;
     return;
@@ -494,10 +533,21 @@ static void sweep_cb(uv_timer_t* t) {
           w += (size_t) snprintf(waiting + w, sizeof waiting - w, "%s%.12s",
                                  w ? ", " : "; no word yet from ", hex);
         }
+      bool nobody = true;
+      for (uint32_t r = 0; r < op->g.n; r++)
+        nobody &= r == op->g.rank || !st_coll_heard(op->m, r);
       char text[ST_COLL_REASON_MAX];
-      snprintf(text, sizeof text, "timed out after %.1f s%s",
-               (double) (now - op->started_ms) / 1000.0, waiting);
-      st_coll_abort(op->m, ST_COLL_FAIL_TIMEOUT, op->g.n, text);
+      snprintf(text, sizeof text, "timed out after %.1f s%s%s",
+               (double) (now - op->started_ms) / 1000.0, waiting,
+               nobody ? " (no member called it: the call is withdrawn, "
+                        "and the next one takes its place)"
+                      : "");
+      /* Met nobody: withdraw (the others forget what we sent) and give
+       * the number back; else fail it everywhere. */
+      op->withdrawn = nobody && give_number_back(d, &op->g) &&
+                      st_coll_withdraw(op->m, text) == 0;
+      if (!op->withdrawn)
+        st_coll_abort(op->m, ST_COLL_FAIL_TIMEOUT, op->g.n, text);
       op_drain(d, op);
     }
     op = next;

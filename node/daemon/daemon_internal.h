@@ -164,7 +164,8 @@ typedef struct {
   st_node_id_t* ids;
   uint32_t n, rank;
   uint64_t members_hash, op_id;
-  bool all; /* the group "all" (its key), not a list */
+  uint64_t key, seq; /* the group key's hash and this operation's number */
+  bool all;          /* the group "all" (its key), not a list */
 } st__coll_group_t;
 
 typedef struct st__coll_op_s {
@@ -178,6 +179,7 @@ typedef struct st__coll_op_s {
   uint64_t count;
   st_coll_t* m;
   uint64_t started_ms, deadline_ms; /* deadline 0: none */
+  bool withdrawn; /* timed out having met nobody: its number given back */
 } st__coll_op_t;
 
 typedef struct {

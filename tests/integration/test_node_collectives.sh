@@ -12,6 +12,8 @@
 #       the others, naming the member not heard from;
 #   (d) a member's program killed while it waits in a barrier: the others
 #       fail at once, naming it ("went away");
+#   (f) a call only one member makes times out, is withdrawn, and leaves
+#       the members in step: the next barrier of all passes;
 #   (e) a member's node killed -9 during a barrier: the others fail within
 #       the failure detector's bound, naming it; no survivor hangs.
 source "$(dirname "$0")/lib.sh"
@@ -106,6 +108,20 @@ wait_for 10 "member 1's barrier to fail" test -s "$SCRATCH/d.1"
 grep -q "^error: .*member ${id0}.*went away" "$SCRATCH/d.1" ||
   node_fail "(d) member 1: $(cat "$SCRATCH/d.1")"
 pass "(d) a program killed in a barrier fails it on the others in $((SECONDS - t_kill)) s: $(head -c 160 "$SCRATCH/d.1")"
+
+# (f) a call nobody else makes: it times out and is withdrawn, and the
+# members stay in step. Member 2 first takes the failure (d) left for it
+# (the ABORT kept for the barrier it never called), then member 0 calls a
+# barrier alone, then all three call one: it must pass.
+"$PROBE" "$(sock 2)" barrier 5 >"$SCRATCH/f.pre" 2>&1 || true
+grep -q "^error: .*went away" "$SCRATCH/f.pre" || node_fail "(f) member 2's kept failure: $(cat "$SCRATCH/f.pre")"
+"$PROBE" "$(sock 0)" barrier 1 >"$SCRATCH/f.alone" 2>&1 || true
+grep -q "^error: .*withdrawn" "$SCRATCH/f.alone" || node_fail "(f) a lone barrier: $(cat "$SCRATCH/f.alone")"
+probe_all f barrier 20
+for ((k = 0; k < N; k++)); do
+  grep -q "^ok" "$SCRATCH/f.$k" || node_fail "(f) member $k after a withdrawn call: $(cat "$SCRATCH/f.$k")"
+done
+pass "(f) a call nobody else made is withdrawn; the next barrier of all $N passes"
 
 # (e) node 2 killed -9 during a barrier: the others fail within the
 # detector's bound, naming it.

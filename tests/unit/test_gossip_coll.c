@@ -400,6 +400,59 @@ START_TEST(test_abort_spreads) {
 }
 END_TEST
 
+/* A call that met nobody is withdrawn: DONE(TIMEOUT) after reasonless
+ * ABORTs (the others' drivers forget it); once a message came, it cannot
+ * be; a reasonless ABORT fails a running operation as a peer's. */
+START_TEST(test_withdraw) {
+  for (int big = 0; big < 2; big++) {
+    net_t w;
+    net_init(&w, 3, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32,
+             big ? 40000 : 10, 0);
+    create(&w, 0);
+    w.held[1] = w.held[2] = true;
+    run(&w);
+    link_t* l = &w.link[0][big ? 1 : 2];
+    ck_assert_uint_gt(l->n, 0); /* its HELLO went out */
+    size_t before = w.link[0][1].n + w.link[0][2].n;
+    ck_assert_int_eq(st_coll_withdraw(w.m[0], "timed out"), 0);
+    drain(&w, 0);
+    ck_assert_int_eq(w.result[0], ST_COLL_FAIL_TIMEOUT);
+    ck_assert_uint_eq(w.link[0][1].n + w.link[0][2].n, before + 2);
+    st_msg_t m;
+    frame_t* f = w.link[0][1].tail;
+    ck_assert_int_eq(st_wire_decode(f->p, f->len, &m, NULL), 0);
+    ck_assert_int_eq(m.type, ST_MSG_COLL_ABORT);
+    ck_assert_uint_eq(m.u.coll_abort.reason_len, 0);
+    /* Member 1 now running gets it and fails as a peer's withdrawal. */
+    create(&w, 1);
+    while (w.link[0][1].n > 0)
+      deliver(&w, 0, 1);
+    ck_assert_int_eq(w.result[1], ST_COLL_FAIL_PEER);
+    ck_assert_ptr_nonnull(strstr(w.why[1], "withdrew"));
+    st_wire_msg_free(&m);
+    ck_assert_int_eq(st_coll_withdraw(w.m[0], "x"), -EINVAL); /* done */
+    net_free(&w);
+  }
+  /* Heard from someone: -EBUSY. */
+  net_t w;
+  net_init(&w, 2, ST_COLL_BARRIER, ST_COLL_SUM, ST_COLL_F32, 1, 0);
+  create(&w, 0);
+  st_coll_t* m1;
+  ck_assert_int_eq(st_coll_new(&w.spec[1], NULL, &m1), 0);
+  st_cact_t a;
+  ck_assert(st_coll_next_action(m1, &a) && a.kind == ST_CACT_SEND);
+  st_msg_t m;
+  ck_assert_int_eq(st_wire_decode(a.data, a.len, &m, NULL), 0);
+  ck_assert_int_eq(st_coll_message(w.m[0], 1, &m), 0);
+  st_wire_msg_free(&m);
+  st_coll_free(m1);
+  drain(&w, 0);
+  if (!w.done[0])
+    ck_assert_int_eq(st_coll_withdraw(w.m[0], "x"), -EBUSY);
+  net_free(&w);
+}
+END_TEST
+
 /* A segment out of order, or from a member that owes none, fails. */
 START_TEST(test_protocol) {
   net_t w;
@@ -513,6 +566,7 @@ static Suite* suite(void) {
   tcase_add_test(tc, test_barrier);
   tcase_add_test(tc, test_mismatch);
   tcase_add_test(tc, test_abort_spreads);
+  tcase_add_test(tc, test_withdraw);
   tcase_add_test(tc, test_protocol);
   tcase_add_test(tc, test_misuse_and_codec);
   suite_add_tcase(s, tc);

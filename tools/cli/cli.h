@@ -196,4 +196,97 @@ int st__train_flags_finish(const char* cmd, st__train_flags_t* f);
  * so that a command prints its own running options next. */
 void st__train_flags_usage(FILE* out);
 
+/* ==== Algorithms over the cluster (cli_kmeans.c, cli_lstsq.c; shared
+ * parts in cli_algos.c) ======================================================
+ *
+ * `starling kmeans` and `starling lstsq` run on every member of a group,
+ * each next to its node and on its own shard, and cooperate through the
+ * client library's collectives (node/train/train.h, "Algorithms";
+ * docs/collectives.md). */
+
+int st__cmd_kmeans(int argc, char** argv);
+int st__cmd_lstsq(int argc, char** argv);
+
+/* Their common flags' option ids; each command numbers its own from
+ * ST__ALGO_OPT_END. */
+enum {
+  ST__ALGO_OPT_SOCKET = 400,
+  ST__ALGO_OPT_DATA_DIR,
+  ST__ALGO_OPT_DATA,
+  ST__ALGO_OPT_SHARD,
+  ST__ALGO_OPT_LABEL_COL,
+  ST__ALGO_OPT_GROUP,
+  ST__ALGO_OPT_TIMEOUT,
+  ST__ALGO_OPT_OUT,
+  ST__ALGO_OPT_JSON,
+  ST__ALGO_OPT_END
+};
+
+/* --label-col none: every CSV column is a feature. */
+#define ST__ALGO_NO_LABEL (-2)
+
+typedef struct {
+  const char* cmd;    /* "starling kmeans" */
+  const char* socket; /* the node's control socket */
+  const char* data_dir;
+  const char* data; /* --data SPEC */
+  uint32_t shard_k, shard_n;
+  int label_col;     /* -1: the last column; ST__ALGO_NO_LABEL: none */
+  const char* group; /* NULL: every member alive now */
+  double timeout_s;
+  const char* out; /* NULL: no file */
+  int json;
+  char socket_buf[4096];
+} st__algo_args_t;
+
+/* The common flags' struct option entries, NULL-terminated, and their
+ * number. */
+extern const struct option st__algo_long_opts[];
+size_t st__algo_long_opts_count(void);
+/* Defaults: shard 0/1, timeout 300 s, the group "all", and label_col. */
+void st__algo_args_init(st__algo_args_t* a, const char* cmd, int label_col);
+/* One getopt_long result: 0 handled, 2 bad value (reported), 1 not a
+ * common flag. v is borrowed and must outlive a. */
+int st__algo_flag(st__algo_args_t* a, int opt, const char* v);
+/* After the loop: requires --data and --socket or --data-dir (the message
+ * shows example); 0 or 2 (reported). */
+int st__algo_finish(st__algo_args_t* a, const char* example);
+/* The help text of the common flags. */
+void st__algo_flags_usage(FILE* f);
+/* Loads this member's shard of --data (float32 rows, unnormalized): with
+ * a label column, y holds it (any real number); a CSV without one
+ * (label_col ST__ALGO_NO_LABEL) has every column a feature. 0 or a negative
+ * errno with err naming the file and the problem. */
+int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
+                  size_t err_len);
+
+/* A session with the local node for one run. */
+typedef struct {
+  struct st_comm_s* comm; /* the client library's communicator */
+  const char* group;
+  double timeout_s;
+  uint32_t rank, size; /* in the group */
+  bool same_data;      /* every member holds the same rows (warned) */
+  st_algo_comm_t algo; /* the float64 sum over the group */
+  char comm_err[768];  /* the collective's error, when one failed */
+} st__algo_session_t;
+
+/* Opens the communicator and checks, in the first two all-reduces, that
+ * every member has the same values v[0..n) (names[i] says what v[i] is, for
+ * the message) and the same number of features; warns on stderr when every
+ * member holds the same rows. 0 or a negative errno with err set; close
+ * with st__algo_close either way. */
+int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
+                  const st_dataset_t* ds, const double* v,
+                  const char* const* names, size_t n, char* err,
+                  size_t err_len);
+void st__algo_close(st__algo_session_t* s);
+/* Prints "CMD: ERR" and, when a collective failed, its sentence. */
+void st__algo_print_error(const st__algo_session_t* s, const char* cmd,
+                          const char* err);
+/* Writes [v0, v1, ...] with every digit (%.17g). */
+void st__algo_json_doubles(FILE* f, const double* v, size_t n);
+/* A float32 copy of v (malloc'd; NULL when out of memory). */
+float* st__algo_to_floats(const double* v, size_t n);
+
 #endif

@@ -27,6 +27,11 @@ static const st__subcommand_t commands[] = {
      "write a checkpoint's predictions for each row of a file (CSV, JSON)"},
     {"keygen", st__cmd_keygen,
      "make a node identity or cluster key file; show its public part"},
+    {"kmeans", st__cmd_kmeans,
+     "k-means over the cluster, each member on its own shard of the points"},
+    {"lstsq", st__cmd_lstsq,
+     "least squares over the cluster, each member on its own shard of the "
+     "rows"},
     {"plot", st__cmd_plot,
      "draw loss and test accuracy per node from node logs (PNG, SVG)"},
 };

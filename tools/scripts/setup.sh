@@ -12,6 +12,8 @@ cd "$(dirname "$0")/../.."
 packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev
           libmsgpack-dev check libopenblas-dev zlib1g-dev libmicrohttpd-dev
           dataset-fashion-mnist)
+# LAPACK's C interface: the Cholesky and pivoted-QR solves of `starling lstsq`.
+packages+=(liblapacke-dev)
 # Python packages: matplotlib draws `starling plot` (the demo's plot).
 packages+=(python3 python3-matplotlib)
 packages+=(${ST_EXTRA_PACKAGES:-})

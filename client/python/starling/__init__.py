@@ -26,6 +26,13 @@ through a communicator on any node's control socket::
 
 and fail with CollectiveError (CollectiveMismatch, MemberFailed,
 CollectiveTimeout) or NodeUnavailable.
+
+Synchronous data-parallel SGD over those collectives (gradients averaged
+in buckets while backward runs; a failed member leaves the group)::
+
+    sync = starling.SyncDataParallel(model, comm)
+    loss.backward()
+    sync.step(optimizer)    # waits for the averages, then optimizer.step()
 """
 
 from ._lib import DID_APPLY, DID_SNAPSHOT, DID_STATE, PROTOCOL_VERSION
@@ -50,6 +57,8 @@ _LAZY = {
     "Node": ".node",
     "attach": ".node",
     "model_tensors": ".node",
+    "SyncDataParallel": ".sync",
+    "SyncError": ".sync",
 }
 
 
@@ -81,6 +90,8 @@ __all__ = [
     "CollectiveMismatch",
     "MemberFailed",
     "CollectiveTimeout",
+    "SyncDataParallel",
+    "SyncError",
     "DID_APPLY",
     "DID_SNAPSHOT",
     "DID_STATE",

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# bench_sync_sgd.sh: samples/s of synchronous data-parallel SGD on N
+# members (default 4) on this machine: starling.SyncDataParallel, each
+# member a process next to its own starling node on 127.0.0.1, against
+# PyTorch DistributedDataParallel over gloo (N processes), in the same run
+# (docs/benchmarks.md, "Synchronous SGD against DDP (issue 15)").
+#
+# Both sides run tests/bench/sync_sgd_member.py: an MLP ($MODEL, default
+# 784-512-512-10: 0.67 M parameters, 2.7 MB of float32 gradients a step)
+# on synthetic data, per-member batch $BATCH, plain SGD, buckets of
+# $BUCKET bytes, one intra-op thread per process (OPENBLAS_NUM_THREADS=1);
+# $WARMUP steps, a barrier, then $STEPS timed steps. One process alone
+# (no communication) is the reference. Each figure is the median of
+# $REPEATS runs.
+#
+#   tools/bench/bench_sync_sgd.sh
+#   N=2 BATCH=256 REPEATS=5 tools/bench/bench_sync_sgd.sh
+#
+# The nodes train nothing (a one-example built-in model, gossip and rings
+# off) and only carry the collectives. Installs what is missing
+# (python3-torch) and builds through tools/scripts/setup.sh (SETUP=0
+# skips it). Every process is killed by PID on exit.
+set -euo pipefail
+case "${1:-}" in
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "bench_sync_sgd: no arguments (settings are variables: see --help)" >&2; exit 2 ;;
+esac
+cd "$(dirname "$0")/../.."
+source tools/bench/bench_lib.sh
+
+N=${N:-4}
+MODEL=${MODEL:-784-512-512-10}
+BATCH=${BATCH:-64}
+STEPS=${STEPS:-40}
+WARMUP=${WARMUP:-5}
+BUCKET=${BUCKET:-1048576}
+REPEATS=${REPEATS:-3}
+TIMEOUT=${TIMEOUT:-300}
+SETUP=${SETUP:-1}
+PY=/usr/bin/python3
+build=${ST_BUILD_DIR:-build}
+S=$build/starling
+MEMBER=tests/bench/sync_sgd_member.py
+
+case "$N" in '' | *[!0-9]* | 0 | 1) echo "bench_sync_sgd: N=$N: a member count of 2 or more" >&2; exit 2 ;; esac
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ "$SETUP" = 1 ]; then bench_setup "$build" python3-torch; fi
+[ -x "$S" ] && [ -e "$build/libstarling.so" ] ||
+  { echo "bench_sync_sgd: $S or $build/libstarling.so is missing: build first (or SETUP=1)" >&2; exit 1; }
+echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "cpu:     $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 STARLING_LIB=$build/libstarling.so
+echo "torch:   $($PY -c 'import torch; print(torch.__version__)'), gloo backend"
+echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min; other work on these cores skews every figure)"
+echo "runs:    N=$N members, model $MODEL, batch $BATCH each, $WARMUP + $STEPS steps, buckets of $BUCKET bytes, median of $REPEATS"
+echo
+
+# The nodes: one built-in node per member with a tiny model, so that each
+# is on the network at once; gossip and rings off.
+"$S" keygen --cluster --out "$work/ck" >/dev/null
+printf '0.1,0.2,0\n0.3,0.4,1\n' >"$work/data.csv"
+common=(--model softmax:2-2 --data "csv:$work/data.csv" --epochs 1 --batch 1 --device cpu
+        --threads 1 --eval-every 0 --log-every 0 --checkpoint-every 0 --quiet
+        --gossip-every 0 --ring-every 0 --cluster-key "$work/ck")
+"$S" node --listen 127.0.0.1:0 --data-dir "$work/n0" "${common[@]}" 2>"$work/n0.log" &
+pids+=($!)
+seed=
+for _ in $(seq 200); do
+  seed=$("$S" status --json --data-dir "$work/n0" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' || true)
+  [ -n "$seed" ] && [ "${seed##*:}" != 0 ] && break
+  sleep 0.05
+done
+[ -n "$seed" ] || { cat "$work/n0.log" >&2; echo "bench_sync_sgd: node 0 did not start" >&2; exit 1; }
+for ((k = 1; k < N; k++)); do
+  "$S" node --listen 127.0.0.1:0 --join "$seed" --data-dir "$work/n$k" "${common[@]}" 2>"$work/n$k.log" &
+  pids+=($!)
+done
+for _ in $(seq 300); do
+  seen=$("$S" peers --json --data-dir "$work/n$((N - 1))" 2>/dev/null | grep -o '"state":"alive"' | wc -l || true)
+  [ "${seen:-0}" -ge "$N" ] && break
+  sleep 0.1
+done
+
+run_group() { # MODE: N members at once; prints member 0's JSON
+  local mode=$1 k ps=() ok=0 port=0
+  [ "$mode" = ddp ] && port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  for ((k = 0; k < N; k++)); do
+    timeout "$TIMEOUT" "$PY" "$MEMBER" --mode "$mode" --socket "$work/n$k/control.sock" \
+      --rank "$k" --world "$N" --port "$port" --model "$MODEL" --batch "$BATCH" \
+      --steps "$STEPS" --warmup "$WARMUP" --bucket-bytes "$BUCKET" >"$work/$mode.$k" 2>&1 &
+    ps+=($!)
+    pids+=($!)
+  done
+  for p in "${ps[@]}"; do wait "$p" || ok=1; done
+  [ $ok -eq 0 ] || { tail -n 5 "$work/$mode".* >&2; echo "bench_sync_sgd: $mode failed" >&2; exit 1; }
+  grep '^{' "$work/$mode.0"
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p"; }
+
+echo "\$ $PY $MEMBER --mode alone --model $MODEL --batch $BATCH --steps $STEPS"
+echo "\$ $PY $MEMBER --mode starling --socket DATA_DIR/control.sock ...   (one per node, $N at once)"
+echo "\$ $PY $MEMBER --mode ddp --rank K --world $N --port P ...          ($N at once)"
+echo
+: >"$work/alone.all"; : >"$work/starling.all"; : >"$work/ddp.all"
+for ((r = 0; r < REPEATS; r++)); do
+  timeout "$TIMEOUT" "$PY" "$MEMBER" --mode alone --model "$MODEL" --batch "$BATCH" \
+    --steps "$STEPS" --warmup "$WARMUP" | field samples_per_s >>"$work/alone.all"
+  run_group starling | field samples_per_s >>"$work/starling.all"
+  run_group ddp | field samples_per_s >>"$work/ddp.all"
+done
+node_pids=("${pids[@]:0:N}")
+kill -TERM "${node_pids[@]}" 2>/dev/null || true
+for p in "${node_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+alone=$(median <"$work/alone.all")
+st=$(median <"$work/starling.all")
+ddp=$(median <"$work/ddp.all")
+printf '%-34s %12s   %s\n' "run" "samples/s" "all runs"
+printf '%-34s %12s   %s\n' "one process, no communication" "$alone" "$(tr '\n' ' ' <"$work/alone.all")"
+printf '%-34s %12s   %s\n' "starling SyncDataParallel, N=$N" "$st" "$(tr '\n' ' ' <"$work/starling.all")"
+printf '%-34s %12s   %s\n' "PyTorch DDP (gloo), N=$N" "$ddp" "$(tr '\n' ' ' <"$work/ddp.all")"
+awk -v s="$st" -v d="$ddp" 'BEGIN { printf "starling / DDP: %.2f\n", s / d }'
