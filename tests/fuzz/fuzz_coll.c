@@ -188,10 +188,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       default:
-        CHECK(st_coll_abort(h.x,
-                            (ev & 8) ? ST_COLL_FAIL_TIMEOUT
-                                     : ST_COLL_FAIL_ABORTED,
-                            fuzz_byte(&in), "driver") == 0);
+        CHECK(st_coll_abort(
+                  h.x, (ev & 8) ? ST_COLL_FAIL_TIMEOUT : ST_COLL_FAIL_ABORTED,
+                  fuzz_byte(&in), "driver") == 0);
         break;
     }
     drain(&h);

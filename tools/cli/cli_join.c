@@ -77,8 +77,8 @@ int st__cmd_join(int argc, char** argv) {
   char* out = NULL;
   size_t len = 0;
   char err[2048];
-  int rc = st__control_ask("join", dir, control, req, &out, &len, err,
-                           sizeof err);
+  int rc =
+      st__control_ask("join", dir, control, req, &out, &len, err, sizeof err);
   if (rc != 0) {
     fputs(err, stderr);
     return rc == -2 ? 2 : 1;
