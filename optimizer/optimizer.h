@@ -21,7 +21,9 @@
  *
  * Optimizers (optimizer/optim.c): SGD, momentum, Nesterov, AdamW, with
  * weight decay and gradient-norm clipping. Schedules (optimizer/schedule.c):
- * constant, step and cosine, each with optional linear warm-up.
+ * constant, step and cosine, each with optional linear warm-up. Codecs
+ * (optimizer/codec.c): compressed float32 vectors (bf16, int8, top-k) with
+ * error feedback, for the deltas that averaging sends.
  */
 #ifndef STARLING_OPTIMIZER_H
 #define STARLING_OPTIMIZER_H
@@ -183,6 +185,163 @@ const char* st_sched_kind_name(st_sched_kind_t kind);
 /* The learning rate for update number `step` (0-based). Warm-up first; the
  * step and cosine schedules count from the end of warm-up. */
 double st_schedule_lr(const st_schedule_t* s, uint64_t step);
+
+/* ==== Codecs for compressed deltas (optimizer/codec.c) ====================
+ *
+ * A codec turns a vector of n float32 into bytes and back, losing a bounded
+ * amount, so that averaging can send fewer bytes (issue #16). The byte
+ * layout is versioned and specified in docs/protocol.md, "Compressed deltas
+ * (optimizer/codec.c)"; every multi-byte field is little-endian. Each
+ * encoding is a 16-byte header (version, kind, a parameter, n) and a body:
+ *
+ *   none   n float32                          4n + 16 bytes, exact
+ *   bf16   n bfloat16 (the top half of each float32, rounded to nearest
+ *          even; a finite value beyond bfloat16's range saturates to its
+ *          largest finite value)               2n + 16 bytes
+ *          |x - x'| <= 2^-8 |x| + 2^-134 (2^-134: half the spacing of
+ *          bfloat16's subnormals, which float32 tiny values fall into)
+ *   int8   chunks of C = ST_CODEC_INT8_CHUNK floats; per chunk a float32
+ *          scale = max|x| / 127 (0 for an all-zero chunk), then per float
+ *          q = round(x / scale) in [-127, 127]; decoded x' = q * scale in
+ *          float32                              n + 4 ceil(n / C) + 16 bytes
+ *          |x - x'| <= scale / 2 + 2^-22 |x| (the second term is float
+ *          arithmetic: the quotient and the product's rounding)
+ *   topk   the k = max(1, round(fraction * n)) entries of largest magnitude
+ *          (ties: the lower index first), as (u32 index, float32 value)
+ *          pairs in ascending index order; the rest decode as 0
+ *                                               8k + 16 bytes
+ *          exact on the kept entries; a dropped entry's error is its value,
+ *          at most the smallest magnitude that was kept
+ *
+ * Encoders refuse NaN and Inf (-EINVAL): a delta that holds one is never
+ * applied (DESIGN.md, Guarding), so it is not sent either; decoders refuse
+ * them too. The scalar st_codec_f32_to_bf16 keeps NaN a NaN.
+ *
+ * Error feedback (st_codec_ef_t, one per stream of messages, Seide et al.
+ * 2014, Stich et al. 2018): each message encodes y = x + r, the input plus
+ * what earlier messages did not carry, and keeps r = y - decode(message).
+ * What was sent then sums to what was given: after T messages, per element
+ *   sum_t x_t - sum_t decode_t = r_T   (up to float32 rounding of y and r,
+ *                                       at most 2^-23 |y_t| per message)
+ * and r_T is one message's loss: for bf16 |r_T| <= 2^-8 |y_T| + 2^-134,
+ * for int8 |r_T| <= scale_T / 2 + 2^-22 |y_T| (scale of its chunk in
+ * message T), so with inputs bounded by G the residual stays near G/256
+ * (bf16) and G/253 (int8). For top-k a residual entry grows while its
+ * entry is not among the k largest of y; what holds is |r_T[i]| <= the
+ * smallest magnitude sent in message T, and, since ||y - topk(y)||^2 <=
+ * (1 - k/n) ||y||^2, ||r_T||_2 <= (2n/k - 1) max_t ||x_t||_2. Nothing is
+ * lost, only delayed.
+ */
+
+#define ST_CODEC_VERSION 1
+#define ST_CODEC_HEADER_BYTES 16
+/* Floats per int8 chunk. 256 costs 4/256 = 1.6% of the int8 bytes in
+ * scales, and keeps a chunk's error (its max / 254) local: one large value
+ * coarsens 255 neighbours, not the whole tensor. The decoder reads C from
+ * the header and takes any C in [1, ST_CODEC_INT8_MAX_CHUNK]. */
+#define ST_CODEC_INT8_CHUNK 256u
+#define ST_CODEC_INT8_MAX_CHUNK 65536u
+/* The longest vector a codec takes: 2^40 floats, the wire's n_params cap;
+ * top-k's u32 indices cap it at 2^32 - 1. */
+#define ST_CODEC_MAX_FLOATS ((uint64_t) 1 << 40)
+#define ST_CODEC_TOPK_MAX_FLOATS 0xffffffffu
+/* top-k fractions are kept in millionths, so that every node derives the
+ * same k from the same text and the canonical name is exact. */
+#define ST_CODEC_PPM 1000000u
+
+typedef enum {
+  ST_CODEC_NONE = 0,
+  ST_CODEC_BF16 = 1,
+  ST_CODEC_INT8 = 2,
+  ST_CODEC_TOPK = 3
+} st_codec_kind_t;
+
+typedef struct {
+  st_codec_kind_t kind;
+  uint32_t topk_ppm; /* TOPK: the fraction kept, in millionths, in
+                        [1, 1000000]; 0 for the other kinds */
+} st_codec_spec_t;
+
+/* Why a decoder refused bytes; each is a counter, named by
+ * st_codec_drop_name ("codec_scale", ...). */
+typedef enum {
+  ST_CODEC_DROP_HEADER = 0, /* shorter than a header, reserved bytes not 0,
+                               or an int8 chunk size out of range */
+  ST_CODEC_DROP_VERSION,    /* a version this build does not speak */
+  ST_CODEC_DROP_KIND,       /* a kind other than the one expected */
+  ST_CODEC_DROP_LENGTH,     /* n not the expected n, k not the expected k,
+                               or a byte length other than n (and k) imply */
+  ST_CODEC_DROP_SCALE,      /* an int8 scale NaN, Inf, negative (sign bit),
+                               or so large that 127 * scale overflows */
+  ST_CODEC_DROP_INDEX,      /* a top-k index >= n, repeated or descending */
+  ST_CODEC_DROP_VALUE,      /* NaN or Inf; int8 -128, or a non-zero q in a
+                               chunk of scale 0 (no encoder writes these) */
+  ST_CODEC_DROP_COUNT
+} st_codec_drop_t;
+
+/* Parses "none", "bf16", "int8" or "topk:FRACTION" (FRACTION a decimal in
+ * (0, 1] with at most 6 decimals, e.g. topk:0.01 keeps 1%). 0, or -EINVAL
+ * with a sentence naming the bad text and the accepted forms in err. */
+int st_codec_parse(const char* text, st_codec_spec_t* spec, char* err,
+                   size_t err_len);
+/* Writes the canonical text ("none", "bf16", "int8", "topk:0.01": the
+ * fraction without trailing zeros) into buf: the form that goes into the
+ * model fingerprint. Texts that parse to the same spec give the same name.
+ * 0, -EINVAL for a bad spec, -ENOSPC when len is too small. */
+int st_codec_name(const st_codec_spec_t* spec, char* buf, size_t len);
+/* "codec_header", ..., "codec_value"; "codec_unknown" otherwise. */
+const char* st_codec_drop_name(st_codec_drop_t reason);
+
+/* The k top-k keeps of n floats: max(1, round(ppm * n / 10^6)), rounding
+ * halves up, and 0 when n is 0. */
+uint64_t st_codec_topk_k(const st_codec_spec_t* spec, uint64_t n);
+/* The exact size of an encoding of n floats, header included; 0 when the
+ * spec is bad or n is beyond the kind's limit. */
+size_t st_codec_encoded_bytes(const st_codec_spec_t* spec, uint64_t n);
+
+/* bfloat16 of f, rounded to nearest even (NaN stays a quiet NaN, Inf
+ * stays Inf, a finite value beyond bfloat16's range becomes its largest
+ * finite value of the same sign), and back (exact). */
+uint16_t st_codec_f32_to_bf16(float f);
+float st_codec_bf16_to_f32(uint16_t h);
+
+/* Encodes x[0..n) (borrowed, host memory) into buf[0..cap), which must
+ * not overlap x (top-k uses buf as scratch before it writes). On success
+ * writes st_codec_encoded_bytes(spec, n) bytes, that size into *len, and
+ * returns 0. -EINVAL for a bad spec or a NaN or Inf in x, -E2BIG when n is
+ * beyond the kind's limit, -EMSGSIZE when cap is too small. Allocates
+ * nothing. Deterministic: the same x gives the same bytes on every node. */
+int st_codec_encode(const st_codec_spec_t* spec, const float* x, size_t n,
+                    uint8_t* buf, size_t cap, size_t* len);
+
+/* Decodes buf[0..len) (borrowed, untrusted) into out[0..n) (host memory),
+ * expecting an encoding of kind spec->kind of exactly n floats (and for
+ * top-k exactly st_codec_topk_k(spec, n) entries). Every field is checked
+ * before out is touched: on failure nothing is written to out, *reason
+ * (may be NULL) says why, and the call returns -EPROTO (version or kind)
+ * or -EBADMSG (anything else). On success every out[i] is finite. */
+int st_codec_decode(const st_codec_spec_t* spec, const uint8_t* buf, size_t len,
+                    float* out, size_t n, st_codec_drop_t* reason);
+
+/* One stream of messages with error feedback (see above). */
+typedef struct {
+  st_codec_spec_t spec;
+  size_t n;
+  float* residual; /* host, n floats, owned: what was not sent yet */
+} st_codec_ef_t;
+
+/* Allocates a zero residual for vectors of n floats. 0, -EINVAL (bad
+ * spec), -E2BIG (n beyond the kind's limit) or -ENOMEM. */
+int st_codec_ef_init(st_codec_ef_t* ef, const st_codec_spec_t* spec, size_t n);
+void st_codec_ef_close(st_codec_ef_t* ef);
+/* Forgets what was not sent (the residual becomes 0). */
+void st_codec_ef_reset(st_codec_ef_t* ef);
+/* Encodes y = x + residual as st_codec_encode does and keeps residual =
+ * y - decode(buf). x (borrowed) has ef->n floats. -EMSGSIZE when cap is
+ * too small, checked first, changes nothing. -EINVAL when y holds a NaN
+ * or Inf: the residual is then reset to 0 (the stream starts over). */
+int st_codec_ef_encode(st_codec_ef_t* ef, const float* x, uint8_t* buf,
+                       size_t cap, size_t* len);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
  *   starling-bench train    training throughput (bench_train.c)
  *   starling-bench crypto   sealing, opening and handshakes (bench_crypto.c)
  *   starling-bench ring     ring all-reduce over encrypted TCP (bench_ring.c)
+ *   starling-bench codec    codecs against encryption (bench_codec.c)
  */
 #include "tools/bench/bench.h"
 #include "tools/cli/cli.h"
@@ -21,6 +22,8 @@ static const st__subcommand_t commands[] = {
      "the floor for an averaging exchange: seal, send, open both ways"},
     {"ring", st__bench_ring,
      "ring all-reduce of N processes over encrypted TCP (busbw)"},
+    {"codec", st__bench_codec,
+     "encoding and decoding compressed deltas against sealing them"},
 };
 
 static const st__program_t bench = {

@@ -8,6 +8,7 @@ int st__bench_train(int argc, char** argv);
 int st__bench_crypto(int argc, char** argv);
 int st__bench_exchange(int argc, char** argv);
 int st__bench_ring(int argc, char** argv);
+int st__bench_codec(int argc, char** argv);
 
 #include <stdbool.h>
 #include <stddef.h>
