@@ -46,14 +46,20 @@ refused=$(node_field 0 ring_lanes_refused)
 pass "(a) a lane of a round A never accepted: closed after $ms ms, ring_lanes_refused $refused"
 
 # --- (b) the running round, from a node that is not A's previous member ----
-# Catch A inside a round, freeze B, probe, and check that A was still in
+# Freeze B, catch A inside a round, probe, and check that A was still in
 # that round when the probe's lane was answered (A may also finish while B
 # is frozen, from what B had already sent: then let B go on and try again).
 probe_running_round() { # sets round; status 1 when nothing was caught
   local r again
-  r=$(node_field 0 ring_round 2>/dev/null) || return 1
-  [ -n "$r" ] || return 1
+  # Freeze B first, then look: a round of A's that is running now cannot
+  # end without B (a round takes ~0.1 s on a quiet machine, about what one
+  # status read takes, so reading first and freezing after missed them).
   kill -STOP "${NODE_PID[1]}"
+  r=$(node_field 0 ring_round 2>/dev/null) || r=
+  [ -n "$r" ] || {
+    kill -CONT "${NODE_PID[1]}"
+    return 1
+  }
   again=$(node_field 0 ring_round 2>/dev/null) || again=
   if [ "$again" = "$r" ]; then
     aborted0=$(node_field 0 ring_rounds_aborted)
