@@ -149,15 +149,30 @@ static void notify_closed(st__conn_t* c) {
     c->ops->on_close(c);
 }
 
-/* Closes at once, dropping queued frames. */
-static void conn_abort(st__conn_t* c) {
+/* Closes at once, dropping the frames queued here. With reset, the kernel
+ * drops what it still holds for the peer too and sends a reset (RST);
+ * without, it goes on delivering its buffer (up to tcp_wmem's 4 MB) after
+ * the close, to a peer that may read 48 KiB a second, and the connection
+ * lingers, orphaned, until it does. Resets are for connections ended for
+ * cause: a deadline missed, an outsider refused or evicted. */
+static void conn_end(st__conn_t* c, bool reset) {
   if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
     return;
   c->closing = true;
   preauth_end(c);
   notify_closed(c); /* its owner may close it itself */
-  if (!uv_is_closing((uv_handle_t*) &c->tcp))
+  if (uv_is_closing((uv_handle_t*) &c->tcp))
+    return;
+  if (!reset || uv_tcp_close_reset(&c->tcp, close_cb) != 0)
     uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
+static void conn_abort(st__conn_t* c) {
+  conn_end(c, false);
+}
+
+static void conn_reset(st__conn_t* c) {
+  conn_end(c, true);
 }
 
 void st__conn_close(st__conn_t* c) {
@@ -723,7 +738,7 @@ static void release(st__conn_t* c) {
     c->released = true;
     c->d->n_released++;
   }
-  conn_abort(c);
+  conn_reset(c);
 }
 
 /* Evicts the oldest live pre-auth connection (ids grow with age); false
@@ -840,7 +855,7 @@ void st__conn_sweep(st__daemon_t* d) {
        * purpose's own timeout no longer applies: it is done). */
       if (now >= c->close_deadline_ms) {
         d->c.conns_close_timeout++;
-        conn_abort(c);
+        conn_reset(c);
       }
       continue;
     }
@@ -850,7 +865,7 @@ void st__conn_sweep(st__daemon_t* d) {
     if (now >= c->deadline_ms) {
       if (c->preauth)
         d->c.conns_hs_timeout++;
-      conn_abort(c);
+      conn_reset(c);
     }
   }
 }

@@ -12,10 +12,11 @@
  * (comma-separated), with a small receive buffer, runs the
  * daemon's handshake with a fresh identity, sends XCHG_REQ FETCH for the
  * node's model and reads the reply. A reader whose reply is not OK is
- * closed. Those answered OK are then, for S seconds (default 45):
- *   drip   read 96 KiB every 2 s (48 KiB/s: far slower than a model of
- *          megabytes needs, but never a closed window for long enough for
- *          the node's TCP_USER_TIMEOUT);
+ * closed. Those answered OK are then, for S seconds (default 45), until
+ * the node has ended them all, or until SIGTERM:
+ *   drip   every 4 s, empty the receive buffer (at most 256 KiB): far
+ *          slower than a model of megabytes needs, but never a closed
+ *          window for long enough for the node's TCP_USER_TIMEOUT;
  *   stall  never read again.
  * Prints one JSON object:
  *   {"model":"...","n_params":N,"replies":["ok","busy",...],
@@ -28,6 +29,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,15 +45,27 @@
 #define MAX_READERS 8
 /* A stalled reader's receive buffer: the node's window closes at once. */
 #define STALL_RCVBUF_BYTES 4096
-/* A dripping reader reads 96 KiB every 2 s into a 256 KiB buffer: each
- * read opens a window of more than one loopback segment (64 KiB), so the
- * node's kernel never sits on a closed window for long (which
- * TCP_USER_TIMEOUT would end), yet at 48 KiB/s a 10 MB model takes
- * minutes, and after 30 s most of it is still in the node's queue (its
- * kernel buffers hold a few MB at most). */
+/* A dripping reader empties its 256 KiB receive buffer every 4 s. Each
+ * drip must open the whole window: as we read Linux (6.x), it measures
+ * TCP_USER_TIMEOUT on a zero window from the first probe, and only a
+ * window that opens wide enough for the sender's next whole segment (up
+ * to 64 KiB on loopback, after the kernel's halving for overhead) starts
+ * that clock again. The first version read 96 KiB every 2 s, and on loaded
+ * machines the node's kernel cut the reader after ~10 s (exchange_closed
+ * instead of exchange_timeout) about one run in two. At <= 64 KiB/s a 10 MB
+ * model takes minutes, and after 30 s most of it is still in the node's queue
+ * (its kernel buffers hold a few MB at most). */
 #define DRIP_RCVBUF_BYTES (256 * 1024)
-#define DRIP_BYTES (96 * 1024)
-#define DRIP_EVERY_MS 2000
+#define DRIP_BYTES (64 * 1024)
+#define DRIP_MAX_BYTES (256 * 1024)
+#define DRIP_EVERY_MS 4000
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_sigterm(int sig) {
+  (void) sig;
+  stop_requested = 1;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -206,19 +220,40 @@ static const char* status_name(uint8_t s) {
   return "?";
 }
 
-/* Holds the readers answered OK for hold_s seconds, dripping or stalled;
- * ended[i] gets when the node ended reader i (-1: it did not). */
+/* One drip: reads what the buffer holds, up to DRIP_MAX_BYTES, into buf
+ * (DRIP_BYTES) and counts it in *got. False when the node ended the
+ * connection. */
+static bool drip_once(int fd, uint8_t* buf, uint64_t* got) {
+  for (size_t n = 0; n < DRIP_MAX_BYTES;) {
+    ssize_t r = recv(fd, buf, DRIP_BYTES, MSG_DONTWAIT);
+    if (r > 0) {
+      *got += (uint64_t) r;
+      n += (size_t) r;
+    } else if (r == 0) {
+      return false;
+    } else {
+      return errno == EAGAIN || errno == EINTR;
+    }
+  }
+  return true;
+}
+
+/* Holds the readers answered OK for hold_s seconds, dripping or stalled,
+ * until the node has ended them all or SIGTERM; ended[i] gets when the node
+ * ended reader i (-1: it did not). */
 static void hold(const args_t* a, const int* fds, uint64_t* got,
                  double* ended) {
   double t0 = now_s(), next_drip = t0;
   uint8_t buf[DRIP_BYTES];
-  while (now_s() - t0 < a->hold_s) {
+  for (int open = 1; open > 0 && !stop_requested && now_s() - t0 < a->hold_s;) {
     bool drip = now_s() >= next_drip;
     if (drip)
       next_drip += DRIP_EVERY_MS / 1000.0;
+    open = 0;
     for (int i = 0; i < a->n; i++) {
       if (fds[i] < 0 || ended[i] >= 0)
         continue;
+      open++;
       bool reads = strcmp(a->kinds[i], "drip") == 0;
       /* A stalled reader only looks for an error or a hang-up. */
       struct pollfd p = {fds[i], reads ? POLLIN : POLLRDHUP, 0};
@@ -228,11 +263,7 @@ static void hold(const args_t* a, const int* fds, uint64_t* got,
         ended[i] = now_s() - t0;
         continue;
       }
-      ssize_t r = recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT);
-      if (r > 0)
-        got[i] += (uint64_t) r;
-      else if (r == 0 || (errno != EAGAIN && errno != EINTR))
-        ended[i] = now_s() - t0;
+      ended[i] = drip_once(fds[i], buf, &got[i]) ? -1 : now_s() - t0;
     }
     usleep(20 * 1000);
   }
@@ -298,6 +329,10 @@ static int run(const args_t* a, const st_keyring_t* keys) {
       fds[i] = -1;
     }
   }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_sigterm;
+  sigaction(SIGTERM, &sa, NULL);
   hold(a, fds, got, ended);
   print_result(a, &node, replies, got, ended);
   for (int i = 0; i < a->n; i++)

@@ -51,3 +51,20 @@ expect_fail() {
 json_field() {
   "$NUMPY_PY" -c 'import json,sys; v=json.load(open(sys.argv[1]))[sys.argv[2]]; print(v)' "$1" "$2"
 }
+
+# sanitizer_preload: prints what LD_PRELOAD needs for a Python program that
+# loads this build's libstarling.so when the build has the sanitizers
+# (ST_SANITIZE=ON), nothing otherwise. Python is not built with ASan, so
+# the runtime is loaded first; libstdc++ is loaded with it because ASan
+# binds its __cxa_throw interceptor at start-up, and PyTorch brings
+# libstdc++ in later (dlopen): without it, the first C++ exception (an
+# error raised in an autograd hook, say) aborts in ASan's CHECK.
+sanitizer_preload() {
+  [ "${ST_SANITIZE:-OFF}" = ON ] || return 0
+  local asan stdcxx
+  asan=$(${CC:-cc} -print-file-name=libasan.so)
+  stdcxx=$(${CC:-cc} -print-file-name=libstdc++.so.6)
+  [ -e "$asan" ] || fail "ST_SANITIZE=ON but no libasan.so ($asan) to preload"
+  [ -e "$stdcxx" ] || fail "ST_SANITIZE=ON but no libstdc++.so.6 ($stdcxx) to preload"
+  echo "$asan $stdcxx"
+}

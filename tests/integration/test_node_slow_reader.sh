@@ -9,9 +9,11 @@
 #   (b) the reader that stops reading is cut by the kernel
 #       (TCP_USER_TIMEOUT, 10 s; Linux acts at its next window probe)
 #       before the exchange's own 30 s timeout: exchange_closed;
-#   (c) the reader that drips 48 KiB/s reaches the exchange timeout, and
-#       the connection, closing with its last frames unread, is aborted
-#       5 s later (connections_close_timeout);
+#   (c) the reader that drips (at most 64 KiB/s) reaches the exchange
+#       timeout, and the connection, closing with its last frames unread,
+#       is aborted 5 s later (connections_close_timeout) with a reset: the
+#       reader sees the end at once, the node's kernel does not go on
+#       sending it megabytes;
 #   (d) then no transfer holds a slot, and a new member fetches from A.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
@@ -51,7 +53,16 @@ wait_for 25 "(b) node A ending the stalled transfer" at_least exchange_closed 1
 pass "(b) the stalled transfer ended after $((SECONDS - started)) s (exchange_closed $(rejected exchange_closed))"
 
 # (c) the dripping reader: the exchange times out at 30 s, the close 5 s on.
-wait_for 45 "(c) node A aborting the undrained closing connection" at_least connections_close_timeout 1
+counters() {
+  echo "exchange_closed $(rejected exchange_closed), exchange_timeout $(rejected exchange_timeout)," \
+    "connections_close_timeout $(rejected connections_close_timeout), serving $(node_field 0 fetches_serving)"
+}
+deadline=$((SECONDS + $(scaled 45)))
+until at_least connections_close_timeout 1; do
+  [ $SECONDS -lt $deadline ] ||
+    node_fail "(c) node A aborting the undrained closing connection: not within $(scaled 45) s ($(counters))"
+  sleep 0.5
+done
 took=$((SECONDS - started))
 [ "$(rejected exchange_timeout)" -ge 1 ] || node_fail "(c) no exchange timeout before the close deadline"
 ge "$took" 34 || node_fail "(c) aborted after $took s, before the 30 s timeout and the 5 s close deadline"
@@ -64,10 +75,17 @@ node_up 1
 wait_for 30 "(d) node 1 synchronizing from A" grep -q "synchronized from" "$(node_log 1)"
 pass "(d) a new member synchronized from A; A holds $(node_field 0 connections) connections"
 
+kill -TERM "$PROBE_PID" 2>/dev/null || true
 wait "$PROBE_PID" || node_fail "fetch_probe failed: $(cat "$SCRATCH/probe.err")"
 grep -q '"replies":\["ok","ok","busy"\]' "$SCRATCH/probe.json" ||
   node_fail "fetch_probe's replies: $(cat "$SCRATCH/probe.json")"
-pass "fetch_probe: $(cat "$SCRATCH/probe.json")"
+# The abort was a reset: the dripping reader saw its connection end at its
+# next drip (every 4 s), not when the node's kernel had delivered the rest
+# of its send buffer at the reader's pace (once 90 s in).
+ended=$("$NUMPY_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["ended_s"][0])' "$SCRATCH/probe.json")
+[ "$ended" != None ] && ge $((took + 6)) "$ended" ||
+  node_fail "(c) the dripping reader saw its end at ${ended} s, the node aborted at ${took} s: not a reset"
+pass "(c) the reset reached the dripping reader at ${ended} s; fetch_probe: $(cat "$SCRATCH/probe.json")"
 
 for k in 1 0; do node_leave "$k"; done
 echo "all slow reader tests passed in $(elapsed) s"

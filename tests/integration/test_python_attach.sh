@@ -19,21 +19,20 @@ for mod in torch pytest; do
   fi
 done
 
-# Under AddressSanitizer the library needs the ASan runtime loaded first:
-# Python is not built with it, so it is preloaded. Python and PyTorch keep
-# memory until exit by design: leak checks are off for the Python processes
-# (the nodes, built with ASan, keep ctest's options).
+# Under AddressSanitizer the library needs the ASan runtime preloaded
+# (sanitizer_preload in lib.sh). Python and PyTorch keep memory until exit
+# by design: leak checks are off for the Python processes (the nodes, built
+# with ASan, keep ctest's options).
 if [ "${ST_SANITIZE:-OFF}" = ON ]; then
   export ST_NODE_ASAN_OPTIONS=${ASAN_OPTIONS:-}
-  asan=$(${CC:-cc} -print-file-name=libasan.so)
-  [ -e "$asan" ] || fail "ST_SANITIZE=ON but no libasan.so ($asan) to preload"
-  export LD_PRELOAD=$asan
+  LD_PRELOAD=$(sanitizer_preload)
+  export LD_PRELOAD
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
 fi
 
 cd "$SRC"
 STARLING_BIN=$STARLING STARLING_LIB=$LIB PYTHONPATH=$SRC/client/python \
   PYTHONDONTWRITEBYTECODE=1 \
-  "$PY" -m pytest -x -q -p no:cacheprovider --basetemp="$SCRATCH/pytest" tests/python ||
+  "$PY" -m pytest -x -q --durations=15 -p no:cacheprovider --basetemp="$SCRATCH/pytest" tests/python ||
   fail "pytest tests/python (STARLING_BIN=$STARLING STARLING_LIB=$LIB)"
 pass "python package and example against real nodes"

@@ -30,7 +30,29 @@ STARLING_BIN = os.environ.get("STARLING_BIN", str(REPO / "build" / "starling"))
 os.environ.setdefault("STARLING_LIB", str(REPO / "build" / "libstarling.so"))
 EXAMPLE = REPO / "examples" / "pytorch_fmnist.py"
 # Deadlines are longer under sanitizers (ST_SANITIZE=ON in ctest).
-SLOW = 3 if os.environ.get("ST_SANITIZE", "OFF") == "ON" else 1
+SANITIZED = os.environ.get("ST_SANITIZE", "OFF") == "ON"
+SLOW = 3 if SANITIZED else 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "training: trains a real model for whole epochs; skipped under the "
+        "sanitizers (PyTorch with the ASan runtime preloaded runs ~4x slower: "
+        "every tensor over 128 KiB becomes an mmap and a munmap), where the "
+        "same library calls run in the shorter tests",
+    )
+
+
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: List[pytest.Item]
+) -> None:
+    if not SANITIZED:
+        return
+    skip = pytest.mark.skip(reason="whole-epoch training: plain build only")
+    for item in items:
+        if "training" in item.keywords:
+            item.add_marker(skip)
 
 
 class NodeProc:

@@ -513,6 +513,7 @@ def run_example(
     )
 
 
+@pytest.mark.training
 def test_two_programs_on_two_nodes_agree(cluster: Cluster) -> None:
     common = [
         "--epochs",
