@@ -5,6 +5,7 @@
  * library only moves the operand in and the result out.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -300,6 +301,85 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
   }
   st_json_free(doc);
   return rc;
+}
+
+static const char* const p2p_names[] = {"push", "pull", "notify", "wait"};
+
+/* A point-to-point call: which indexes p2p_names; data/count/dtype for
+ * push and pull (pull receives into data). */
+static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
+                   void* data, uint64_t count, st_comm_dtype_t dtype,
+                   double timeout_s) {
+  if (c == NULL)
+    return -EINVAL;
+  bool moves = which <= 1;
+  if (peer == NULL || strlen(peer) != 32 ||
+      strspn(peer, "0123456789abcdefABCDEF") != 32)
+    return fail(c, -EINVAL, "peer \"%s\": a member id of 32 hex digits",
+                peer != NULL ? peer : "(null)");
+  if (name == NULL || name[0] == '\0' || strlen(name) > 128)
+    return fail(c, -EINVAL, "a %s name is 1 to 128 bytes", p2p_names[which]);
+  if ((moves && (unsigned) dtype > ST_COMM_F64) ||
+      (moves && count > 0 && data == NULL) || !(timeout_s >= 0))
+    return fail(c, -EINVAL,
+                "bad arguments: dtype, data (NULL with count %" PRIu64
+                ") or timeout",
+                count);
+  uint64_t bytes = moves ? count * (dtype == ST_COMM_F64 ? 8 : 4) : 0;
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  char head[256];
+  snprintf(head, sizeof head,
+           "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
+           ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"peer\":\"",
+           p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
+           moves ? count : 0, (uint64_t) llround(timeout_s * 1000),
+           which == 0 ? bytes : 0);
+  st_json_buf_puts(&b, head);
+  for (int k = 0; k < 32; k++) {
+    char ch[2] = {(char) tolower((unsigned char) peer[k]), '\0'};
+    st_json_buf_puts(&b, ch);
+  }
+  st_json_buf_puts(&b, "\",\"name\":");
+  st_json_buf_string(&b, name);
+  st_json_buf_puts(&b, "}");
+  int rc = b.failed ? -ENOMEM : 0;
+  st_json_doc_t* doc = NULL;
+  uint64_t got = 0;
+  if (rc == 0)
+    rc = roundtrip(c, b.p, data, which == 0 ? bytes : 0, timeout_s, &doc,
+                   which == 1 ? data : NULL, which == 1 ? bytes : 0, &got);
+  st_json_buf_free(&b);
+  if (rc != 0)
+    return rc;
+  rc = verdict(c, st_json_root(doc));
+  if (rc == 0 && which == 1 && got != bytes)
+    rc = fail(c, -EPROTO,
+              "the node sent %" PRIu64 " bytes for a pull of %" PRIu64, got,
+              bytes);
+  st_json_free(doc);
+  return rc;
+}
+
+int st_comm_push(st_comm_t* c, const char* peer, const char* name,
+                 const void* data, uint64_t count, st_comm_dtype_t dtype,
+                 double timeout_s) {
+  return run_p2p(c, 0, peer, name, (void*) data, count, dtype, timeout_s);
+}
+
+int st_comm_pull(st_comm_t* c, const char* peer, const char* name, void* data,
+                 uint64_t count, st_comm_dtype_t dtype, double timeout_s) {
+  return run_p2p(c, 1, peer, name, data, count, dtype, timeout_s);
+}
+
+int st_comm_notify(st_comm_t* c, const char* peer, const char* name,
+                   double timeout_s) {
+  return run_p2p(c, 2, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
+}
+
+int st_comm_wait(st_comm_t* c, const char* peer, const char* name,
+                 double timeout_s) {
+  return run_p2p(c, 3, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
 }
 
 int st_comm_all_reduce(st_comm_t* c, const char* group, void* data,

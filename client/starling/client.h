@@ -153,7 +153,8 @@ ST_CLIENT_API int st_client_detach(st_client_t* c);
  *
  * The communication patterns over the cluster, through the local node
  * (any `starling node`: built-in training or --attach; docs/collectives.md):
- * all-reduce, reduce to a root, broadcast from a root, barrier. A
+ * all-reduce, reduce to a root, broadcast from a root, barrier, and point
+ * to point push/pull and notify/wait. A
  * program opens a communicator on its node's control socket; every member
  * of a group calls the same operation (same kind, reduction, dtype, root
  * and count) in the same order, and each call blocks until the operation
@@ -220,6 +221,32 @@ ST_CLIENT_API int st_comm_broadcast(st_comm_t* c, const char* group,
 /* Returns once every member of the group has called it. */
 ST_CLIENT_API int st_comm_barrier(st_comm_t* c, const char* group,
                                   double timeout_s);
+/* Point to point, between this member and peer (a member id, 32 hex
+ * digits), matched by name (1 to 128 bytes; names are reused, as MPI tags
+ * are: a node numbers calls for at most 65536 distinct names and groups).
+ * The k-th push of a name from A to B meets B's k-th pull of that name
+ * from A; the k-th notify, the k-th wait. Pushes of other names, or the
+ * other way, go their own way. A push or a notify returns once its data
+ * is sent (eager, as MPI's small sends): the peer's node keeps what comes
+ * before the pull or the wait (up to 256 MiB and 5 minutes; beyond, it is
+ * dropped, counted in collectives.dropped, and the pull waits until its
+ * timeout). A pull or a wait blocks until it comes or timeout_s passes. A
+ * pull whose count or dtype differs from the push's fails with -EINVAL
+ * naming both calls (the push has returned); a peer that dies or leaves
+ * fails the call with -ECONNABORTED. */
+ST_CLIENT_API int st_comm_push(st_comm_t* c, const char* peer, const char* name,
+                               const void* data, uint64_t count,
+                               st_comm_dtype_t dtype, double timeout_s);
+/* Fills data[0..count) with what peer pushes under name. */
+ST_CLIENT_API int st_comm_pull(st_comm_t* c, const char* peer, const char* name,
+                               void* data, uint64_t count,
+                               st_comm_dtype_t dtype, double timeout_s);
+/* Signals peer, which waits for it under name. */
+ST_CLIENT_API int st_comm_notify(st_comm_t* c, const char* peer,
+                                 const char* name, double timeout_s);
+/* Returns once peer has notified this member under name. */
+ST_CLIENT_API int st_comm_wait(st_comm_t* c, const char* peer, const char* name,
+                               double timeout_s);
 /* This member's rank and the group's size in the last operation that
  * succeeded (0 and 0 before any). */
 ST_CLIENT_API void st_comm_last_group(const st_comm_t* c, uint32_t* rank,

@@ -129,11 +129,15 @@ int st__coll_number(st__daemon_t* d, st__coll_group_t* g) {
   uint64_t key = g->all ? hash64("starling-coll-all-v1", "", 0, 0)
                         : hash64("starling-coll-list-v1", g->ids,
                                  g->n * sizeof(*g->ids), 0);
+  if (g->tag != 0)
+    key = hash64("starling-coll-tagged-v1", &key, sizeof key, g->tag);
   st__coll_seq_t* s = NULL;
   for (size_t i = 0; i < d->coll.n_seqs && s == NULL; i++)
     if (d->coll.seqs[i].key == key)
       s = &d->coll.seqs[i];
   if (s == NULL) {
+    if (d->coll.n_seqs >= ST__COLL_MAX_KEYS)
+      return -ENOSPC;
     if (d->coll.n_seqs == d->coll.cap_seqs) {
       size_t cap = d->coll.cap_seqs ? 2 * d->coll.cap_seqs : 16;
       st__coll_seq_t* p = realloc(d->coll.seqs, cap * sizeof(*p));
@@ -150,6 +154,23 @@ int st__coll_number(st__daemon_t* d, st__coll_group_t* g) {
   g->seq = s->next++;
   g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, g->seq);
   return 0;
+}
+
+uint64_t st__coll_tag(const char* space, const st_node_id_t* from,
+                      const char* name, size_t len) {
+  st_hash_t h;
+  uint8_t out[ST_HASH_BYTES];
+  uint32_t n = (uint32_t) len;
+  st_hash_init(&h);
+  st_hash_update(&h, "starling-coll-tag-v1", 20);
+  st_hash_update(&h, space, strlen(space) + 1);
+  st_hash_update(&h, from->b, sizeof from->b);
+  st_hash_update(&h, &n, sizeof n);
+  st_hash_update(&h, name, len);
+  st_hash_final(&h, out);
+  uint64_t v;
+  memcpy(&v, out, sizeof v);
+  return v | 1; /* never 0, which means no tag */
 }
 
 /* An operation that met nobody gives its number back, so that this node

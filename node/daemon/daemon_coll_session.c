@@ -5,9 +5,11 @@
  * at a time (a 4-byte little-endian length, that many bytes of JSON, then
  * the "bytes" of operand the JSON announces) and waits for the reply frame
  * (the same shape: JSON, then the result's bytes). Requests: "members"
- * (the group "all" would be now, and this node's rank in it), and
+ * (the group "all" would be now, and this node's rank in it),
  * "all_reduce", "reduce", "broadcast", "barrier" (daemon_coll.c runs
- * them). The program going away fails its operation everywhere.
+ * them), and "push", "pull", "notify", "wait", run as broadcasts over
+ * two members. The program going away fails its operation
+ * everywhere.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -123,7 +125,7 @@ void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
                            const char* msg) {
   session_t* s = op->session;
   if (result == ST_COLL_OK) {
-    const void* res = st_coll_result(op->m);
+    const void* res = op->no_result ? NULL : st_coll_result(op->m);
     size_t bytes = res != NULL ? op->count * st_coll_elem_bytes(op->dtype) : 0;
     char json[160];
     snprintf(json, sizeof json,
@@ -262,6 +264,14 @@ static int group_of(session_t* s, const st_json_t* root, st__coll_group_t* g,
 
 static const char* const kinds[] = {"all_reduce", "reduce", "broadcast",
                                     "barrier"};
+/* Point to point: a push and its pull are a broadcast over the pair from
+ * the sender, a notify and its wait the same with no data, each in a key
+ * space of its own (the kind, the sender, the name). The sender's part of
+ * a broadcast ends once its data is sent, so a push and a notify return
+ * without waiting for the pull or the wait; the receiver's node keeps what
+ * came early (ST__COLL_PENDING_MAX, ST__COLL_PENDING_MS). */
+enum { P2P_NONE = -1, P2P_PUSH, P2P_PULL, P2P_NOTIFY, P2P_WAIT };
+static const char* const p2p_kinds[] = {"push", "pull", "notify", "wait"};
 static const char* const rops[] = {"sum", "mean", "min", "max"};
 static const char* const dtypes[] = {"float32", "float64"};
 
@@ -301,7 +311,51 @@ static int op_fields(const st_json_t* root, st__coll_op_t* op, int kind,
   return 0;
 }
 
-static void start_op(session_t* s, const st_json_t* root, int kind,
+/* The pair of a point-to-point call into op->g, its tag, and the
+ * sender's rank as op->root; err names the first bad field. */
+static int p2p_group(session_t* s, const st_json_t* root, int p2p,
+                     uint64_t bytes, st__coll_op_t* op, char* err, size_t len) {
+  const char* peer = str_of(root, "peer");
+  const st_json_t* name = st_json_get(root, "name");
+  st_node_id_t ids[2] = {s->d->ident.id};
+  if (peer == NULL || parse_id(peer, strlen(peer), &ids[1]) != 0)
+    return st_set_err(err, len,
+                      "\"peer\" is a member id (32 hex digits, as `starling "
+                      "peers` shows)"),
+           -EINVAL;
+  if (st_node_id_compare(&ids[0], &ids[1]) == 0)
+    return st_set_err(err, len,
+                      "\"peer\" is this node: %s goes to another member",
+                      p2p_kinds[p2p]),
+           -EINVAL;
+  if (name == NULL || name->type != ST_JSON_STRING || name->str_len == 0 ||
+      name->str_len > ST__COLL_NAME_MAX)
+    return st_set_err(err, len, "\"name\" is a string of 1 to %u bytes",
+                      ST__COLL_NAME_MAX),
+           -EINVAL;
+  if ((p2p == P2P_NOTIFY || p2p == P2P_WAIT) && op->count != 0)
+    return st_set_err(err, len, "a %s carries no data: \"count\" is 0",
+                      p2p_kinds[p2p]),
+           -EINVAL;
+  if (p2p == P2P_PUSH && bytes != op->count * st_coll_elem_bytes(op->dtype))
+    return st_set_err(err, len,
+                      "a push carries its %" PRIu64 " elements (%" PRIu64
+                      " bytes came)",
+                      op->count, bytes),
+           -EINVAL;
+  int rc = st__coll_group(s->d, ids, 2, false, &op->g, err, len);
+  if (rc != 0)
+    return rc;
+  bool sends = p2p == P2P_PUSH || p2p == P2P_NOTIFY;
+  const st_node_id_t* from = sends ? &ids[0] : &ids[1];
+  op->g.tag = st__coll_tag(p2p <= P2P_PULL ? "push" : "notify", from, name->str,
+                           name->str_len);
+  op->root = st_node_id_compare(&op->g.ids[0], from) == 0 ? 0 : 1;
+  op->no_result = p2p == P2P_PUSH;
+  return 0;
+}
+
+static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
                      const uint8_t* data, uint64_t bytes) {
   st__daemon_t* d = s->d;
   char err[400];
@@ -320,7 +374,9 @@ static void start_op(session_t* s, const st_json_t* root, int kind,
   }
   op->session = s;
   if (op_fields(root, op, kind, bytes, err, sizeof err) != 0 ||
-      group_of(s, root, &op->g, err, sizeof err) != 0) {
+      (p2p == P2P_NONE
+           ? group_of(s, root, &op->g, err, sizeof err)
+           : p2p_group(s, root, p2p, bytes, op, err, sizeof err)) != 0) {
     reply_error(s, "invalid", "%s", err);
     free(op);
     return;
@@ -332,8 +388,13 @@ static void start_op(session_t* s, const st_json_t* root, int kind,
     free(op);
     return;
   }
-  if (st__coll_number(d, &op->g) != 0) {
-    reply_error(s, "invalid", "out of memory");
+  int rc = st__coll_number(d, &op->g);
+  if (rc != 0) {
+    reply_error(s, "invalid",
+                rc == -ENOSPC ? "this node numbers calls for %u groups and "
+                                "names at most: reuse push and notify names"
+                              : "out of memory",
+                ST__COLL_MAX_KEYS);
     st__coll_group_free(&op->g);
     free(op);
     return;
@@ -369,14 +430,17 @@ static void handle(session_t* s) {
   const st_json_t* root = st_json_root(doc);
   const char* op = str_of(root, "op");
   int kind = pick(op, kinds, 4);
+  int p2p = pick(op, p2p_kinds, 4);
   if (op != NULL && strcmp(op, "members") == 0)
     members_reply(s);
   else if (kind >= 0)
-    start_op(s, root, kind, data, bytes);
+    start_op(s, root, kind, P2P_NONE, data, bytes);
+  else if (p2p >= 0)
+    start_op(s, root, ST_COLL_BROADCAST, p2p, data, bytes);
   else
     reply_error(s, "invalid",
                 "unknown \"op\"; expected members, all_reduce, reduce, "
-                "broadcast or barrier");
+                "broadcast, barrier, push, pull, notify or wait");
   st_json_free(doc);
   if (s->op == NULL && !s->closing) {
     memmove(s->rbuf, s->rbuf + s->want, s->rlen - s->want);

@@ -153,6 +153,12 @@ struct st__conn_s {
  * program may send (1 GiB; docs/collectives.md). */
 #define ST__COLL_SESSIONS_MAX 16
 #define ST__COLL_DATA_MAX (UINT64_C(1) << 30)
+/* Distinct group keys a node numbers calls for (16 bytes each, kept for
+ * its life): groups, and the names of push/pull and notify/wait, which are
+ * meant to be reused, as MPI tags are. */
+#define ST__COLL_MAX_KEYS 65536u
+/* A push/pull or notify/wait name: 1 to this many bytes. */
+#define ST__COLL_NAME_MAX 128u
 
 typedef struct {
   uint64_t key, next;
@@ -165,6 +171,7 @@ typedef struct {
   uint32_t n, rank;
   uint64_t members_hash, op_id;
   uint64_t key, seq; /* the group key's hash and this operation's number */
+  uint64_t tag;      /* 0, or a key space of its own (st__coll_tag) */
   bool all;          /* the group "all" (its key), not a list */
 } st__coll_group_t;
 
@@ -180,6 +187,7 @@ typedef struct st__coll_op_s {
   st_coll_t* m;
   uint64_t started_ms, deadline_ms; /* deadline 0: none */
   bool withdrawn; /* timed out having met nobody: its number given back */
+  bool no_result; /* a push: the program gets no data back */
 } st__coll_op_t;
 
 typedef struct {
@@ -504,10 +512,16 @@ void st__coll_close(st__daemon_t* d);
  * -EINVAL / -ENOENT with err naming the member at fault, -ENOMEM. */
 int st__coll_group(st__daemon_t* d, const st_node_id_t* ids, size_t n, bool all,
                    st__coll_group_t* g, char* err, size_t err_len);
-/* Takes the next operation number of g's key into g->op_id: only for an
- * operation that starts (every member counts the same calls). 0 or
+/* Takes the next operation number of g's key (its members, or "all", and
+ * its tag) into g->op_id: only for an operation that starts (every member
+ * counts the same calls). 0, -ENOSPC (ST__COLL_MAX_KEYS keys in use) or
  * -ENOMEM. */
 int st__coll_number(st__daemon_t* d, st__coll_group_t* g);
+/* A key space for st__coll_group_t.tag: calls with different tags are
+ * numbered apart, so they never meet. space names the kind of call
+ * ("push", "notify"), from its sender, name[0..len) the program's name. */
+uint64_t st__coll_tag(const char* space, const st_node_id_t* from,
+                      const char* name, size_t len);
 void st__coll_group_free(st__coll_group_t* g);
 /* Starts op (its group, kind, rop, dtype, root, count and deadline set;
  * input: count elements) and feeds it what came early. Its end reaches

@@ -26,6 +26,9 @@ values computed here.
 from __future__ import annotations
 
 import errno
+import json
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -245,6 +248,157 @@ def test_group_of_two(members: Members) -> None:
     out = members.run(fn, who=who)
     assert out[0][0].tolist() == [2.0] * 4 and out[0][1] == (0, 2), out
     assert out[2][0].tolist() == [2.0] * 4 and out[2][1] == (1, 2), out
+
+
+def test_push_pull_notify_wait(members: Members) -> None:
+    """Point to point: rank 0 pushes to ranks 1 and 2 (a large tensor, over
+    the pipelined path, and two small ones of one name, which arrive in
+    order); rank 2 notifies rank 0, which waits for it; rank 0 notifies
+    rank 1 before rank 1 waits (the node keeps it)."""
+    ids = members.ids
+    big = np.arange(100000, dtype=np.float32) * 0.5  # 400 kB: the large path
+
+    def fn(comm: Any, rank: int) -> Any:
+        if rank == 0:
+            comm.push(ids[1], "weights", big, timeout=30)
+            comm.push(ids[2], "step", np.array([1.0]), timeout=30)
+            comm.push(ids[2], "step", np.array([2.0]), timeout=30)
+            comm.wait(ids[2], "done", timeout=30)
+            comm.notify(ids[1], "go", timeout=30)
+            return "waited"
+        if rank == 1:
+            got = comm.pull(ids[0], "weights", np.zeros(100000, np.float32))
+            time.sleep(0.5)  # rank 0's notify comes first
+            comm.wait(ids[0], "go", timeout=30)
+            return got
+        got = [
+            comm.pull(ids[0], "step", np.zeros(1), timeout=30)[0] for _ in range(2)
+        ]
+        comm.notify(ids[0], "done", timeout=30)
+        return got
+
+    out = members.ok(fn)
+    np.testing.assert_array_equal(out[1], big)
+    assert out[2] == [1.0, 2.0] and out[0] == "waited", out
+
+
+def test_push_names_are_apart(members: Members) -> None:
+    """Pushes of different names do not wait for each other: rank 0 pushes
+    "a" and "b" from two threads (two communicators on its node), rank 1
+    pulls "b" first, then "a"."""
+    ids = members.ids
+    k0 = members.ranks.index(0)
+    extra = starling.open_comm(members.cluster.nodes[k0].sock, timeout=30)
+    try:
+
+        def fn(comm: Any, rank: int) -> Any:
+            if rank == 0:
+                t = threading.Thread(
+                    target=lambda: extra.push(ids[1], "b", [2.0], timeout=30)
+                )
+                t.start()
+                comm.push(ids[1], "a", [1.0], timeout=30)
+                t.join(60)
+                return None
+            if rank == 1:
+                b = comm.pull(ids[0], "b", [0.0], timeout=30)
+                a = comm.pull(ids[0], "a", [0.0], timeout=30)
+                return a + b
+            return None
+
+        out = members.ok(fn)
+        assert out[1] == [1.0, 2.0], out
+    finally:
+        extra.close()
+
+
+def test_push_pull_failures(members: Members) -> None:
+    """A pull of another size than the push fails, naming both calls (the
+    push returned once sent);
+    a pull that nobody pushes to times out naming the peer; bad peers and
+    names are refused, naming them."""
+    ids = members.ids
+
+    def fn(comm: Any, rank: int) -> Any:
+        if rank == 0:
+            comm.push(ids[1], "m", np.zeros(10, np.float32), timeout=10 * SLOW)
+        elif rank == 1:
+            comm.pull(ids[0], "m", np.zeros(20, np.float32), timeout=10 * SLOW)
+
+    out = members.run(fn, who=[members.ranks.index(0), members.ranks.index(1)])
+    assert out[0] is None and isinstance(out[1], starling.CollectiveMismatch), out
+    text = str(out[1])
+    assert "of 10 float32" in text and "of 20 float32" in text, text
+    comm = members.comms[members.ranks.index(0)]
+    with pytest.raises(starling.CollectiveTimeout, match=ids[2][:12]):
+        comm.pull(ids[2], "never", np.zeros(3), timeout=1)
+    cases = [
+        (lambda: comm.push(ids[0], "x", [1.0]), "is this node"),
+        (lambda: comm.push("zz", "x", [1.0]), "32 hex digits"),
+        (lambda: comm.push(ids[1], "", [1.0]), "1 to 128 bytes"),
+        (lambda: comm.notify(ids[1], "n" * 129), "1 to 128 bytes"),
+        (lambda: comm.wait("ab" * 16, "x", timeout=5), "not an alive member"),
+    ]
+    for call, word in cases:
+        with pytest.raises(starling.CollectiveError, match=word):
+            call()
+    # The pair is in step again: a push and its pull go through.
+    out = members.run(
+        lambda c, rank: c.push(ids[1], "m", [5.0], timeout=30)
+        if rank == 0
+        else c.pull(ids[0], "m", [0.0], timeout=30),
+        who=[members.ranks.index(0), members.ranks.index(1)],
+    )
+    assert out[1] == [5.0], out
+
+
+def raw_session(path: str) -> socket.socket:
+    """A collectives session on the control socket, without the library
+    (docs/collectives.md, "The control-socket protocol")."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10 * SLOW)
+    s.connect(path)
+    s.sendall(b"collectives\n")
+    assert s.recv(6) == b"ready\n"
+    return s
+
+
+def raw_request(s: socket.socket, req: Any, payload: bytes = b"") -> Dict[str, Any]:
+    head = req if isinstance(req, bytes) else json.dumps(req).encode()
+    s.sendall(struct.pack("<I", len(head)) + head + payload)
+    n = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
+    reply = json.loads(s.recv(n, socket.MSG_WAITALL))
+    if reply.get("bytes"):
+        s.recv(reply["bytes"], socket.MSG_WAITALL)
+    return reply
+
+
+def test_p2p_requests_checked_by_the_node(members: Members) -> None:
+    """What the library would never send, sent raw: each is refused with a
+    sentence naming the field, and the session goes on (a header without
+    its "bytes" ends it)."""
+    k0 = members.ranks.index(0)
+    me, other = members.ids[0], members.ids[1]
+    base = {"dtype": "float32", "timeout_ms": 1000, "bytes": 0}
+    cases = [
+        ({"op": "send", "count": 0}, "push, pull, notify or wait"),
+        ({"op": "push", "peer": other, "count": 0}, '"name"'),
+        ({"op": "push", "peer": me, "name": "x", "count": 0}, "is this node"),
+        ({"op": "pull", "peer": "xyz", "name": "x", "count": 1}, '"peer"'),
+        ({"op": "pull", "peer": other, "name": "n" * 129, "count": 1}, "1 to 128"),
+        ({"op": "notify", "peer": other, "name": "x", "count": 1}, "no data"),
+        ({"op": "push", "peer": other, "name": "x", "count": 2}, "a push carries"),
+    ]
+    with raw_session(members.cluster.nodes[k0].sock) as s:
+        for req, word in cases:
+            reply = raw_request(s, {**base, **req})
+            assert reply["ok"] is False and reply["result"] == "invalid", (req, reply)
+            assert word in reply["error"], (req, reply)
+        reply = raw_request(s, b"{not json")
+        assert reply["ok"] is False and '"bytes"' in reply["error"], reply
+        assert s.recv(1) == b""  # and the node closed the session
+    # The node serves the others as before.
+    members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
 def test_refusals(members: Members) -> None:

@@ -134,6 +134,14 @@ def _declare_comm(lib: ctypes.CDLL) -> None:
     lib.st_comm_broadcast.restype = i
     lib.st_comm_barrier.argtypes = [c, s, f64]
     lib.st_comm_barrier.restype = i
+    lib.st_comm_push.argtypes = [c, s, s, c, u64, i, f64]
+    lib.st_comm_push.restype = i
+    lib.st_comm_pull.argtypes = [c, s, s, c, u64, i, f64]
+    lib.st_comm_pull.restype = i
+    lib.st_comm_notify.argtypes = [c, s, s, f64]
+    lib.st_comm_notify.restype = i
+    lib.st_comm_wait.argtypes = [c, s, s, f64]
+    lib.st_comm_wait.restype = i
     lib.st_comm_last_group.argtypes = [
         c,
         ctypes.POINTER(u32),

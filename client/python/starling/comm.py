@@ -275,6 +275,56 @@ class Comm:
         with self._lock:
             self._check(self._lib.st_comm_barrier(self._require(), g, t))
 
+    # ---- point to point -------------------------------------------------
+    #
+    # Between this member and ``peer`` (a member id), matched by ``name``:
+    # the k-th push of a name from A to B meets B's k-th pull of it from
+    # A, the k-th notify the k-th wait. push and notify return once sent
+    # (the peer's node keeps them until the pull or the wait); pull and
+    # wait block until they come or the timeout passes.
+
+    def push(
+        self, peer: str, name: str, x: Any, timeout: Optional[float] = None
+    ) -> None:
+        """Sends ``x`` to member ``peer``, whose ``pull(<this member's
+        id>, name, y)`` receives it; returns once it is sent."""
+        o, p, n, t = _operand(x), self._peer(peer), self._name(name), self._t(timeout)
+        with self._lock:
+            self._check(
+                self._lib.st_comm_push(
+                    self._require(), p, n, o.ptr, o.count, o.dtype, t
+                )
+            )
+
+    def pull(
+        self, peer: str, name: str, x: Any, timeout: Optional[float] = None
+    ) -> Any:
+        """Fills ``x`` (the push's dtype and number of elements) with what
+        ``peer`` pushes under ``name``. Returns as all_reduce does."""
+        o, p, n, t = _operand(x), self._peer(peer), self._name(name), self._t(timeout)
+        with self._lock:
+            self._check(
+                self._lib.st_comm_pull(
+                    self._require(), p, n, o.ptr, o.count, o.dtype, t
+                )
+            )
+        if o.back is not None:
+            o.back()
+        return o.result()
+
+    def notify(self, peer: str, name: str, timeout: Optional[float] = None) -> None:
+        """Signals ``peer``, which waits for it under ``name``; returns once
+        the signal is sent."""
+        p, n, t = self._peer(peer), self._name(name), self._t(timeout)
+        with self._lock:
+            self._check(self._lib.st_comm_notify(self._require(), p, n, t))
+
+    def wait(self, peer: str, name: str, timeout: Optional[float] = None) -> None:
+        """Returns once ``peer`` has notified this member under ``name``."""
+        p, n, t = self._peer(peer), self._name(name), self._t(timeout)
+        with self._lock:
+            self._check(self._lib.st_comm_wait(self._require(), p, n, t))
+
     # ---- closing --------------------------------------------------------
 
     @property
@@ -331,6 +381,23 @@ class Comm:
         if op not in _lib.COMM_OPS:
             raise _refuse(f'op {op!r}: one of "sum", "mean", "min", "max"')
         return _lib.COMM_OPS[op]
+
+    @staticmethod
+    def _peer(peer: str) -> bytes:
+        if not isinstance(peer, str) or len(peer) != 32 or not all(
+            ch in "0123456789abcdefABCDEF" for ch in peer
+        ):
+            raise _refuse(
+                f"peer {peer!r}: a member id (32 hex digits, as Comm.members() gives)"
+            )
+        return peer.encode("ascii")
+
+    @staticmethod
+    def _name(name: str) -> bytes:
+        b = name.encode("utf-8") if isinstance(name, str) else b""
+        if not 1 <= len(b) <= 128:
+            raise _refuse(f"name {name!r}: a string of 1 to 128 bytes (UTF-8)")
+        return b
 
     @staticmethod
     def _root(root: int) -> int:
