@@ -24,7 +24,7 @@
 # which the crypto limit of the large sizes is computed
 # (tools/bench/collectives_report.py says how).
 #
-# The nodes train a 2-feature softmax model on a 64-row CSV made here for one
+# The nodes train a 2-feature softmax model on a 2-row CSV made here for one
 # epoch (a few milliseconds), then idle ("epochs done ... serving peers"):
 # no training runs beside the measurements, and gossip averaging and the
 # internal ring are off (--gossip-every 0 --ring-every 0); only membership's
@@ -96,27 +96,7 @@ echo "\$ $build/starling-bench crypto --seconds 0.2 --rounds 3 --json" >>"$work/
 timeout "$TIMEOUT" "$build/starling-bench" crypto --seconds 0.2 --rounds 3 --json >"$work/crypto.json"
 
 # ---- starling: N nodes, a program on each -----------------------------------------
-"$S" keygen --cluster --out "$work/ck" >/dev/null
-awk 'BEGIN { srand(1); for (r = 0; r < 64; r++) printf "%.3f,%.3f,%d\n", rand(), rand(), r % 2 }' >"$work/data.csv"
-common=(--model softmax:2-2 --data "csv:$work/data.csv" --epochs 1 --batch 4 --device cpu
-        --threads 1 --eval-every 0 --log-every 0 --checkpoint-every 0 --quiet
-        --gossip-every 0 --ring-every 0 --cluster-key "$work/ck")
-"$S" node --listen 127.0.0.1:0 --data-dir "$work/n0" --shard "0/$N" "${common[@]}" 2>"$work/n0.log" &
-pids+=($!)
-seed=
-for _ in $(seq 200); do
-  seed=$("$S" status --json --data-dir "$work/n0" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' || true)
-  [ -n "$seed" ] && [ "${seed##*:}" != 0 ] && break
-  sleep 0.05
-done
-[ -n "$seed" ] || { cat "$work/n0.log" >&2; echo "bench_collectives: node 0 did not start" >&2; exit 1; }
-for ((k = 1; k < N; k++)); do
-  "$S" node --listen 127.0.0.1:0 --join "$seed" --data-dir "$work/n$k" --shard "$k/$N" "${common[@]}" 2>"$work/n$k.log" &
-  pids+=($!)
-done
-for ((k = 0; k < N; k++)); do
-  for _ in $(seq 200); do [ -S "$work/n$k/control.sock" ] && break; sleep 0.05; done
-done
+bench_idle_nodes "$S" "$work" "$N"
 echo "\$ $build/comm_probe DATA_DIR/control.sock suite $N $SIZES $ROUNDS $ITERS   (on each of the $N nodes)" >>"$work/commands"
 probes=()
 for ((k = 0; k < N; k++)); do

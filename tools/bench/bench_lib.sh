@@ -49,3 +49,40 @@ bench_ns_down() {
   for ((r = 0; r < n; r++)); do ip netns del "$p-$t-$r" 2>/dev/null || true; done
   ip netns del "$p-$t-br" 2>/dev/null || true
 }
+
+# bench_idle_nodes STARLING WORK N: N `starling node`s on 127.0.0.1 with
+# data directories WORK/n0 .. n(N-1) (logs WORK/nK.log), one cluster key
+# (WORK/ck), joined through node 0, that train a 2-feature softmax model on
+# a 2-row CSV for one epoch (milliseconds) and then idle, serving their
+# programs, with gossip averaging and the internal ring off: only
+# membership's few packets a second run beside a measurement. Appends their
+# PIDs to the caller's pids array; returns once every node sees N alive
+# members (or fails, with node 0's log).
+bench_idle_nodes() {
+  local s=$1 work=$2 n=$3 k seed= seen
+  "$s" keygen --cluster --out "$work/ck" >/dev/null
+  printf '0.1,0.2,0\n0.3,0.4,1\n' >"$work/data.csv"
+  local common=(--model softmax:2-2 --data "csv:$work/data.csv" --epochs 1 --batch 1
+                --device cpu --threads 1 --eval-every 0 --log-every 0 --checkpoint-every 0
+                --quiet --gossip-every 0 --ring-every 0 --cluster-key "$work/ck")
+  "$s" node --listen 127.0.0.1:0 --data-dir "$work/n0" "${common[@]}" 2>"$work/n0.log" &
+  pids+=($!)
+  for _ in $(seq 200); do
+    seed=$("$s" status --json --data-dir "$work/n0" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' || true)
+    [ -n "$seed" ] && [ "${seed##*:}" != 0 ] && break
+    sleep 0.05
+  done
+  [ -n "$seed" ] || { cat "$work/n0.log" >&2; echo "bench: node 0 did not start" >&2; exit 1; }
+  for ((k = 1; k < n; k++)); do
+    "$s" node --listen 127.0.0.1:0 --join "$seed" --data-dir "$work/n$k" "${common[@]}" 2>"$work/n$k.log" &
+    pids+=($!)
+  done
+  for ((k = 0; k < n; k++)); do
+    for _ in $(seq 300); do
+      seen=$("$s" peers --json --data-dir "$work/n$k" 2>/dev/null | grep -o '"state":"alive"' | wc -l || true)
+      [ "${seen:-0}" -ge "$n" ] && break
+      sleep 0.1
+    done
+    [ "${seen:-0}" -ge "$n" ] || { tail -n 5 "$work/n$k.log" >&2; echo "bench: node $k sees $seen of $n members" >&2; exit 1; }
+  done
+}

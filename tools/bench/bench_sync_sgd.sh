@@ -66,29 +66,7 @@ echo
 
 # The nodes: one built-in node per member with a tiny model, so that each
 # is on the network at once; gossip and rings off.
-"$S" keygen --cluster --out "$work/ck" >/dev/null
-printf '0.1,0.2,0\n0.3,0.4,1\n' >"$work/data.csv"
-common=(--model softmax:2-2 --data "csv:$work/data.csv" --epochs 1 --batch 1 --device cpu
-        --threads 1 --eval-every 0 --log-every 0 --checkpoint-every 0 --quiet
-        --gossip-every 0 --ring-every 0 --cluster-key "$work/ck")
-"$S" node --listen 127.0.0.1:0 --data-dir "$work/n0" "${common[@]}" 2>"$work/n0.log" &
-pids+=($!)
-seed=
-for _ in $(seq 200); do
-  seed=$("$S" status --json --data-dir "$work/n0" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' || true)
-  [ -n "$seed" ] && [ "${seed##*:}" != 0 ] && break
-  sleep 0.05
-done
-[ -n "$seed" ] || { cat "$work/n0.log" >&2; echo "bench_sync_sgd: node 0 did not start" >&2; exit 1; }
-for ((k = 1; k < N; k++)); do
-  "$S" node --listen 127.0.0.1:0 --join "$seed" --data-dir "$work/n$k" "${common[@]}" 2>"$work/n$k.log" &
-  pids+=($!)
-done
-for _ in $(seq 300); do
-  seen=$("$S" peers --json --data-dir "$work/n$((N - 1))" 2>/dev/null | grep -o '"state":"alive"' | wc -l || true)
-  [ "${seen:-0}" -ge "$N" ] && break
-  sleep 0.1
-done
+bench_idle_nodes "$S" "$work" "$N"
 
 run_group() { # MODE: N members at once; prints member 0's JSON
   local mode=$1 k ps=() ok=0 port=0
