@@ -499,8 +499,7 @@ static bool turn(st__tt_t* tt) {
     st__tt_save_and_post(tt, now);
   if (ah->seg != NULL)
     program_cycle(tt, now);
-  if (tt->checkpoint_every_s > 0 && now >= tt->next_ckpt &&
-      tt->ckpt_version != tt->version)
+  if (st__tt_checkpoint_due(tt, now, ah->step))
     st__tt_save_and_post(tt, now);
   return true;
 }
@@ -509,12 +508,15 @@ static void* attach_main(void* arg) {
   st__tt_t* tt = arg;
   st__ah_t* ah = tt->ah;
   tt->next_ckpt = st_now_s() + tt->checkpoint_every_s;
+  tt->next_ckpt_step = ah->step + tt->checkpoint_every_steps;
   for (;;) {
     uint32_t bell = ah->h != NULL ? atomic_load(&ah->h->doorbell) : 0;
     if (!turn(tt))
       break;
     double now = st_now_s();
-    double deadline = tt->checkpoint_every_s > 0 ? tt->next_ckpt : now + 3600;
+    double deadline = tt->checkpoint_every_s > 0 && !tt->checkpoint_every_steps
+                          ? tt->next_ckpt
+                          : now + 3600;
     if (ah->seg != NULL && (ah->outstanding || ah->n_waiting > 0)) {
       futex_wait(&ah->h->doorbell, bell, ACK_POLL_NS);
     } else {
@@ -579,6 +581,7 @@ int st__tt_start_attached(const st__tt_attach_config_t* cfg, st__tt_t** out) {
   }
   memcpy(ah->shadow, cfg->params, ah->n * sizeof(float));
   tt->checkpoint_every_s = cfg->checkpoint_every_s;
+  tt->checkpoint_every_steps = cfg->checkpoint_every_steps;
   tt->notify = cfg->notify;
   tt->notify_arg = cfg->notify_arg;
   tt->n_params = ah->n;

@@ -31,6 +31,8 @@
  * and one probe interval, so that peers mark the node left, not dead. */
 #define LEAVE_LINGER_MS 1500u
 #define SWEEP_MS 250u
+/* How often the step is looked at for --log-every N steps. */
+#define LOG_POLL_S 0.1
 #define SEED_RETRY_MAX_S 30.0
 #define REPLAY_SENDERS 16384
 
@@ -186,6 +188,14 @@ static void log_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
+  if (d->cfg->log_every_steps > 0) {
+    /* Polled (LOG_POLL_S): a line when the step reaches the next mark. */
+    uint64_t mark = st.step / d->cfg->log_every_steps;
+    if (d->log_mark_set && mark == d->log_mark)
+      return;
+    d->log_mark = mark;
+    d->log_mark_set = true;
+  }
   size_t alive = st_membership_alive_count(d->m);
   const char* state = st__dstate_name(d->state);
   if (d->cfg->attach && d->state == ST__D_TRAINING && !st.attached)
@@ -244,8 +254,12 @@ static void tt_async_cb(uv_async_t* a) {
           st__xchg_on_tt_event(d, &ev);
         break;
       case ST__TT_EV_CHECKPOINT:
-        if (!ev.ok)
+        if (!ev.ok) {
           st__dwarn(d, "checkpoint not written: %s", ev.err);
+        } else {
+          d->c.checkpoints++;
+          d->c.checkpoint_step = ev.step;
+        }
         break;
       case ST__TT_EV_EPOCHS_DONE: {
         st__tt_stats_t st;
@@ -475,6 +489,7 @@ static int start_trainer(st__daemon_t* d) {
   tc.eval_every_s = d->cfg->eval_every_s;
   tc.checkpoint_path = d->checkpoint_path;
   tc.checkpoint_every_s = d->cfg->checkpoint_every_s;
+  tc.checkpoint_every_steps = d->cfg->checkpoint_every_steps;
   tc.notify = notify_loop;
   tc.notify_arg = &d->tt_async;
   return st__tt_start(&tc, &d->tt);
@@ -612,7 +627,8 @@ static int start_network(st__daemon_t* d, char* err, size_t err_len) {
   start_periodic(&d->gossip_timer, gossip_cb, cfg->gossip_every_s);
   start_periodic(&d->sweep_timer, sweep_cb, SWEEP_MS / 1000.0);
   start_periodic(&d->status_timer, status_cb, cfg->status_every_s);
-  start_periodic(&d->log_timer, log_cb, cfg->log_every_s);
+  start_periodic(&d->log_timer, log_cb,
+                 cfg->log_every_steps > 0 ? LOG_POLL_S : cfg->log_every_s);
   start_periodic(&d->ring_tick_timer, ring_tick_cb, cfg->ring_every_s);
   return 0;
 }
@@ -760,6 +776,7 @@ static int start_host(st__daemon_t* d) {
   ac.step = d->attach_step;
   ac.checkpoint_path = d->checkpoint_path;
   ac.checkpoint_every_s = d->cfg->checkpoint_every_s;
+  ac.checkpoint_every_steps = d->cfg->checkpoint_every_steps;
   ac.notify = notify_loop;
   ac.notify_arg = &d->tt_async;
   int rc = st__tt_start_attached(&ac, &d->tt);

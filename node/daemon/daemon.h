@@ -55,21 +55,23 @@ typedef struct {
   const char* device;
   uint32_t threads; /* 0: OpenBLAS's choice */
 
-  double gossip_every_s;     /* pairwise averaging period; 0: off */
-  double ring_every_s;       /* ring all-reduce proposal period; 0: off */
-  double checkpoint_every_s; /* 0: only at exit */
-  double eval_every_s;       /* test-set evaluation period */
-  double status_every_s;     /* status record refresh */
-  double log_every_s;        /* progress lines on stderr; 0: none */
-  double norm_mult;          /* exchange guard (st_xchg_config_t) */
-  double clip_mult;          /* robust averaging: clip at this times the median
-                                delta norm (daemon_xchg.c); 0: off */
-  uint32_t min_nodes;        /* the first step waits until this many nodes
-                                are alive, this one included (1: at once) */
-  uint32_t ring_lanes;       /* encrypted connections a ring link uses, 1 ..
-                                ST_RING_MAX_LANES; 0: a quarter of the
-                                cores, within 1 .. 4 */
-  bool quiet;                /* only warnings and errors on stderr */
+  double gossip_every_s;           /* pairwise averaging period; 0: off */
+  double ring_every_s;             /* ring all-reduce proposal period; 0: off */
+  double checkpoint_every_s;       /* 0: only at exit (or by steps) */
+  uint64_t checkpoint_every_steps; /* or every this many steps; 0: by time */
+  double eval_every_s;             /* test-set evaluation period */
+  double status_every_s;           /* status record refresh */
+  double log_every_s;              /* progress lines on stderr; 0: none */
+  uint64_t log_every_steps; /* or a line each this many steps; 0: by time */
+  double norm_mult;         /* exchange guard (st_xchg_config_t) */
+  double clip_mult;         /* robust averaging: clip at this times the median
+                               delta norm (daemon_xchg.c); 0: off */
+  uint32_t min_nodes;       /* the first step waits until this many nodes
+                               are alive, this one included (1: at once) */
+  uint32_t ring_lanes;      /* encrypted connections a ring link uses, 1 ..
+                               ST_RING_MAX_LANES; 0: a quarter of the
+                               cores, within 1 .. 4 */
+  bool quiet;               /* only warnings and errors on stderr */
   bool attach; /* no built-in trainer: a local program attaches through the
                   control socket and brings the model (docs/attach.md);
                   train, data_spec, device are unused */

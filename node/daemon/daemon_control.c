@@ -163,6 +163,9 @@ static void status_json_node(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_num(b, first, "samples_per_sec", st.samples_per_sec);
   kv_u64(b, first, "samples", st.samples);
   kv_u64(b, first, "corrections_applied", st.corrections);
+  kv_u64(b, first, "checkpoints_written", d->c.checkpoints);
+  kv_num(b, first, "checkpoint_step",
+         d->c.checkpoints > 0 ? (double) d->c.checkpoint_step : NAN);
   kv_u64(b, first, "peers_alive", pc.alive);
   kv_u64(b, first, "peers_suspect", pc.suspect);
   kv_u64(b, first, "peers_dead", pc.dead);

@@ -227,7 +227,9 @@ typedef struct {
 void st__hist_observe(st__hist_t* h, double seconds);
 
 typedef struct {
-  uint64_t ok, failed, busy, dropped;       /* exchanges (dropped: guard) */
+  uint64_t ok, failed, busy, dropped; /* exchanges (dropped: guard) */
+  uint64_t checkpoints;     /* written (periodic, asked for, at leave) */
+  uint64_t checkpoint_step; /* the step of the last one written */
   uint64_t by_result[ST_XCHG_RESULT_COUNT]; /* both roles */
   uint64_t fetches_ok;
   uint64_t clipped;            /* averaging exchanges whose pull we clipped */
@@ -327,6 +329,8 @@ struct st__daemon_s {
   uv_signal_t sigint, sigterm;
   uv_timer_t member_timer, gossip_timer, status_timer, sweep_timer, seed_timer,
       leave_timer, log_timer, ring_tick_timer, form_timer, ring_timer;
+  uint64_t log_mark; /* --log-every N steps: the step / N last logged */
+  bool log_mark_set;
   uv_async_t tt_async;
   bool control_open;
 

@@ -237,6 +237,12 @@ static void render_training(st__daemon_t* d, st_json_buf_t* b) {
           st.samples);
   counter(b, "starling_corrections_applied_total",
           "Averaging corrections applied to the model.", st.corrections);
+  counter(b, "starling_checkpoints_total",
+          "Checkpoints written while running (periodic or asked for).",
+          d->c.checkpoints);
+  gauge(b, "starling_checkpoint_step",
+        "The step of the last checkpoint written (NaN before one).",
+        d->c.checkpoints > 0 ? (double) d->c.checkpoint_step : NAN);
   if (!d->cfg->attach)
     return;
   gauge(b, "starling_attach_program_attached",

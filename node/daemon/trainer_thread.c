@@ -193,7 +193,16 @@ void st__tt_save_and_post(st__tt_t* tt, double now) {
   ev.ok = rc == 0;
   /* A failed periodic write is retried a period later, not at once. */
   tt->next_ckpt = now + tt->checkpoint_every_s;
+  tt->next_ckpt_step = ev.step + tt->checkpoint_every_steps;
   st__tt_post(tt, &ev);
+}
+
+bool st__tt_checkpoint_due(const st__tt_t* tt, double now, uint64_t step) {
+  if (tt->ckpt_version == tt->version)
+    return false;
+  if (tt->checkpoint_every_steps > 0)
+    return step >= tt->next_ckpt_step;
+  return tt->checkpoint_every_s > 0 && now >= tt->next_ckpt;
 }
 
 /* True when a periodic evaluation (resp. checkpoint) is due at `now`: its
@@ -212,8 +221,8 @@ static bool periodic_due(const st__tt_t* tt, double now, bool* eval, bool* ckpt,
     *eval = now >= tt->next_eval;
     *deadline = fmin(*deadline, tt->next_eval);
   }
-  if (tt->checkpoint_every_s > 0 && can_checkpoint(tt) &&
-      tt->ckpt_version != tt->version) {
+  if (tt->checkpoint_every_s > 0 && !tt->checkpoint_every_steps &&
+      can_checkpoint(tt) && tt->ckpt_version != tt->version) {
     *ckpt = now >= tt->next_ckpt;
     *deadline = fmin(*deadline, tt->next_ckpt);
   }
@@ -392,7 +401,7 @@ static void step_once(st__tt_t* tt) {
   tt->stats.samples_per_sec = rate;
   pthread_mutex_unlock(&tt->mu);
 
-  if (tt->checkpoint_every_s > 0 && can_checkpoint(tt) && now >= tt->next_ckpt)
+  if (can_checkpoint(tt) && st__tt_checkpoint_due(tt, now, t->step))
     st__tt_save_and_post(tt, now);
   if (st_trainer_done(t))
     epochs_done(tt, now);
@@ -431,6 +440,7 @@ static void* thread_main(void* arg) {
       tt->started = true;
       tt->next_eval = now + tt->eval_every_s;
       tt->next_ckpt = now + tt->checkpoint_every_s;
+      tt->next_ckpt_step = tt->t->step + tt->checkpoint_every_steps;
       rate_reset(tt, now);
       pthread_mutex_lock(&tt->mu);
       publish_locked(tt);
@@ -532,6 +542,7 @@ int st__tt_start(const st__tt_config_t* cfg, st__tt_t** out) {
   tt->test = cfg->test != NULL && cfg->test->n > 0 ? cfg->test : NULL;
   tt->eval_every_s = cfg->eval_every_s;
   tt->checkpoint_every_s = cfg->checkpoint_every_s;
+  tt->checkpoint_every_steps = cfg->checkpoint_every_steps;
   tt->ckpt_meta = cfg->ckpt_meta;
   tt->n_ckpt_meta = cfg->n_ckpt_meta;
   tt->notify = cfg->notify;

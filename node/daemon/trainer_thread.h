@@ -57,13 +57,14 @@ typedef struct st__tt_s st__tt_t;
 #define ST__TT_MAX_APPLIES 16
 
 typedef struct {
-  st_trainer_t* trainer;         /* initialized; owned by the thread once
-                                    started, freed by the caller after join */
-  const st_dataset_t* test;      /* may have n == 0 (no evaluation) */
-  double eval_every_s;           /* 0: only at epoch ends */
-  const char* checkpoint_path;   /* NULL: never; copied */
-  double checkpoint_every_s;     /* 0: only at stop */
-  const st_meta_kv_t* ckpt_meta; /* extra checkpoint metadata (borrowed) */
+  st_trainer_t* trainer;           /* initialized; owned by the thread once
+                                      started, freed by the caller after join */
+  const st_dataset_t* test;        /* may have n == 0 (no evaluation) */
+  double eval_every_s;             /* 0: only at epoch ends */
+  const char* checkpoint_path;     /* NULL: never; copied */
+  double checkpoint_every_s;       /* 0: only at stop (or by steps) */
+  uint64_t checkpoint_every_steps; /* or each this many steps; 0: by time */
+  const st_meta_kv_t* ckpt_meta;   /* extra checkpoint metadata (borrowed) */
   size_t n_ckpt_meta;
   void (*notify)(void* arg); /* called from the trainer thread after it
                                 posts a result; must be thread-safe */
@@ -134,8 +135,9 @@ typedef struct {
   const st_attach_model_t* model; /* copied */
   const float* params;            /* model->n_floats: the starting state */
   uint64_t step;
-  const char* checkpoint_path; /* NULL: never; copied */
-  double checkpoint_every_s;   /* 0: only at stop */
+  const char* checkpoint_path;     /* NULL: never; copied */
+  double checkpoint_every_s;       /* 0: only at stop (or by steps) */
+  uint64_t checkpoint_every_steps; /* or each this many steps */
   void (*notify)(void* arg);
   void* notify_arg;
 } st__tt_attach_config_t;

@@ -58,7 +58,8 @@ struct st__tt_s {
   const st_dataset_t* test; /* NULL when there is nothing to evaluate on */
   double eval_every_s;
   double checkpoint_every_s;
-  char* checkpoint_path; /* owned copy, or NULL */
+  uint64_t checkpoint_every_steps; /* 0: by time */
+  char* checkpoint_path;           /* owned copy, or NULL */
   const st_meta_kv_t* ckpt_meta;
   size_t n_ckpt_meta;
   void (*notify)(void* arg);
@@ -89,6 +90,7 @@ struct st__tt_s {
   uint64_t version; /* bumped whenever the parameters change */
   uint64_t eval_version, ckpt_version;
   double next_eval, next_ckpt; /* monotonic seconds */
+  uint64_t next_ckpt_step;     /* with checkpoint_every_steps */
   double losses[LOSS_WINDOW];
   size_t n_losses, loss_next;
   rate_point_t rate[RATE_POINTS];
@@ -107,6 +109,10 @@ void st__tt_make_event(st__tt_t* tt, st__tt_event_t* ev, st__tt_ev_kind_t kind,
  * schedules the next periodic one a period from now (a failed write is
  * retried then, not at once). */
 void st__tt_save_and_post(st__tt_t* tt, double now);
+/* True when a periodic checkpoint is due at now and step: its period (in
+ * seconds or in steps) has passed and the parameters changed since the
+ * last one. */
+bool st__tt_checkpoint_due(const st__tt_t* tt, double now, uint64_t step);
 /* Takes the oldest request out; false when none. Caller holds mu. */
 bool st__tt_pop_request_locked(st__tt_t* tt, req_t* r);
 /* Sets up the mutex and condition variables and starts thread_main with

@@ -39,6 +39,8 @@ SIMPLE = {
     "samples_per_sec": ("starling_samples_per_second", {}),
     "samples": ("starling_samples_total", {}),
     "corrections_applied": ("starling_corrections_applied_total", {}),
+    "checkpoints_written": ("starling_checkpoints_total", {}),
+    "checkpoint_step": ("starling_checkpoint_step", {}),
     "peers_alive": ("starling_members", {"state": "alive"}),
     "peers_suspect": ("starling_members", {"state": "suspect"}),
     "peers_dead": ("starling_members", {"state": "dead"}),

@@ -93,6 +93,15 @@ int st__parse_u64(const char* cmd, const char* flag, const char* text,
 /* A duration: a number of seconds, or a number with a unit (ms, s, m, h),
  * in [0, max_s]; *out in seconds. 0, or -EINVAL with the reason on
  * stderr. */
+/* A progress interval (--checkpoint-every, --log-every): a duration as
+ * st__parse_duration (into *seconds) or a number of steps with the unit
+ * "steps" (1 to max_steps, into *steps); the other is set to 0, and both
+ * are 0 for "0" (never). With bare_is_seconds false a number without a
+ * unit other than 0 is refused, naming both ways to write it (for a flag
+ * that once counted steps). 0, or -EINVAL with the reason on stderr. */
+int st__parse_interval(const char* cmd, const char* flag, const char* text,
+                       double max_s, uint64_t max_steps, bool bare_is_seconds,
+                       double* seconds, uint64_t* steps);
 int st__parse_duration(const char* cmd, const char* flag, const char* text,
                        double max_s, double* out);
 int st__parse_double(const char* cmd, const char* flag, const char* text,

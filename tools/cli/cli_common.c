@@ -101,6 +101,45 @@ int st__parse_duration(const char* cmd, const char* flag, const char* text,
   return -EINVAL;
 }
 
+int st__parse_interval(const char* cmd, const char* flag, const char* text,
+                       double max_s, uint64_t max_steps, bool bare_is_seconds,
+                       double* seconds, uint64_t* steps) {
+  *seconds = 0;
+  *steps = 0;
+  size_t len = strlen(text), unit = strlen("steps");
+  if (len > 4 && strcmp(text + len - 4, "step") == 0)
+    unit = 4; /* 1step */
+  if (len > unit && strncmp(text + len - unit, "steps", unit) == 0) {
+    char num[32];
+    if (len - unit < sizeof num) {
+      memcpy(num, text, len - unit);
+      num[len - unit] = '\0';
+      char* end = NULL;
+      errno = 0;
+      unsigned long long v = strtoull(num, &end, 10);
+      if (num[0] >= '0' && num[0] <= '9' && *end == '\0' && errno == 0 &&
+          v <= max_steps) {
+        *steps = (uint64_t) v;
+        return 0;
+      }
+    }
+    fprintf(stderr,
+            "%s: %s: '%s' is not a number of steps: a whole number from 0 "
+            "to %llu followed by \"steps\" (500steps)\n",
+            cmd, flag, text, (unsigned long long) max_steps);
+    return -EINVAL;
+  }
+  size_t digits = strspn(text, "0123456789.");
+  if (!bare_is_seconds && len > 0 && digits == len && strtod(text, NULL) != 0) {
+    fprintf(stderr,
+            "%s: %s: '%s' needs a unit: %ssteps for steps, or %ss for "
+            "seconds\n",
+            cmd, flag, text, text, text);
+    return -EINVAL;
+  }
+  return st__parse_duration(cmd, flag, text, max_s, seconds);
+}
+
 int st__parse_double(const char* cmd, const char* flag, const char* text,
                      double min, double max, double* out) {
   char* end = NULL;

@@ -123,7 +123,8 @@ static void usage(FILE* f) {
       "status'\n"
       "Intervals (--*-every T) are seconds, or durations with a unit: "
       "500ms, 30s,\n"
-      "5m, 1h.\n"
+      "5m, 1h; --checkpoint-every and --log-every also take steps: "
+      "500steps.\n"
       "  --gossip-every T     average with a random peer every T (default "
       "0.5 s;\n"
       "                       0: never)\n"
@@ -140,11 +141,14 @@ static void usage(FILE* f) {
       "                       included (default 1: at once); training goes "
       "on\n"
       "                       whatever the count does afterwards\n"
-      "  --checkpoint-every T write a checkpoint every T (default 30 s)\n"
+      "  --checkpoint-every T write a checkpoint every T: a duration or "
+      "N steps\n"
+      "                       (default 30 s; 0: only at leave)\n"
       "  --eval-every T       evaluate on the test set every T (default "
       "5 s)\n"
-      "  --log-every T        a progress line every T (default 5 s; 0: "
-      "none)\n"
+      "  --log-every T        a progress line every T: a duration or N "
+      "steps (default\n"
+      "                       5 s; 0: none)\n"
       "  --norm-guard X       drop a peer's model whose norm exceeds X times "
       "ours\n"
       "                       (default 10; 0: off)\n"
@@ -174,6 +178,18 @@ static void usage(FILE* f) {
 
 /* The node's numeric flags: where each goes and its range. */
 static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  /* Checkpoints and progress lines also count steps: 500steps. */
+  if (opt == OPT_CHECKPOINT_EVERY)
+    return st__parse_interval(CMD, "--checkpoint-every", v, 1e7, UINT32_MAX,
+                              true, &cfg->checkpoint_every_s,
+                              &cfg->checkpoint_every_steps) != 0
+               ? 2
+               : 0;
+  if (opt == OPT_LOG_EVERY)
+    return st__parse_interval(CMD, "--log-every", v, 1e7, UINT32_MAX, true,
+                              &cfg->log_every_s, &cfg->log_every_steps) != 0
+               ? 2
+               : 0;
   static const struct {
     int opt;
     const char* flag;
@@ -184,12 +200,8 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
        offsetof(st_daemon_config_t, gossip_every_s)},
       {OPT_RING_EVERY, "--ring-every", 86400,
        offsetof(st_daemon_config_t, ring_every_s)},
-      {OPT_CHECKPOINT_EVERY, "--checkpoint-every", 1e7,
-       offsetof(st_daemon_config_t, checkpoint_every_s)},
       {OPT_EVAL_EVERY, "--eval-every", 1e7,
        offsetof(st_daemon_config_t, eval_every_s)},
-      {OPT_LOG_EVERY, "--log-every", 1e7,
-       offsetof(st_daemon_config_t, log_every_s)},
       {OPT_NORM_MULT, "--norm-guard", 1e12,
        offsetof(st_daemon_config_t, norm_mult)},
       {OPT_CLIP_MULT, "--clip", 1e6, offsetof(st_daemon_config_t, clip_mult)},

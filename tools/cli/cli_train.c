@@ -5,7 +5,8 @@
  * about once a second and the test accuracy after every epoch. Checkpoints
  * go to --checkpoint (by default out/train/model.safetensors, its directory
  * created; --no-checkpoint for none) after every epoch (and every
- * --checkpoint-every steps) and on SIGINT/SIGTERM, atomically; --resume
+ * --checkpoint-every steps or seconds) and on SIGINT/SIGTERM, atomically;
+ * --resume
  * continues the same trajectory. With --json the progress goes to stderr and
  * one JSON object with the results goes to stdout at the end.
  *
@@ -66,16 +67,19 @@ static void usage(FILE* f) {
       "                       when interrupted and at most once a minute\n"
       "                       (starling eval and predict use it)\n"
       "  --no-checkpoint      write no checkpoint\n"
-      "  --checkpoint-every N also every N steps\n"
+      "  --checkpoint-every T also every T: N steps (500steps) or a "
+      "duration\n"
+      "                       (30s, 5m); a bare number needs its unit\n"
       "  --resume PATH        continue from a checkpoint written with the "
       "same\n"
       "                       --model, --batch, --seed, --shard and optimizer\n"
       "  --stop-after-steps N stop after step N as if interrupted (checkpoint\n"
       "                       written; the schedule still spans --epochs)\n"
-      "  --log-every SECONDS  at most this long between progress lines "
-      "(default\n"
-      "                       10; there are also four per epoch; 0: every "
-      "step)\n"
+      "  --log-every T        at most this long between progress lines: "
+      "a duration\n"
+      "                       (default 10 s; there are also four per epoch; "
+      "0: every\n"
+      "                       step), or a line every N steps (500steps)\n"
       "  --json               print the results as one JSON object on stdout\n"
       "  -h, --help           this help\n"
       "\n"
@@ -114,10 +118,12 @@ static const struct option own_opts[] = {
 typedef struct {
   st__train_flags_t f; /* what to train and how: f.cfg, f.data, f.device */
   const char* checkpoint;
-  uint64_t checkpoint_every;
+  uint64_t checkpoint_every; /* steps; 0: by time, or never */
+  double checkpoint_every_s; /* 0: by steps, or never */
   const char* resume;
-  double log_every;
-  uint64_t stop_after; /* 0: no limit */
+  double log_every;         /* seconds; 0 with log_every_steps 0: each step */
+  uint64_t log_every_steps; /* 0: by time */
+  uint64_t stop_after;      /* 0: no limit */
   int json;
   int no_checkpoint;      /* --no-checkpoint */
   int default_checkpoint; /* checkpoint is DEFAULT_CHECKPOINT */
@@ -164,14 +170,17 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         a->checkpoint = v;
         break;
       case OPT_CHECKPOINT_EVERY:
-        rc = st__parse_u64(CMD, "--checkpoint-every", v, 1, UINT64_MAX,
-                           &a->checkpoint_every);
+        /* Once a bare number of steps: now a unit is required. */
+        rc = st__parse_interval(CMD, "--checkpoint-every", v, 1e7, UINT32_MAX,
+                                false, &a->checkpoint_every_s,
+                                &a->checkpoint_every);
         break;
       case OPT_RESUME:
         a->resume = v;
         break;
       case OPT_LOG_EVERY:
-        rc = st__parse_double(CMD, "--log-every", v, 0, 1e6, &a->log_every);
+        rc = st__parse_interval(CMD, "--log-every", v, 1e6, UINT32_MAX, true,
+                                &a->log_every, &a->log_every_steps);
         break;
       case OPT_JSON:
         a->json = 1;
@@ -390,12 +399,14 @@ typedef struct {
 } run_t;
 
 /* A progress line every quarter epoch, and at least every --log-every
- * seconds when epochs are long. */
+ * seconds when epochs are long; or every --log-every N steps. */
 static void log_progress(run_t* r, uint64_t epoch_before, double t1) {
   const st_trainer_t* t = r->t;
   size_t quarter = (t->steps_per_epoch + 3) / 4;
-  if (r->a->log_every == 0 || t1 - r->last_log >= r->a->log_every ||
-      r->log_n >= quarter) {
+  uint64_t every = r->a->log_every_steps;
+  if (every > 0 ? t->step % every == 0
+                : r->a->log_every == 0 || t1 - r->last_log >= r->a->log_every ||
+                      r->log_n >= quarter) {
     fprintf(r->log,
             "epoch %" PRIu64
             "/%u  step %zu/%zu  loss %.4f  lr %.5f  "
@@ -484,11 +495,15 @@ static int train_step(run_t* r) {
   r->log_loss += loss;
   r->log_n++;
   log_progress(r, epoch_before, t1);
-  if (a->checkpoint && a->checkpoint_every &&
-      t->step % a->checkpoint_every == 0 && t->epoch == epoch_before) {
+  bool due = a->checkpoint_every
+                 ? t->step % a->checkpoint_every == 0
+                 : a->checkpoint_every_s > 0 &&
+                       t1 - r->last_save >= a->checkpoint_every_s;
+  if (a->checkpoint && due && t->epoch == epoch_before) {
     if (save(a, t, r->log) != 0)
       return -1;
     r->ckpt_written = a->checkpoint;
+    r->last_save = st_now_s();
   }
   if (t->epoch != epoch_before)
     return end_epoch(r);
