@@ -153,6 +153,8 @@ typedef struct {
   float samples_per_sec;
   uint8_t fingerprint[16];
   bool ring_capable;
+  bool synced; /* holds its model's state (its own start, or synced from a
+                  peer): what --min-nodes counts */
   uint8_t signature[ST_SIGNATURE_BYTES]; /* node's, of the STATUS claim */
 } st_msg_status_t;
 

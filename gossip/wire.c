@@ -94,7 +94,7 @@ static size_t field_count(uint64_t type) {
     case ST_MSG_DEAD:
       return 4;
     case ST_MSG_STATUS:
-      return 9;
+      return 10;
     case ST_MSG_PUSH_PULL:
       return 2;
     case ST_MSG_TENSOR_CHUNK:
@@ -478,7 +478,7 @@ static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
            msgpack_pack_float(pk, m->accuracy) |
            msgpack_pack_float(pk, m->samples_per_sec) |
            pack_bin(pk, m->fingerprint, sizeof m->fingerprint) |
-           pack_bool(pk, m->ring_capable) |
+           pack_bool(pk, m->ring_capable) | pack_bool(pk, m->synced) |
            pack_bin(pk, m->signature, sizeof m->signature);
       break;
     }
@@ -910,8 +910,8 @@ static int get_membership(st_msg_type_t type, const msgpack_object* f,
              get_f32(&f[4], &m->accuracy) |
              get_f32(&f[5], &m->samples_per_sec) |
              get_bin(&f[6], m->fingerprint, sizeof m->fingerprint) |
-             get_bool(&f[7], &m->ring_capable) |
-             get_bin(&f[8], m->signature, sizeof m->signature);
+             get_bool(&f[7], &m->ring_capable) | get_bool(&f[8], &m->synced) |
+             get_bin(&f[9], m->signature, sizeof m->signature);
     }
     case ST_MSG_PUSH_PULL:
       return get_push_pull(f, &msg->u.push_pull, why);

@@ -111,26 +111,44 @@ static void gossip_cb(uv_timer_t* t) {
 /* How often a waiting node says what it waits for. */
 #define WAIT_LOG_MS 10000u
 
-/* Starts the trainer once --min-nodes are alive (this one included); until
- * then says every WAIT_LOG_MS how many are. Training, once started, goes on
- * whatever the count does later. */
+/* The nodes that hold their model's state: this one (it waits, so it has
+ * it) and every other alive member whose STATUS says synced. A joiner
+ * still fetching its state does not count: started with it, a donor with
+ * a small model could finish its epochs before the joiner took a step. */
+static size_t synced_count(st__daemon_t* d) {
+  size_t n = 1;
+  for (size_t i = 0; i < st_membership_count(d->m); i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb != NULL && mb->state == ST_MEMBER_ALIVE && mb->has_status &&
+        mb->status.synced && st_node_id_compare(&mb->id, &d->ident.id) != 0)
+      n++;
+  }
+  return n;
+}
+
+/* Starts the trainer once --min-nodes hold their state (synced_count);
+ * until then says every WAIT_LOG_MS how many are alive and how many of
+ * them are synced. Training, once started, goes on whatever the count
+ * does later. */
 static void wait_tick(st__daemon_t* d) {
   if (d->state != ST__D_WAITING)
     return;
   size_t alive = st_membership_alive_count(d->m);
+  size_t synced = d->cfg->min_nodes > 1 ? synced_count(d) : 1;
   uint64_t now = st__dnow(d);
-  if (alive >= d->cfg->min_nodes) {
+  if (synced >= d->cfg->min_nodes) {
     if (d->cfg->min_nodes > 1)
-      st__dlog(d, "%zu nodes alive (--min-nodes %u): training starts", alive,
-               d->cfg->min_nodes);
+      st__dlog(d,
+               "%zu nodes alive and synced (--min-nodes %u): training starts",
+               synced, d->cfg->min_nodes);
     d->state = ST__D_TRAINING;
     st__tt_go(d->tt);
     st__attach_node_ready(d);
   } else if (d->wait_logged_ms == 0 || now - d->wait_logged_ms >= WAIT_LOG_MS) {
     st__dlog(d,
              "waiting for %u nodes before the first step (--min-nodes): %zu "
-             "alive",
-             d->cfg->min_nodes, alive);
+             "alive, %zu synced",
+             d->cfg->min_nodes, alive, synced);
     d->wait_logged_ms = now;
   }
 }
@@ -171,6 +189,7 @@ static void status_cb(uv_timer_t* t) {
   memcpy(s.fingerprint, d->local.fingerprint, sizeof(s.fingerprint));
   s.ring_capable =
       d->rf != NULL && (d->state == ST__D_TRAINING || d->state == ST__D_DONE);
+  s.synced = d->state != ST__D_SYNCING;
   st_membership_set_status(d->m, st__dnow(d), &s);
   st__net_drain(d);
 }

@@ -5,7 +5,9 @@
 #       says so in its log, and shows "-" (table) and null (JSON) for the
 #       loss and accuracy it has not measured;
 #   (b) a second node joins with --min-nodes 2: it synchronizes from the
-#       waiting one, and both start training;
+#       waiting one, and both start training, the first only once the
+#       second holds its state (a member counts once its STATUS says
+#       synced);
 #   (c) bad values are refused naming the flag.
 # And, with node 0 at hand: a node on the CPU maps no CUDA library.
 source "$(dirname "$0")/lib.sh"
@@ -52,11 +54,25 @@ node_up 1
 for k in 0 1; do
   wait_for 30 "node $k stepping" step_over "$k" 0
 done
-grep -q "2 nodes alive (--min-nodes 2): training starts" "$(node_log 0)" ||
+grep -q "2 nodes alive and synced (--min-nodes 2): training starts" "$(node_log 0)" ||
   node_fail "(b) node 0 does not log the start"
 grep -q "synchronized from" "$(node_log 1)" ||
   node_fail "(b) node 1 did not synchronize from the waiting node"
-pass "(b) a second node joins: both train ($(elapsed) s)"
+# Node 1 counts once it holds the state: node 0's start comes after node
+# 1's "synchronized from" (the logs' times, in Unix time by their "log
+# clock" lines).
+"$NUMPY_PY" - "$(node_log 0)" "$(node_log 1)" <<'EOF' || node_fail "(b) node 0 started before node 1 had synced"
+import re, sys
+def at(path, what):
+    text = open(path).read()
+    zero = float(re.search(r"log clock: second 0 of this log is Unix time ([0-9.]+)", text).group(1))
+    t = float(re.search(r"^\[\s*([0-9.]+) \w+\] .*" + what, text, re.M).group(1))
+    return zero + t
+start, synced = at(sys.argv[1], "training starts"), at(sys.argv[2], "synchronized from")
+print(f"node 1 synced at {synced:.3f}, node 0 started at {start:.3f}")
+sys.exit(0 if start >= synced - 0.01 else 1)
+EOF
+pass "(b) a second node joins: node 0 starts once it has synced; both train ($(elapsed) s)"
 
 node_leave 1
 node_leave 0

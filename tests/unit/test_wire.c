@@ -49,7 +49,7 @@ typedef struct {
   st_msg_type_t type;
   const char* name;
   int n;
-  fspec_t f[9];
+  fspec_t f[10];
 } mspec_t;
 
 static const mspec_t specs[] = {
@@ -81,7 +81,7 @@ static const mspec_t specs[] = {
      {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_BIN, 16, 0}, {F_BIN, 64, 0}}},
     {ST_MSG_STATUS,
      "status",
-     9,
+     10,
      {{F_BIN, 16, 0},
       {F_U64, 0, 5},
       {F_U64, 0, 6},
@@ -89,6 +89,7 @@ static const mspec_t specs[] = {
       {F_F32, 0, 0},
       {F_F32, 0, 0},
       {F_BIN, 16, 0},
+      {F_BOOL, 0, 0},
       {F_BOOL, 0, 0},
       {F_BIN, 64, 0}}},
     {ST_MSG_TENSOR_CHUNK,
@@ -436,6 +437,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       m->u.status.samples_per_sec = rand_f32();
       tw_rand_bytes(&rng, m->u.status.fingerprint, 16);
       m->u.status.ring_capable = st_rng_below(&rng, 2);
+      m->u.status.synced = st_rng_below(&rng, 2);
       tw_rand_bytes(&rng, m->u.status.signature, sizeof m->u.status.signature);
       break;
     case ST_MSG_TENSOR_CHUNK: {
@@ -569,16 +571,16 @@ START_TEST(test_wide_integers) {
   ck_assert_uint_eq(m.u.ping.target.b[15], 16);
   /* STATUS with float64 values, narrowed; NaN and infinity are values. */
   w_t* w = w_new(W_CAP);
-  w_array(w, 11), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
+  w_array(w, 12), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
   w_bin(w, NULL, 16), w_uint(w, 1), w_uint(w, 2);
   w_f64(w, 0.1), w_f64(w, NAN), w_f64(w, -INFINITY);
-  w_bin(w, NULL, 16), w_byte(w, 0xc2), w_bin(w, NULL, 64);
+  w_bin(w, NULL, 16), w_byte(w, 0xc2), w_byte(w, 0xc3), w_bin(w, NULL, 64);
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
   ck_assert(m.u.status.loss == 0.1f);
   ck_assert(isnan(m.u.status.accuracy));
   ck_assert(isinf(m.u.status.samples_per_sec) &&
             m.u.status.samples_per_sec < 0);
-  ck_assert(!m.u.status.ring_capable);
+  ck_assert(!m.u.status.ring_capable && m.u.status.synced);
   w_free(w);
 }
 END_TEST
