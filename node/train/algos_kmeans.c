@@ -24,8 +24,11 @@
  *      st_rng seeded with the seed;
  *   4. rank 0's centroids are broadcast (a sum with zeros elsewhere), so
  *      that members agree to the bit even on different CPUs.
- * The same data with the same seed therefore starts, and ends, at the same
- * centroids on one member or on seven.
+ * The same data with the same seed therefore starts at the same centroids
+ * on one member or on seven, and ends there too but for near ties: the map
+ * takes distances from one OpenBLAS dgemm per block of 256 points
+ * (|c|^2 - 2 x.c), whose rounding may depend on a point's place in its
+ * block.
  *
  * Rules: a point equally near two centroids goes to the lower index; a
  * cluster that gets no point keeps its previous centroid; the loop stops
@@ -34,6 +37,7 @@
  */
 #include "node/train/train.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -83,13 +87,24 @@ uint64_t st_kmeans_point_key(const float* x, size_t dim, uint64_t seed) {
   return h;
 }
 
+/* The squared distance in float64, summed in four interleaved partial
+ * sums (element j goes to sum j % 4), added as (s0 + s1) + (s2 + s3): four
+ * independent chains the compiler can keep in vector registers. The order
+ * is fixed by the index alone, so every member computes the same bits for
+ * a point wherever its shard puts it. */
 static double dist2(const float* x, const double* c, size_t dim) {
-  double s = 0.0;
-  for (size_t j = 0; j < dim; j++) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  size_t j = 0;
+  for (; j + 4 <= dim; j += 4)
+    for (size_t u = 0; u < 4; u++) {
+      double d = (double) x[j + u] - c[j + u];
+      s[u] += d * d;
+    }
+  for (; j < dim; j++) {
     double d = (double) x[j] - c[j];
-    s += d * d;
+    s[j % 4] += d * d;
   }
-  return s;
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 static double dist2_d(const double* a, const double* b, size_t dim) {
@@ -101,30 +116,64 @@ static double dist2_d(const double* a, const double* b, size_t dim) {
   return s;
 }
 
-void st_kmeans_combine(const float* x, size_t n, size_t dim, const double* c,
-                       size_t k, double* acc) {
+/* Points go through the distances in blocks of this many rows. */
+#define BLOCK_ROWS 256
+
+/* Assigns rows [0, b) of a block: xd holds them widened to float64 (b x
+ * dim), s receives xd C^T (b x k, one float64 matrix product, OpenBLAS's
+ * dgemm); the nearest centroid of a row is the least |c|^2 - 2 x.c, which
+ * orders the centroids as |x - c|^2 does (cn[j] = |c_j|^2), a tie going to
+ * the lower index; its sums, count and exact |x - c|^2 go into acc. */
+static void assign_block(const float* x, const double* xd, double* s, size_t b,
+                         size_t dim, const double* c, const double* cn,
+                         size_t k, double* acc) {
   double* sums = acc;
   double* counts = acc + k * dim;
-  memset(acc, 0, st_kmeans_acc_len(k, dim) * sizeof(double));
-  double objective = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    const float* xi = x + i * dim;
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int) b, (int) k,
+              (int) dim, 1.0, xd, (int) dim, c, (int) dim, 0.0, s, (int) k);
+  for (size_t i = 0; i < b; i++) {
+    const double* si = s + i * k;
     size_t best = 0;
-    double best_d = dist2(xi, c, dim);
+    double best_s = cn[0] - 2.0 * si[0];
     for (size_t j = 1; j < k; j++) {
-      double d = dist2(xi, c + j * dim, dim);
-      if (d < best_d) { /* strict: a tie goes to the lower index */
-        best_d = d;
+      double v = cn[j] - 2.0 * si[j];
+      if (v < best_s) { /* strict: a tie goes to the lower index */
+        best_s = v;
         best = j;
       }
     }
-    double* s = sums + best * dim;
+    const float* xi = x + i * dim;
+    double* sj = sums + best * dim;
     for (size_t t = 0; t < dim; t++)
-      s[t] += (double) xi[t];
+      sj[t] += (double) xi[t];
     counts[best] += 1.0;
-    objective += best_d;
+    acc[k * dim + k] += dist2(xi, c + best * dim, dim);
   }
-  acc[k * dim + k] = objective;
+}
+
+int st_kmeans_combine(const float* x, size_t n, size_t dim, const double* c,
+                      size_t k, double* acc) {
+  memset(acc, 0, st_kmeans_acc_len(k, dim) * sizeof(double));
+  double* buf = malloc((k + BLOCK_ROWS * (dim + k)) * sizeof(double));
+  if (buf == NULL)
+    return -ENOMEM;
+  double* cn = buf;
+  double* xd = cn + k;
+  double* s = xd + BLOCK_ROWS * dim;
+  for (size_t j = 0; j < k; j++) {
+    cn[j] = 0.0;
+    for (size_t t = 0; t < dim; t++)
+      cn[j] += c[j * dim + t] * c[j * dim + t];
+  }
+  for (size_t i0 = 0; i0 < n; i0 += BLOCK_ROWS) {
+    size_t b = n - i0 < BLOCK_ROWS ? n - i0 : BLOCK_ROWS;
+    const float* xb = x + i0 * dim;
+    for (size_t t = 0; t < b * dim; t++)
+      xd[t] = (double) xb[t];
+    assign_block(xb, xd, s, b, dim, c, cn, k, acc);
+  }
+  free(buf);
+  return 0;
 }
 
 double st_kmeans_update(double* c, const double* acc, size_t k, size_t dim,
@@ -388,7 +437,10 @@ void st_kmeans_result_free(st_kmeans_result_t* r) {
 static int kmeans_pass(const st_algo_comm_t* comm, const float* x, size_t n,
                        size_t dim, const double* c, size_t k, double* acc,
                        char* err, size_t err_len) {
-  st_kmeans_combine(x, n, dim, c, k, acc);
+  if (st_kmeans_combine(x, n, dim, c, k, acc) != 0) {
+    st_set_err(err, err_len, "out of memory for %zu centroids", k);
+    return -ENOMEM;
+  }
   int rc = comm->sum(comm->arg, acc, st_kmeans_acc_len(k, dim));
   if (rc != 0)
     st_set_err(err, err_len, "the all-reduce of the cluster sums failed");

@@ -471,9 +471,11 @@ int st_kmeans_init(const st_algo_comm_t* comm, const float* x, size_t n,
 /* Doubles in a combine's output: k x dim sums, k counts, the objective. */
 size_t st_kmeans_acc_len(size_t k, size_t dim);
 /* Map and combine: acc (st_kmeans_acc_len) is overwritten with the sums,
- * counts and objective of the points x (n x dim) at the centroids c. */
-void st_kmeans_combine(const float* x, size_t n, size_t dim, const double* c,
-                       size_t k, double* acc);
+ * counts and objective of the points x (n x dim) at the centroids c, each
+ * point going to the least |c|^2 - 2 x.c (ties to the lower index). 0 or
+ * -ENOMEM. */
+int st_kmeans_combine(const float* x, size_t n, size_t dim, const double* c,
+                      size_t k, double* acc);
 /* The update from a reduced acc: c[j] = sums[j] / counts[j], kept where the
  * count is 0 (their number into *empty, which may be NULL). Returns the
  * largest distance a centroid moved. */
