@@ -564,6 +564,35 @@ def test_two_programs_on_two_nodes_agree(cluster: Cluster) -> None:
     assert together < 0.1 * apart, (together, apart)
 
 
+def test_checkpoints_by_program_steps(cluster: Cluster) -> None:
+    """--checkpoint-every 5steps on an attached node: checkpoints follow
+    the program's steps (the default, 30 s, would write none in this
+    test's few seconds), and none before the fifth."""
+    n = cluster.node(extra=["--checkpoint-every", "5steps"])
+    m = Small()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(5)
+    with starling.attach(m, socket=n.sock, timeout=30 * SLOW) as node:
+        for _ in range(3):
+            train_step(m, opt, gen)
+            node.step()
+        time.sleep(0.5)
+        assert n.field("checkpoints_written") == 0, n.status()
+        for _ in range(9):
+            train_step(m, opt, gen)
+            node.step()
+        wait_until(
+            lambda: (n.field("checkpoints_written") or 0) >= 1,
+            10,
+            "a checkpoint by steps",
+            cluster,
+        )
+        st = n.status()
+        assert st is not None and 5 <= st["checkpoint_step"] <= 12, st
+        assert st["checkpoints_written"] <= 2, st  # at most at 5 and 10
+    assert (n.dir / "checkpoint.safetensors").stat().st_size > 0
+
+
 def test_checkpoint_loads_into_the_model(cluster: Cluster) -> None:
     """The node's checkpoint (written at its leave) has the program's
     tensor names: starling.load_checkpoint + load_state_dict(strict=False)
