@@ -549,3 +549,41 @@ def test_node_went_away(cluster: Cluster) -> None:
             with pytest.raises(starling.NodeUnavailable, match="went away"):
                 comm.barrier()
     assert comm.closed
+
+
+def test_pull_from_a_member_that_dies(cluster: Cluster) -> None:
+    """A pull waiting on a peer that is killed (-9) fails with MemberFailed
+    naming it, well before its own timeout; the pull never returns data."""
+    a = cluster.node()
+    with starling.attach(torch.nn.Linear(2, 2), socket=a.sock, timeout=30 * SLOW):
+        pass
+    b = cluster.node(join=a.address())
+    with starling.attach(torch.nn.Linear(2, 2), socket=b.sock, timeout=30 * SLOW):
+        pass
+    with starling.open_comm(a.sock, timeout=30) as comm:
+        deadline = time.monotonic() + 30 * SLOW
+        while len(comm.members()[0]) < 2:
+            assert time.monotonic() < deadline, "the nodes never saw each other"
+            time.sleep(0.1)
+        ids, rank = comm.members()
+        peer = ids[1 - rank]
+        out: Dict[str, Any] = {}
+
+        def pull() -> None:
+            t0 = time.monotonic()
+            try:
+                comm.pull(peer, "never-pushed", np.zeros(4), timeout=60 * SLOW)
+            except Exception as e:  # handed to the test
+                out["error"] = e
+            out["took"] = time.monotonic() - t0
+
+        t = threading.Thread(target=pull, daemon=True)
+        t.start()
+        time.sleep(0.5)
+        b.kill()
+        t.join(60 * SLOW)
+        assert not t.is_alive(), "the pull did not return after its peer died"
+        e = out.get("error")
+        assert isinstance(e, starling.MemberFailed), repr(e)
+        assert peer[:12] in str(e), str(e)
+        assert out["took"] < 30 * SLOW, out
