@@ -152,10 +152,12 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
     }
     case ST_MSG_COLL_ABORT:
+      /* A reasonless ABORT (a withdrawal) decodes with reason NULL. */
       return a->u.coll_abort.op_id == b->u.coll_abort.op_id &&
              a->u.coll_abort.reason_len == b->u.coll_abort.reason_len &&
-             memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
-                    a->u.coll_abort.reason_len) == 0;
+             (a->u.coll_abort.reason_len == 0 ||
+              memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
+                     a->u.coll_abort.reason_len) == 0);
   }
   return 0;
 }
