@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_node_slow_reader.sh: an insider (a cluster-key holder, fetch_probe)
-# asks a donor for state transfers of a 10.6 MB model and then reads them
+# asks a donor for state transfers of a 29.6 MB model and then reads them
 # slowly or not at all. Before, a finished exchange whose writes were not
 # drained never closed, and every such transfer held a copy of the
 # parameters. Now, against node A:
@@ -9,7 +9,7 @@
 #   (b) the reader that stops reading is cut by the kernel
 #       (TCP_USER_TIMEOUT, 10 s; Linux acts at its next window probe)
 #       before the exchange's own 30 s timeout: exchange_closed;
-#   (c) the reader that drips (at most 64 KiB/s) reaches the exchange
+#   (c) the reader that drips (about 128 KiB/s) reaches the exchange
 #       timeout, and the connection, closing with its last frames unread,
 #       is aborted 5 s later (connections_close_timeout) with a reset: the
 #       reader sees the end at once, the node's kernel does not go on
@@ -21,9 +21,10 @@ source "$(dirname "$0")/node_lib.sh"
 PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/fetch_probe
 [ -x "$PROBE" ] || fail "no fetch_probe next to $STARLING (build it: cmake --build build)"
 
-# A 2.7M-parameter model (10.6 MB), far more than the socket buffers hold;
+# A 7.4M-parameter model (29.6 MB), far more than the socket buffers hold
+# and than the dripping reader takes in 30 s (about 6 MB);
 # A waits for a second node (--min-nodes 2), so it serves without training.
-ARGS=(--model mlp:784-2048-512-10 --data fashion-mnist --batch 64 --lr 0.01
+ARGS=(--model mlp:784-4096-1024-10 --data fashion-mnist --batch 64 --lr 0.01
       --device cpu --threads 1 --epochs 50 --ring-every 0 --gossip-every 0
       --eval-every 60 --min-nodes 2)
 node_start 0 --shard 0/2 "${ARGS[@]}"
@@ -80,7 +81,7 @@ wait "$PROBE_PID" || node_fail "fetch_probe failed: $(cat "$SCRATCH/probe.err")"
 grep -q '"replies":\["ok","ok","busy"\]' "$SCRATCH/probe.json" ||
   node_fail "fetch_probe's replies: $(cat "$SCRATCH/probe.json")"
 # The abort was a reset: the dripping reader saw its connection end at its
-# next drip (every 4 s), not when the node's kernel had delivered the rest
+# next drip (every 2 s), not when the node's kernel had delivered the rest
 # of its send buffer at the reader's pace (once 90 s in).
 ended=$("$NUMPY_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["ended_s"][0])' "$SCRATCH/probe.json")
 [ "$ended" != None ] && ge $((took + 6)) "$ended" ||
