@@ -21,7 +21,8 @@
  *          <-  XCHG_REPLY [status, fingerprint, model, n_params, step]
  *   AVERAGE:  chunks..., XCHG_DONE  <->  chunks..., XCHG_DONE (both ways
  *             at once; each side starts once the REPLY is OK and its
- *             snapshot is there)
+ *             snapshot is there; compressed: XCHG_CODED pieces instead of
+ *             chunks, once its snapshot is encoded)
  *   FETCH:                   <-  chunks..., XCHG_DONE (the donor's)
  *
  * Decisions the header leaves to this file:
@@ -68,6 +69,22 @@
  *   conversation does not expect, is FAIL_PROTOCOL; failures tell the peer
  *   nothing (it sees the connection close: FAIL_CLOSED) and drop whatever
  *   was not yet emitted. Events after DONE are ignored and return 0.
+ * - Compressed (gossip.h, "Compressed averaging"): an AVERAGE goes
+ *   compressed when local.coded_bytes > 0 and the REQ's anchor equals the
+ *   REPLY's and is not all zero; both sides decide it from the same two
+ *   messages. Each side then asks the driver to ENCODE its snapshot once
+ *   it has it (after the REPLY; the norm of the snapshot itself is kept
+ *   for the guards first), streams the coded bytes as XCHG_CODED pieces
+ *   (each starting where the last ended, FAIL_PROTOCOL otherwise; a total
+ *   other than coded_bytes, or an XCHG_DONE before all bytes came, is
+ *   FAIL_SIZE; a TENSOR_CHUNK is FAIL_PROTOCOL, as is an XCHG_CODED in a
+ *   float32 exchange), and once all the peer's bytes and its XCHG_DONE are
+ *   in asks the driver to DECODE them: a refusal is FAIL_CODEC. The
+ *   guards then read decoded drifts: the norm guard compares |D(c_peer)|
+ *   with norm_mult * (|own snapshot| + 1); clipping bounds the delta as
+ *   for float32. The coded buffers (coded_bytes each way) are allocated
+ *   when the exchange is accepted (a responder that cannot answers BUSY;
+ *   an initiator ends BUSY).
  * - Flow control: every SEND (control messages too) counts as outstanding
  *   until st_xchg_sent; no SEND is emitted while ST_XCHG_CHUNKS_IN_FLIGHT
  *   are outstanding. Actions are a queue drained in order: an action
@@ -110,14 +127,16 @@
  * status 1, fingerprint 18, model 2 + 95, two uint64 of 9, an empty str 1:
  * 138 bytes. A REPLY with one is encoded into reply_buf. */
 #define CTL_BYTES 256
-#define QUEUE_CAP 8
+#define QUEUE_CAP 10
 
 typedef enum {
   Q_TIMER,
   Q_SEND_REQ,
   Q_SEND_REPLY,
   Q_WANT_SNAPSHOT,
+  Q_ENCODE, /* compressed: our snapshot, to the driver's codec */
   Q_STREAM, /* our chunks, then our XCHG_DONE: drained in several SENDs */
+  Q_DECODE, /* compressed: the peer's bytes, to the driver's codec */
   Q_APPLY,
   Q_DONE
 } q_item_t;
@@ -176,6 +195,20 @@ struct st_xchg_s {
   double clip_used;   /* AVERAGE: the bound applied (0: none) */
   double clip_base;   /* AVERAGE: the bound before cfg.clip_scale */
 
+  /* Compressed (see above): negotiated, then our encoding (tx) and the
+   * peer's (rx), local.coded_bytes each. */
+  bool coded;
+  uint8_t* tx_coded;
+  uint8_t* rx_coded;
+  uint64_t tx_bytes; /* coded bytes emitted as pieces */
+  uint64_t rx_bytes; /* coded bytes received */
+  bool encode_asked; /* ENCODE queued */
+  bool encode_out;   /* ENCODE emitted, st_xchg_encoded not yet called */
+  bool encoded;      /* st_xchg_encoded(0): own holds D(c_own) */
+  bool decode_asked; /* DECODE queued: the peer's bytes are all in */
+  bool decode_out;   /* DECODE emitted, st_xchg_decoded not yet called */
+  int codec_drop;    /* FAIL_CODEC: the driver's reason */
+
   uint8_t* enc; /* ST_WIRE_MAX_MESSAGE_BYTES, for chunks */
   uint8_t ctl[CTL_BYTES];
 
@@ -198,6 +231,7 @@ static const char* const result_names[ST_XCHG_RESULT_COUNT] = {
     [ST_XCHG_FAIL_HASH] = "hash",
     [ST_XCHG_FAIL_CLOSED] = "closed",
     [ST_XCHG_FAIL_TIMEOUT] = "timeout",
+    [ST_XCHG_FAIL_CODEC] = "codec",
 };
 
 const char* st_xchg_result_name(st_xchg_result_t r) {
@@ -271,12 +305,39 @@ static int alloc_buffers(st_xchg_t* x) {
   return 0;
 }
 
+/* Compressed: whether this AVERAGE goes compressed, given the anchor the
+ * other side sent (the same test on both sides). */
+static bool coded_with(const st_xchg_t* x, const uint8_t* peer_anchor) {
+  static const uint8_t none[ST_XCHG_ANCHOR_BYTES];
+  return x->kind == ST_XCHG_AVERAGE && x->local.coded_bytes > 0 &&
+         x->local.n_params > 0 &&
+         memcmp(x->local.anchor, none, sizeof none) != 0 &&
+         memcmp(x->local.anchor, peer_anchor, sizeof none) == 0;
+}
+
+/* The coded buffers of a compressed exchange. 0 or -ENOMEM. */
+static int alloc_coded(st_xchg_t* x) {
+  if (!x->coded)
+    return 0;
+  x->tx_coded = malloc((size_t) x->local.coded_bytes);
+  x->rx_coded = malloc((size_t) x->local.coded_bytes);
+  return x->tx_coded == NULL || x->rx_coded == NULL ? -ENOMEM : 0;
+}
+
 static void free_buffers(st_xchg_t* x) {
   free(x->own);
   free(x->peer);
   free(x->enc);
+  free(x->tx_coded);
+  free(x->rx_coded);
   x->own = x->peer = NULL;
-  x->enc = NULL;
+  x->enc = x->tx_coded = x->rx_coded = NULL;
+}
+
+/* Our side is ready to be streamed and to make the delta: the snapshot
+ * is there and, compressed, encoded (own then holds D(c_own)). */
+static bool own_ready(const st_xchg_t* x) {
+  return x->have_own && (!x->coded || x->encoded);
 }
 
 static double sumsq(const float* v, size_t n) {
@@ -291,7 +352,7 @@ static double sumsq(const float* v, size_t n) {
  * reads only the sums taken on arrival, so turning the floats early loses
  * nothing, and nothing is applied unless it passes. */
 static void delta_catch_up(st_xchg_t* x) {
-  if (x->kind != ST_XCHG_AVERAGE || !x->have_own)
+  if (x->kind != ST_XCHG_AVERAGE || !own_ready(x))
     return;
   /* probe turns NaN if any delta is NaN or Inf: our own snapshot held one
    * (the guard checks the peer's), or peer - own overflowed float. */
@@ -333,11 +394,15 @@ static void clip_delta(st_xchg_t* x) {
 static void progress(st_xchg_t* x) {
   if (x->phase != PH_TRANSFER)
     return;
-  if (sends(x) && x->have_own && !x->stream_queued) {
+  if (x->coded && x->have_own && !x->encode_asked) {
+    x->encode_asked = true;
+    push(x, Q_ENCODE);
+  }
+  if (sends(x) && own_ready(x) && !x->stream_queued) {
     x->stream_queued = true;
     push(x, Q_STREAM);
   }
-  if (x->kind == ST_XCHG_AVERAGE && x->rx_verified && x->have_own &&
+  if (x->kind == ST_XCHG_AVERAGE && x->rx_verified && own_ready(x) &&
       !x->norm_checked) {
     x->norm_checked = true;
     if (x->cfg.norm_mult > 0 &&
@@ -398,6 +463,9 @@ static int new_machine(const st_xchg_config_t* cfg,
       local->n_params > SIZE_MAX / sizeof(float))
     return -EINVAL;
   if (local->tensors == NULL && local->tensors_len > 0)
+    return -EINVAL;
+  if (local->coded_bytes > ST_XCHG_CODED_MAX_BYTES ||
+      local->coded_bytes > SIZE_MAX)
     return -EINVAL;
   if (!(cfg->norm_mult >= 0) || isinf(cfg->norm_mult))
     return -EINVAL;
@@ -490,7 +558,8 @@ static void on_req(st_xchg_t* x, const st_msg_xchg_req_t* m) {
     s = ST_XCHG_STATUS_NOT_READY;
   else if (m->n_params != x->local.n_params)
     s = ST_XCHG_STATUS_MISMATCH;
-  else if (x->busy || alloc_buffers(x) != 0)
+  else if (x->busy || alloc_buffers(x) != 0 ||
+           ((x->coded = coded_with(x, m->anchor)) && alloc_coded(x) != 0))
     s = ST_XCHG_STATUS_BUSY;
   x->reply_status = (uint8_t) s;
   push(x, Q_SEND_REPLY);
@@ -544,6 +613,11 @@ static void on_reply(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
     return;
   }
   x->peer_step = m->step;
+  x->coded = coded_with(x, m->anchor);
+  if (alloc_coded(x) != 0) {
+    finish(x, ST_XCHG_BUSY); /* we are: no memory for it now */
+    return;
+  }
   x->phase = PH_TRANSFER;
 }
 
@@ -570,7 +644,31 @@ static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
   delta_catch_up(x);
 }
 
+/* Compressed: a piece of the peer's encoding, in order. */
+static void on_coded(st_xchg_t* x, const st_msg_xchg_coded_t* c) {
+  if (c->offset != x->rx_bytes) {
+    finish(x, ST_XCHG_FAIL_PROTOCOL);
+    return;
+  }
+  if (c->total != x->local.coded_bytes) {
+    finish(x, ST_XCHG_FAIL_SIZE);
+    return;
+  }
+  /* The wire checked 1 <= data_len and offset + data_len <= total. */
+  memcpy(x->rx_coded + c->offset, c->data, c->data_len);
+  x->rx_bytes += c->data_len;
+}
+
 static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
+  if (x->coded) {
+    if (x->rx_bytes != x->local.coded_bytes) {
+      finish(x, ST_XCHG_FAIL_SIZE);
+      return;
+    }
+    x->decode_asked = true; /* verified once decoded (st_xchg_decoded) */
+    push(x, Q_DECODE);
+    return;
+  }
   if (x->rx_floats != x->local.n_params) {
     finish(x, ST_XCHG_FAIL_SIZE);
     return;
@@ -599,13 +697,16 @@ int st_xchg_message(st_xchg_t* x, uint64_t now_ms, const uint8_t* data,
     finish(x, ST_XCHG_FAIL_PROTOCOL);
     return 0;
   }
-  bool rx_open = x->phase == PH_TRANSFER && receives(x) && !x->rx_verified;
+  bool rx_open = x->phase == PH_TRANSFER && receives(x) && !x->rx_verified &&
+                 !x->decode_asked;
   if (m.type == ST_MSG_XCHG_REQ && x->phase == PH_WAIT_REQ)
     on_req(x, &m.u.xchg_req);
   else if (m.type == ST_MSG_XCHG_REPLY && x->phase == PH_WAIT_REPLY)
     on_reply(x, &m.u.xchg_reply);
-  else if (m.type == ST_MSG_TENSOR_CHUNK && rx_open)
+  else if (m.type == ST_MSG_TENSOR_CHUNK && rx_open && !x->coded)
     on_chunk(x, &m.u.chunk);
+  else if (m.type == ST_MSG_XCHG_CODED && rx_open && x->coded)
+    on_coded(x, &m.u.xchg_coded);
   else if (m.type == ST_MSG_XCHG_DONE && rx_open)
     on_done_msg(x, &m.u.xchg_done);
   else
@@ -638,6 +739,52 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
 
 float* st_xchg_snapshot_buffer(st_xchg_t* x) {
   return x != NULL && x->asked ? x->own : NULL;
+}
+
+int st_xchg_encoded(st_xchg_t* x, uint64_t now_ms, int rc) {
+  (void) now_ms;
+  if (x == NULL)
+    return -EINVAL;
+  if (x->phase == PH_FINISHED)
+    return 0;
+  if (!x->encode_out)
+    return -EINVAL;
+  x->encode_out = false;
+  if (rc != 0) {
+    finish(x, ST_XCHG_FAIL_NONFINITE); /* the codec refuses NaN and Inf */
+    return 0;
+  }
+  x->encoded = true;
+  delta_catch_up(x);
+  progress(x);
+  return 0;
+}
+
+int st_xchg_decoded(st_xchg_t* x, uint64_t now_ms, int rc, int reason) {
+  (void) now_ms;
+  if (x == NULL)
+    return -EINVAL;
+  if (x->phase == PH_FINISHED)
+    return 0;
+  if (!x->decode_out)
+    return -EINVAL;
+  x->decode_out = false;
+  if (rc != 0) {
+    x->codec_drop = reason;
+    finish(x, ST_XCHG_FAIL_CODEC);
+    return 0;
+  }
+  size_t n = n_floats(x);
+  x->rx_sumsq = sumsq(x->peer, n);
+  if (!isfinite(x->rx_sumsq)) { /* the decoder promises finite floats */
+    finish(x, ST_XCHG_FAIL_NONFINITE);
+    return 0;
+  }
+  x->rx_floats = n;
+  x->rx_verified = true;
+  delta_catch_up(x);
+  progress(x);
+  return 0;
 }
 
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms) {
@@ -707,9 +854,11 @@ static void encode_info(st_xchg_t* x, st_msg_t* m) {
   if (m->type == ST_MSG_XCHG_REQ) {
     m->u.xchg_req.n_params = x->local.n_params;
     m->u.xchg_req.step = x->local.step;
+    memcpy(m->u.xchg_req.anchor, x->local.anchor, ST_XCHG_ANCHOR_BYTES);
   } else {
     m->u.xchg_reply.n_params = x->local.n_params;
     m->u.xchg_reply.step = x->local.step;
+    memcpy(m->u.xchg_reply.anchor, x->local.anchor, ST_XCHG_ANCHOR_BYTES);
   }
 }
 
@@ -719,7 +868,20 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
   st_msg_t m;
   memset(&m, 0, sizeof m);
   size_t n = n_floats(x);
-  if (x->tx_floats < n) {
+  if (x->coded && x->tx_bytes < x->local.coded_bytes) {
+    uint64_t k = x->local.coded_bytes - x->tx_bytes;
+    if (k > ST_WIRE_CHUNK_MAX_BYTES)
+      k = ST_WIRE_CHUNK_MAX_BYTES;
+    m.type = ST_MSG_XCHG_CODED;
+    m.u.xchg_coded.offset = x->tx_bytes;
+    m.u.xchg_coded.total = x->local.coded_bytes;
+    m.u.xchg_coded.data = x->tx_coded + x->tx_bytes;
+    m.u.xchg_coded.data_len = (uint32_t) k;
+    x->tx_bytes += k;
+    encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
+    return false;
+  }
+  if (!x->coded && x->tx_floats < n) {
     size_t k = n - x->tx_floats;
     if (k > CHUNK_FLOATS)
       k = CHUNK_FLOATS;
@@ -780,6 +942,22 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
     case Q_WANT_SNAPSHOT:
       out->kind = ST_XACT_WANT_SNAPSHOT;
       break;
+    case Q_ENCODE:
+      out->kind = ST_XACT_ENCODE;
+      x->encode_out = true;
+      out->work = x->own;
+      out->n = n_floats(x);
+      out->coded = x->tx_coded;
+      out->coded_len = (size_t) x->local.coded_bytes;
+      break;
+    case Q_DECODE:
+      out->kind = ST_XACT_DECODE;
+      x->decode_out = true;
+      out->work = x->peer;
+      out->n = n_floats(x);
+      out->coded = x->rx_coded;
+      out->coded_len = (size_t) x->local.coded_bytes;
+      break;
     case Q_APPLY:
       out->kind = ST_XACT_APPLY;
       out->values = x->peer;
@@ -796,6 +974,8 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->clip_norm = x->clip_used;
       out->clip_base = x->clip_base;
       out->peer_tensors_len = x->peer_tensors_len;
+      out->coded_exchange = x->coded;
+      out->codec_drop = x->codec_drop;
       break;
   }
   if (is_send)

@@ -29,6 +29,7 @@
  *                [node bin16, incarnation u64, state u8, addr addr,
  *                 public_key bin32, signature bin64]
  *   TENSOR_CHUNK [transfer_id u64, offset u64, total u64, data bin]
+ *   XCHG_CODED   [offset u64, total u64, data bin]   (bytes, not floats)
  * where addr is [ip bin4|bin16, port u16]. The signatures are the
  * subject's own (node's identity key) over the domain-separated encodings
  * that st_membership_alive_claim, _status_claim and _leave_claim write
@@ -41,7 +42,8 @@
  * msgpack integer encoding that fits the field; floats accept float32 or
  * float64 (narrowed); a tensor chunk's data is little-endian float32, a
  * multiple of 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and offset + count <=
- * total.
+ * total; an XCHG_CODED's data is 1 to ST_WIRE_CHUNK_MAX_BYTES bytes,
+ * offset + bytes <= total <= ST_XCHG_CODED_MAX_BYTES.
  */
 #ifndef STARLING_GOSSIP_H
 #define STARLING_GOSSIP_H
@@ -93,7 +95,8 @@ typedef enum {
   ST_MSG_XCHG_REQ = 33,
   ST_MSG_XCHG_REPLY = 34,
   ST_MSG_XCHG_DONE = 35,
-  ST_MSG_RING_SEG = 40, /* gossip.h, "Ring all-reduce" */
+  ST_MSG_XCHG_CODED = 36, /* a compressed snapshot's bytes ("Exchanges") */
+  ST_MSG_RING_SEG = 40,   /* gossip.h, "Ring all-reduce" */
   /* gossip.h, "Ring formation" */
   ST_MSG_RING_PROPOSE = 41,
   ST_MSG_RING_ACCEPT = 42,
@@ -207,6 +210,12 @@ typedef struct {
 #define ST_XCHG_TENSORS_MAX (256u * 1024u)
 #define ST_XCHG_CHUNKS_IN_FLIGHT 2
 #define ST_XCHG_HASH_BYTES 32
+/* An anchor's id (see "Exchanges": compressed averaging); all zero: none. */
+#define ST_XCHG_ANCHOR_BYTES 16
+/* The most bytes a compressed snapshot may declare (XCHG_CODED total):
+ * 4 bytes a float of the largest tensor, ST__WIRE_MAX_TENSOR_FLOATS, and
+ * room for a codec's header and scales. */
+#define ST_XCHG_CODED_MAX_BYTES ((UINT64_C(1) << 42) + (UINT64_C(1) << 36))
 
 typedef enum { ST_XCHG_AVERAGE = 1, ST_XCHG_FETCH = 2 } st_xchg_kind_t;
 
@@ -223,6 +232,7 @@ typedef struct {
   char model[ST_XCHG_MODEL_MAX];
   uint64_t n_params;
   uint64_t step;
+  uint8_t anchor[ST_XCHG_ANCHOR_BYTES]; /* the sender's anchor id */
 } st_msg_xchg_req_t;
 
 typedef struct {
@@ -231,6 +241,7 @@ typedef struct {
   char model[ST_XCHG_MODEL_MAX];
   uint64_t n_params;
   uint64_t step;
+  uint8_t anchor[ST_XCHG_ANCHOR_BYTES]; /* the responder's anchor id */
   /* The responder's tensor list (an attached model's canonical text,
    * attach/attach.h) on MISMATCH, so that the other side can name the first
    * differing tensor; empty otherwise. Not NUL-terminated; when decoded,
@@ -242,6 +253,17 @@ typedef struct {
 typedef struct {
   uint8_t hash[ST_XCHG_HASH_BYTES];
 } st_msg_xchg_done_t;
+
+/* A piece of a compressed snapshot: bytes [offset, offset + data_len) of
+ * an encoding of total bytes (optimizer/codec.c's layout; the wire does
+ * not read it). */
+typedef struct {
+  uint64_t offset;     /* in bytes */
+  uint64_t total;      /* bytes of the whole encoding, at most
+                          ST_XCHG_CODED_MAX_BYTES */
+  const uint8_t* data; /* when decoded, borrowed from the input buffer */
+  uint32_t data_len;   /* 1 .. ST_WIRE_CHUNK_MAX_BYTES */
+} st_msg_xchg_coded_t;
 
 /* One segment of a ring all-reduce (gossip.h, "Ring all-reduce"). */
 typedef struct {
@@ -342,6 +364,7 @@ typedef struct {
     st_msg_xchg_req_t xchg_req;
     st_msg_xchg_reply_t xchg_reply;
     st_msg_xchg_done_t xchg_done;
+    st_msg_xchg_coded_t xchg_coded;
     st_msg_ring_seg_t ring_seg;
     st_msg_ring_propose_t ring_propose;
     st_msg_ring_accept_t ring_accept;
@@ -623,6 +646,22 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  * or out-of-order message, a hash mismatch, the connection closing early,
  * or the timeout fails the exchange; a failed exchange applies nothing.
  *
+ * Compressed averaging (issue #16): when the cluster runs a codec
+ * (st_xchg_local_t.coded_bytes > 0) and both sides hold the same anchor
+ * (a vector every member of the last ring round got bit for bit, named by
+ * its id; the REQ and the REPLY carry each side's), an AVERAGE sends, in
+ * place of its float32 snapshot, the encoding c = C(s - anchor) of its
+ * drift from the anchor, as XCHG_CODED pieces of exactly coded_bytes in
+ * all, and each side applies delta = (D(c_peer) - D(c_own)) / 2, D the
+ * decoder. Both sides compute the same two decodings, so the deltas are
+ * still exact negatives and the pair's sum is preserved exactly; what the
+ * codec did not carry stays in each side's own parameters and is in its
+ * next drift (error feedback by keeping the state: nothing is lost). The
+ * machine never reads the codec's bytes: the driver (which may use
+ * optimizer/) encodes on ST_XACT_ENCODE and decodes on ST_XACT_DECODE,
+ * and answers with st_xchg_encoded / st_xchg_decoded. Without a shared
+ * anchor, or for FETCH, the exchange sends float32 as above.
+ *
  * Flow control: the machine keeps at most ST_XCHG_CHUNKS_IN_FLIGHT chunk
  * SENDs outstanding; the driver reports each written frame with
  * st_xchg_sent, so a large model streams without being copied whole into
@@ -630,10 +669,11 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  *
  * Wire (after [type, version]):
  *   XCHG_REQ   [kind u8, fingerprint bin16, model str, n_params u64,
- *               step u64]
+ *               step u64, anchor bin16]
  *   XCHG_REPLY [status u8, fingerprint bin16, model str, n_params u64,
- *               step u64, tensors str]
+ *               step u64, anchor bin16, tensors str]
  *   XCHG_DONE  [hash bin32]
+ *   XCHG_CODED [offset u64, total u64, data bin]
  * model is a short description for messages ("mlp:784-256-128-10 f32"),
  * at most ST_XCHG_MODEL_MAX - 1 bytes. tensors is empty except in a
  * MISMATCH reply from a responder that runs an attached model, where it is
@@ -655,11 +695,12 @@ typedef enum {
   ST_XCHG_FAIL_HASH,
   ST_XCHG_FAIL_CLOSED, /* the connection ended before the exchange did */
   ST_XCHG_FAIL_TIMEOUT,
+  ST_XCHG_FAIL_CODEC, /* the peer's compressed snapshot did not decode */
   ST_XCHG_RESULT_COUNT
 } st_xchg_result_t;
 
 /* "ok", "busy", "mismatch", "not_ready", "protocol", "size", "nonfinite",
- * "norm", "hash", "closed", "timeout". */
+ * "norm", "hash", "closed", "timeout", "codec". */
 const char* st_xchg_result_name(st_xchg_result_t r);
 
 typedef struct {
@@ -687,6 +728,11 @@ typedef struct {
    * borrowed, valid for the machine's life. */
   const char* tensors;
   size_t tensors_len;
+  /* Compressed averaging: the exact bytes of this cluster's encoding of
+   * n_params floats (0: float32 only), and the id of the anchor this node
+   * holds (all zero: none; then float32 too). */
+  uint64_t coded_bytes;
+  uint8_t anchor[ST_XCHG_ANCHOR_BYTES];
 } st_xchg_local_t;
 
 typedef enum {
@@ -700,6 +746,13 @@ typedef enum {
                             (the donor's, as it sent in its XCHG_REPLY).
                             values is owned by the machine, valid until
                             st_xchg_free */
+  ST_XACT_ENCODE,        /* compressed: work holds our snapshot s (n floats);
+                            write C(s - anchor) into coded[0..coded_len),
+                            exactly coded_len bytes, then D of those bytes
+                            over work, and call st_xchg_encoded */
+  ST_XACT_DECODE,        /* compressed: decode the peer's coded[0..
+                            coded_len) (untrusted) into work (n floats) and
+                            call st_xchg_decoded */
   ST_XACT_TIMER,         /* call st_xchg_tick at or after at_ms */
   ST_XACT_DONE           /* finished: result (and peer_model on MISMATCH);
                             close the connection after the queued frames */
@@ -711,9 +764,14 @@ typedef struct {
   size_t len;
   const float* values;
   size_t n;
+  float* work;    /* ENCODE, DECODE: the machine's buffer of n floats */
+  uint8_t* coded; /* ENCODE: where to write; DECODE: what to read */
+  size_t coded_len;
   uint64_t step;
   uint64_t at_ms;
   st_xchg_result_t result;
+  bool coded_exchange;      /* DONE: the exchange went compressed */
+  int codec_drop;           /* DONE(FAIL_CODEC): the driver's reason code */
   const char* peer_model;   /* DONE: the peer's model description, when known
                                (borrowed until st_xchg_free) */
   const char* peer_tensors; /* DONE(MISMATCH) as initiator: the responder's
@@ -771,6 +829,15 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
  * the trainer write into it and then call st_xchg_snapshot with params ==
  * this buffer, which copies nothing. NULL when no snapshot is asked for. */
 float* st_xchg_snapshot_buffer(st_xchg_t* x);
+/* After ENCODE: rc 0 when coded and work were written as asked; any
+ * other rc (our snapshot held a NaN or Inf: the codec refuses them) ends
+ * the exchange with FAIL_NONFINITE. -EINVAL when no ENCODE is pending. */
+int st_xchg_encoded(st_xchg_t* x, uint64_t now_ms, int rc);
+/* After DECODE: rc 0 when work holds the peer's n decoded floats; else
+ * the exchange ends with FAIL_CODEC and DONE carries reason (the driver's
+ * code for why, e.g. an st_codec_drop_t). -EINVAL when no DECODE is
+ * pending. */
+int st_xchg_decoded(st_xchg_t* x, uint64_t now_ms, int rc, int reason);
 /* One SEND frame has been written to the socket (-EINVAL when none is
  * outstanding). */
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms);

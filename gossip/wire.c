@@ -100,11 +100,13 @@ static size_t field_count(uint64_t type) {
     case ST_MSG_TENSOR_CHUNK:
       return 4;
     case ST_MSG_XCHG_REQ:
-      return 5;
-    case ST_MSG_XCHG_REPLY:
       return 6;
+    case ST_MSG_XCHG_REPLY:
+      return 7;
     case ST_MSG_XCHG_DONE:
       return 1;
+    case ST_MSG_XCHG_CODED:
+      return 3;
     case ST_MSG_RING_SEG:
       return 6;
     case ST_MSG_RING_PROPOSE:
@@ -139,6 +141,24 @@ static int chunk_check(const st_msg_tensor_chunk_t* c, st_wire_drop_t* why) {
   /* total <= 2^40 and count <= 2^18, so nothing here overflows. */
   if (c->data_len % 4 != 0 || c->offset > c->total ||
       c->data_len / 4 > c->total - c->offset) {
+    *why = ST_WIRE_DROP_FIELD;
+    return -1;
+  }
+  return 0;
+}
+
+/* The XCHG_CODED rules shared by the encoder and the decoder: 0 or the
+ * drop reason (LIMIT for data beyond ST_WIRE_CHUNK_MAX_BYTES or a total
+ * beyond ST_XCHG_CODED_MAX_BYTES; FIELD for empty data or a piece past
+ * the total). */
+static int coded_check(const st_msg_xchg_coded_t* c, st_wire_drop_t* why) {
+  if (c->data_len > ST_WIRE_CHUNK_MAX_BYTES ||
+      c->total > ST_XCHG_CODED_MAX_BYTES) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  if (c->data_len == 0 || c->offset > c->total ||
+      c->data_len > c->total - c->offset) {
     *why = ST_WIRE_DROP_FIELD;
     return -1;
   }
@@ -324,6 +344,36 @@ static int pack_xchg_info(msgpack_packer* pk, const uint8_t fingerprint[16],
          msgpack_pack_uint64(pk, n_params) | msgpack_pack_uint64(pk, step);
 }
 
+/* encode_check's part for a pairwise exchange's messages. */
+static int encode_check_exchange(const st_msg_t* msg) {
+  st_wire_drop_t why;
+  const st_msg_xchg_reply_t* r = &msg->u.xchg_reply;
+  switch (msg->type) {
+    case ST_MSG_TENSOR_CHUNK:
+      return chunk_check(&msg->u.chunk, &why) != 0 ||
+                     (msg->u.chunk.data == NULL && msg->u.chunk.data_len > 0)
+                 ? -EINVAL
+                 : 0;
+    case ST_MSG_XCHG_REQ:
+      return kind_ok(msg->u.xchg_req.kind) && model_ok(msg->u.xchg_req.model)
+                 ? 0
+                 : -EINVAL;
+    case ST_MSG_XCHG_CODED:
+      return coded_check(&msg->u.xchg_coded, &why) != 0 ||
+                     msg->u.xchg_coded.data == NULL
+                 ? -EINVAL
+                 : 0;
+    case ST_MSG_XCHG_REPLY:
+      return r->status > ST_XCHG_STATUS_NOT_READY || !model_ok(r->model) ||
+                     r->tensors_len > ST_XCHG_TENSORS_MAX ||
+                     (r->tensors == NULL && r->tensors_len > 0)
+                 ? -EINVAL
+                 : 0;
+    default:
+      return 0;
+  }
+}
+
 /* The encoder's checks of a message before any byte is packed: the fields
  * a decoder would refuse. 0 or -EINVAL. */
 static int encode_check(const st_msg_t* msg) {
@@ -346,23 +396,10 @@ static int encode_check(const st_msg_t* msg) {
         return -EINVAL;
       break;
     case ST_MSG_TENSOR_CHUNK:
-      if (chunk_check(&msg->u.chunk, &why) != 0)
-        return -EINVAL;
-      if (msg->u.chunk.data == NULL && msg->u.chunk.data_len > 0)
-        return -EINVAL;
-      break;
     case ST_MSG_XCHG_REQ:
-      if (!kind_ok(msg->u.xchg_req.kind) || !model_ok(msg->u.xchg_req.model))
-        return -EINVAL;
-      break;
     case ST_MSG_XCHG_REPLY:
-      if (msg->u.xchg_reply.status > ST_XCHG_STATUS_NOT_READY ||
-          !model_ok(msg->u.xchg_reply.model) ||
-          msg->u.xchg_reply.tensors_len > ST_XCHG_TENSORS_MAX ||
-          (msg->u.xchg_reply.tensors == NULL &&
-           msg->u.xchg_reply.tensors_len > 0))
-        return -EINVAL;
-      break;
+    case ST_MSG_XCHG_CODED:
+      return encode_check_exchange(msg);
     case ST_MSG_RING_SEG:
       if (ring_seg_check(&msg->u.ring_seg, &why) != 0)
         return -EINVAL;
@@ -506,13 +543,15 @@ static int pack_exchange(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_XCHG_REQ: {
       const st_msg_xchg_req_t* m = &msg->u.xchg_req;
       r |= msgpack_pack_uint8(pk, m->kind) |
-           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step);
+           pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step) |
+           pack_bin(pk, m->anchor, sizeof m->anchor);
       break;
     }
     case ST_MSG_XCHG_REPLY: {
       const st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
       r |= msgpack_pack_uint8(pk, m->status) |
            pack_xchg_info(pk, m->fingerprint, m->model, m->n_params, m->step) |
+           pack_bin(pk, m->anchor, sizeof m->anchor) |
            msgpack_pack_str(pk, m->tensors_len) |
            msgpack_pack_str_body(pk, m->tensors, m->tensors_len);
       break;
@@ -520,6 +559,13 @@ static int pack_exchange(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_XCHG_DONE:
       r |= pack_bin(pk, msg->u.xchg_done.hash, sizeof msg->u.xchg_done.hash);
       break;
+    case ST_MSG_XCHG_CODED: {
+      const st_msg_xchg_coded_t* m = &msg->u.xchg_coded;
+      r |= msgpack_pack_uint64(pk, m->offset) |
+           msgpack_pack_uint64(pk, m->total) |
+           pack_bin(pk, m->data, m->data_len);
+      break;
+    }
     default:
       break;
   }
@@ -627,6 +673,7 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_XCHG_REQ:
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
+    case ST_MSG_XCHG_CODED:
       return pack_exchange(pk, msg);
     case ST_MSG_RING_SEG:
     case ST_MSG_RING_PROPOSE:
@@ -949,7 +996,8 @@ static int get_exchange(st_msg_type_t type, const msgpack_object* f,
       if (get_u8(&f[0], &m->kind) != 0 || !kind_ok(m->kind))
         return -1;
       return get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
-                           &m->step);
+                           &m->step) |
+             get_bin(&f[5], m->anchor, sizeof m->anchor);
     }
     case ST_MSG_XCHG_REPLY: {
       st_msg_xchg_reply_t* m = &msg->u.xchg_reply;
@@ -957,23 +1005,37 @@ static int get_exchange(st_msg_type_t type, const msgpack_object* f,
           m->status > ST_XCHG_STATUS_NOT_READY ||
           get_xchg_info(f + 1, m->fingerprint, m->model, &m->n_params,
                         &m->step) != 0 ||
-          f[5].type != MSGPACK_OBJECT_STR)
+          get_bin(&f[5], m->anchor, sizeof m->anchor) != 0 ||
+          f[6].type != MSGPACK_OBJECT_STR)
         return -1;
-      if (f[5].via.str.size > ST_XCHG_TENSORS_MAX) {
+      if (f[6].via.str.size > ST_XCHG_TENSORS_MAX) {
         *why = ST_WIRE_DROP_LIMIT;
         return -1;
       }
       /* The last object of the message, borrowed like a chunk's data. */
-      m->tensors_len = f[5].via.str.size;
+      m->tensors_len = f[6].via.str.size;
       m->tensors = m->tensors_len > 0
                        ? (const char*) buf + (len - m->tensors_len)
                        : NULL;
-      assert(m->tensors_len == 0 || f[5].via.str.ptr == m->tensors);
+      assert(m->tensors_len == 0 || f[6].via.str.ptr == m->tensors);
       return 0;
     }
     case ST_MSG_XCHG_DONE:
       return get_bin(&f[0], msg->u.xchg_done.hash,
                      sizeof msg->u.xchg_done.hash);
+    case ST_MSG_XCHG_CODED: {
+      st_msg_xchg_coded_t* m = &msg->u.xchg_coded;
+      if (get_u64(&f[0], &m->offset) | get_u64(&f[1], &m->total) ||
+          f[2].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->data_len = f[2].via.bin.size;
+      if (coded_check(m, why) != 0)
+        return -1;
+      /* The data ends the message: borrowed as a tensor chunk's is. */
+      m->data = buf + (len - m->data_len);
+      assert((const uint8_t*) f[2].via.bin.ptr == m->data);
+      return 0;
+    }
     default:
       return -1;
   }
@@ -1105,6 +1167,7 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_XCHG_REQ:
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
+    case ST_MSG_XCHG_CODED:
       return get_exchange(type, f, buf, len, msg, why);
     case ST_MSG_RING_SEG:
     case ST_MSG_RING_PROPOSE:

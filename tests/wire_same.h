@@ -90,20 +90,27 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
       return x->kind == y->kind &&
              memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
              strcmp(x->model, y->model) == 0 && x->n_params == y->n_params &&
-             x->step == y->step;
+             x->step == y->step && memcmp(x->anchor, y->anchor, 16) == 0;
     }
     case ST_MSG_XCHG_REPLY: {
       const st_msg_xchg_reply_t *x = &a->u.xchg_reply, *y = &b->u.xchg_reply;
       return x->status == y->status &&
              memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
              strcmp(x->model, y->model) == 0 && x->n_params == y->n_params &&
-             x->step == y->step && x->tensors_len == y->tensors_len &&
+             x->step == y->step && memcmp(x->anchor, y->anchor, 16) == 0 &&
+             x->tensors_len == y->tensors_len &&
              (x->tensors_len == 0 ||
               memcmp(x->tensors, y->tensors, x->tensors_len) == 0);
     }
     case ST_MSG_XCHG_DONE:
       return memcmp(a->u.xchg_done.hash, b->u.xchg_done.hash,
                     sizeof a->u.xchg_done.hash) == 0;
+    case ST_MSG_XCHG_CODED: {
+      const st_msg_xchg_coded_t *x = &a->u.xchg_coded, *y = &b->u.xchg_coded;
+      return x->offset == y->offset && x->total == y->total &&
+             x->data_len == y->data_len &&
+             (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
+    }
     case ST_MSG_RING_SEG: {
       const st_msg_ring_seg_t *x = &a->u.ring_seg, *y = &b->u.ring_seg;
       return x->round_id == y->round_id && x->phase == y->phase &&

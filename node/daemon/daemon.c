@@ -484,6 +484,8 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
   st__model_fingerprint(&cfg->train.model, d->local.fingerprint, d->local.model,
                         sizeof(d->local.model));
   d->local.n_params = d->trainer.model.n_params;
+  st__compress_mark_model(d);
+  st__compress_sized(d);
   if (access(d->checkpoint_path, F_OK) == 0) {
     rc = st_trainer_load(&d->trainer, d->checkpoint_path, e, sizeof(e));
     if (rc != 0) {
@@ -723,6 +725,8 @@ static void cleanup(st__daemon_t* d) {
   }
   free(d->rx_plain);
   st__ring_free(d);
+  st__anchor_release(d->anchor);
+  d->anchor = NULL;
   if (d->m != NULL)
     st_membership_free(d->m);
   if (d->trainer_ready)

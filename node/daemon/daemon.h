@@ -64,6 +64,7 @@ typedef struct {
   double log_every_s;              /* progress lines on stderr; 0: none */
   uint64_t log_every_steps; /* or a line each this many steps; 0: by time */
   double norm_mult;         /* exchange guard (st_xchg_config_t) */
+  st_codec_spec_t compress; /* averaging's codec; {0}: none (float32) */
   double clip_mult;         /* robust averaging: clip at this times the median
                                delta norm (daemon_xchg.c); 0: off */
   uint32_t min_nodes;       /* the first step waits until this many nodes

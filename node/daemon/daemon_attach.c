@@ -89,6 +89,8 @@ static int set_local_model(st__daemon_t* d) {
   st_attach_model_describe(&d->attach_model, d->local.model,
                            sizeof(d->local.model));
   d->local.n_params = d->attach_model.n_floats;
+  st__compress_mark_model(d);
+  st__compress_sized(d);
   return 0;
 }
 
@@ -551,6 +553,8 @@ void st__attach_cluster_mismatch(st__daemon_t* d, const char* theirs,
                                  size_t their_tensors_len) {
   char diff[640];
   first_difference(d, their_tensors, their_tensors_len, diff, sizeof diff);
+  if (diff[0] == '\0')
+    st__compress_mismatch(theirs, d->local.model, diff, sizeof diff);
   if (diff[0] == '\0')
     snprintf(diff, sizeof diff,
              ": its tensor names, shapes or dtypes differ from the "

@@ -114,6 +114,7 @@ static void conn_free(st__conn_t* c) {
   }
   if (c->x != NULL)
     st_xchg_free(c->x);
+  st__anchor_release(c->anchor);
   st_session_framer_wipe(&c->sf);
   st_stream_wipe(&c->tx);
   st_stream_wipe(&c->rx);

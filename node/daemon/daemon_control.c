@@ -281,6 +281,27 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "control_over_limit", d->ctl_refused);
 }
 
+/* Compressed averaging (daemon_compress.c): the codec, anchors taken,
+ * exchanges that went compressed, and refused compressed snapshots by
+ * reason (every reason, zeros included). */
+static void status_json_compression(st__daemon_t* d, st_json_buf_t* b,
+                                    bool* first) {
+  char name[32] = "none";
+  st_codec_name(&d->cfg->compress, name, sizeof name);
+  put_key(b, first, "compression");
+  bool f2 = true;
+  kv_str(b, &f2, "codec", name);
+  kv_u64(b, &f2, "coded_bytes", d->local.coded_bytes);
+  kv_u64(b, &f2, "anchors", d->c.anchors);
+  kv_u64(b, &f2, "exchanges_compressed", d->c.xchg_coded);
+  put_key(b, &f2, "dropped");
+  bool f3 = true;
+  for (int i = 0; i < ST_CODEC_DROP_COUNT; i++)
+    kv_u64(b, &f3, st_codec_drop_name((st_codec_drop_t) i),
+           d->c.codec_drops[i]);
+  st_json_buf_puts(b, "}}");
+}
+
 /* User collectives (daemon_coll.c): operations, drops, bytes, sessions. */
 static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
                                     bool* first) {
@@ -305,6 +326,7 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   status_json_node(d, b, &first);
   status_json_exchanges(d, b, &first);
   status_json_collectives(d, b, &first);
+  status_json_compression(d, b, &first);
   status_json_ring(d, b, &first);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);

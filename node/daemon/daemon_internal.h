@@ -113,6 +113,9 @@ struct st__conn_s {
   /* XCHG */
   st_xchg_t* x;
   st_xchg_kind_t xkind;
+  /* Compressed averaging: the anchor this exchange named (a reference;
+   * daemon_compress.c), NULL when it named none. */
+  struct st__anchor_s* anchor;
   float* snap; /* the machine's snapshot buffer, lent to the trainer */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
@@ -268,6 +271,11 @@ typedef struct {
   uint64_t coll_ok, coll_failed, coll_dropped;
   uint64_t coll_bytes_in, coll_bytes_out;
   uint64_t coll_sessions_refused;
+  /* Compressed averaging (daemon_compress.c): anchors taken from ring
+   * rounds, averaging exchanges that went compressed, and compressed
+   * snapshots refused by the decoder, by reason (st_codec_drop_t). */
+  uint64_t anchors, xchg_coded;
+  uint64_t codec_drops[ST_CODEC_DROP_COUNT];
   st__hist_t exchange_s; /* successful averaging exchanges, connect to done */
   st__hist_t ring_s[2];  /* ring rounds: [0] ok, [1] aborted */
 } st__dcounters_t;
@@ -377,7 +385,8 @@ struct st__daemon_s {
   double clip_norms[ST_XCHG_CLIP_HISTORY];
   uint32_t clip_n, clip_at;
   double clip_last;      /* the bound the last exchange ran with (0: none) */
-  st_xchg_local_t local; /* fingerprint, model, n_params */
+  st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
+  struct st__anchor_s* anchor; /* the last ring round's mean (--compress) */
   uint64_t status_seq;
 
   st__dstate_t state;
@@ -554,6 +563,36 @@ void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes);
 void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
                            const char* msg);
 void st__coll_sessions_close(st__daemon_t* d);
+
+/* daemon_compress.c: compressed averaging (--compress). */
+typedef struct st__anchor_s st__anchor_t;
+st__anchor_t* st__anchor_ref(st__anchor_t* a);
+void st__anchor_release(st__anchor_t* a); /* NULL: nothing */
+/* Whether the node runs a codec (--compress other than none). */
+bool st__compress_on(const st__daemon_t* d);
+/* Mixes the codec into d->local's fingerprint and names it in its model
+ * description (" compress=int8"), so that nodes of other settings refuse
+ * each other naming both. Call once, after the model's fingerprint. */
+void st__compress_mark_model(const st__daemon_t* d);
+/* d->local.coded_bytes from the codec and d->local.n_params. */
+void st__compress_sized(st__daemon_t* d);
+/* ": the cluster's nodes run --compress X, this node --compress Y" when
+ * the model descriptions theirs and ours name different codecs (none
+ * when a description names no codec); "" otherwise. */
+void st__compress_mismatch(const char* theirs, const char* ours, char* out,
+                           size_t out_len);
+/* A ring round this node took part in ended OK with mean[0..n): the new
+ * anchor (copied, named by its hash). */
+void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
+                            uint64_t round_id);
+/* Names the current anchor in l (all zero when none) and has c hold it. */
+void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l);
+/* ENCODE (gossip.h): drift from c's anchor, encoded, decoded back over
+ * work. 0 or a negative errno (NaN or Inf in the snapshot). */
+int st__compress_encode(st__daemon_t* d, st__conn_t* c, const st_xact_t* a);
+/* DECODE: 0, or a negative errno with the st_codec_drop_t in *reason
+ * (counted). */
+int st__compress_decode(st__daemon_t* d, const st_xact_t* a, int* reason);
 
 /* daemon_robust.c: how far a peer may move this node's model. */
 /* The exchange configuration for connection c (its peer's bound); notes

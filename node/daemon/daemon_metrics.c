@@ -412,6 +412,33 @@ static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
           d->c.coll_sessions_refused);
 }
 
+/* Compressed averaging: status --json's "compression". */
+static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
+  char name[32] = "none", l[96];
+  st_codec_name(&d->cfg->compress, name, sizeof name);
+  family(b, "starling_compression_info", "gauge",
+         "1, labelled with the codec averaging sends (--compress).");
+  label(l, sizeof(l), "codec", name);
+  sample_u64(b, "starling_compression_info", l, 1);
+  gauge(b, "starling_compression_coded_bytes",
+        "Bytes of one compressed snapshot of this model (0: float32).",
+        (double) d->local.coded_bytes);
+  counter(b, "starling_compression_anchors_total",
+          "Anchors taken from ring rounds (the vectors drifts are coded "
+          "against).",
+          d->c.anchors);
+  counter(b, "starling_exchanges_compressed_total",
+          "Averaging exchanges that applied and went compressed.",
+          d->c.xchg_coded);
+  family(b, "starling_codec_dropped_total", "counter",
+         "Compressed snapshots the decoder refused, by reason "
+         "(docs/protocol.md, \"Decoding checks\").");
+  for (int i = 0; i < ST_CODEC_DROP_COUNT; i++) {
+    label(l, sizeof(l), "reason", st_codec_drop_name((st_codec_drop_t) i));
+    sample_u64(b, "starling_codec_dropped_total", l, d->c.codec_drops[i]);
+  }
+}
+
 static void render_traffic(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_network_receive_bytes_total",
           "Bytes received on the wire, TCP and UDP.", d->c.bytes_in);
@@ -475,6 +502,7 @@ static void render(st__daemon_t* d) {
   render_training(d, &b);
   render_members(d, &b);
   render_collectives(d, &b);
+  render_compression(d, &b);
   render_exchanges(d, &b);
   render_ring(d, &b);
   render_traffic(d, &b);

@@ -23,11 +23,13 @@
 #define SYNC_RETRY_LOG_EVERY 10
 #define SYNC_WAIT_TICKS 20 /* 5 s at the 250 ms sync tick */
 
-static void fill_local(st__daemon_t* d, st_xchg_local_t* l) {
+static void fill_local(st__conn_t* c, st_xchg_local_t* l) {
+  st__daemon_t* d = c->d;
   *l = d->local;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   l->step = st.step;
+  st__compress_fill(d, c, l);
   if (d->state == ST__D_SYNCING)
     l->n_params = 0; /* nothing to give yet */
 }
@@ -49,6 +51,8 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
   if (c->xkind == ST_XCHG_AVERAGE) {
     if (r == ST_XCHG_OK) {
       d->c.ok++;
+      if (done->coded_exchange)
+        d->c.xchg_coded++;
       st__robust_record(c, done);
       double ms = (double) (uv_hrtime() / 1000u - c->started_us) / 1e3;
       d->c.exchange_ms_sum += ms;
@@ -58,7 +62,7 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
     } else if (r == ST_XCHG_BUSY || r == ST_XCHG_NOT_READY)
       d->c.busy++;
     else if (r == ST_XCHG_FAIL_NONFINITE || r == ST_XCHG_FAIL_NORM ||
-             r == ST_XCHG_FAIL_SIZE)
+             r == ST_XCHG_FAIL_SIZE || r == ST_XCHG_FAIL_CODEC)
       d->c.dropped++;
     else
       d->c.failed++;
@@ -70,6 +74,9 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       r == ST_XCHG_FAIL_SIZE)
     st__dwarn(d, "dropped a snapshot from %.12s: %s", id,
               st_xchg_result_name(r));
+  if (r == ST_XCHG_FAIL_CODEC)
+    st__dwarn(d, "dropped a compressed snapshot from %.12s: %s", id,
+              st_codec_drop_name((st_codec_drop_t) done->codec_drop));
   if (r == ST_XCHG_MISMATCH) {
     const char* theirs = peer_model != NULL ? peer_model : "another model";
     if (c->xkind == ST_XCHG_FETCH && c->initiator && d->cfg->attach) {
@@ -78,8 +85,8 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
     } else if (c->xkind == ST_XCHG_FETCH && c->initiator) {
       st__daemon_fatal(d,
                        "the cluster runs %s but this node was started "
-                       "with %s; start it with the cluster's --model, or "
-                       "join another cluster",
+                       "with %s; start it with the cluster's --model and "
+                       "--compress, or join another cluster",
                        theirs, d->local.model);
     } else {
       st__dwarn(d,
@@ -145,6 +152,15 @@ static void drain(st__conn_t* c) {
           c->tt_pending++;
         }
         break;
+      case ST_XACT_ENCODE:
+        st_xchg_encoded(c->x, st__dnow(d), st__compress_encode(d, c, &a));
+        break;
+      case ST_XACT_DECODE: {
+        int reason = 0;
+        int rc = st__compress_decode(d, &a, &reason);
+        st_xchg_decoded(c->x, st__dnow(d), rc, reason);
+        break;
+      }
       case ST_XACT_TIMER:
         c->deadline_ms = a.at_ms;
         break;
@@ -159,7 +175,7 @@ static void drain(st__conn_t* c) {
 void st__xchg_on_ready(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xchg_local_t l;
-  fill_local(d, &l);
+  fill_local(c, &l);
   l.n_params = d->local.n_params;
   st_xchg_config_t xcfg = st__robust_xchg_config(c);
   if (st_xchg_new_initiator(&xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
@@ -180,7 +196,7 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     }
     c->xkind = (st_xchg_kind_t) m.u.xchg_req.kind;
     st_xchg_local_t l;
-    fill_local(d, &l);
+    fill_local(c, &l);
     bool busy = false;
     if (c->xkind == ST_XCHG_AVERAGE) {
       /* Waiting (--min-nodes): at step 0 still, it would pull a peer's

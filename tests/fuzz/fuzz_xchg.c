@@ -2,11 +2,14 @@
  * (gossip/exchange.c; gossip.h, "Exchanges"). The input is a script: its
  * first bytes pick the role (responder, busy or not; AVERAGE or FETCH
  * initiator) and the model size, then each step is one event: a raw frame
- * from the input, a well-formed XCHG_REQ, XCHG_REPLY, TENSOR_CHUNK or
- * XCHG_DONE built from the input's choices (so that the fuzzer reaches the
- * transfer without first finding valid msgpack; the DONE may carry the
- * right hash of what was delivered), a snapshot, an acknowledged frame, a
- * tick or the connection closing. After every event the actions are
+ * from the input, a well-formed XCHG_REQ, XCHG_REPLY, TENSOR_CHUNK,
+ * XCHG_CODED or XCHG_DONE built from the input's choices (so that the
+ * fuzzer reaches the transfer without first finding valid msgpack; the
+ * DONE may carry the right hash of what was delivered; REQ and REPLY carry
+ * our anchor or another), a snapshot, an acknowledged frame, a tick or the
+ * connection closing. In a compressed role (gossip.h, "Compressed
+ * averaging") ENCODE and DECODE are answered at once, succeeding or
+ * refusing as the input says. After every event the actions are
  * drained and checked: every SEND decodes and fits a stream frame, no more
  * than ST_XCHG_CHUNKS_IN_FLIGHT are unacknowledged, APPLY comes at most
  * once, before DONE, with n_params finite values (FETCH) and DONE at most
@@ -39,7 +42,29 @@ typedef struct {
   /* What the harness delivered as chunk bytes, for a right DONE hash. */
   st_hash_t rx;
   uint64_t rx_floats;
+  uint64_t rx_bytes; /* XCHG_CODED bytes delivered */
+  uint64_t coded_bytes;
+  fuzz_in_t* in;
 } harness_t;
+
+/* ENCODE or DECODE, answered at once: the input picks a refusal or
+ * success (a DECODE may even "succeed" with a NaN, which the machine must
+ * still refuse). */
+static void codec_work(harness_t* h, const st_xact_t* a) {
+  CHECK(a->n == h->n && a->coded_len == h->coded_bytes);
+  CHECK((a->work != NULL || a->n == 0) && a->coded != NULL);
+  uint8_t b = fuzz_byte(h->in);
+  for (size_t i = 0; i < a->n; i++)
+    a->work[i] = (float) ((int) (b + i) % 17 - 8) / 4;
+  if (a->kind == ST_XACT_ENCODE) {
+    memset(a->coded, b, a->coded_len);
+    CHECK(st_xchg_encoded(h->x, 1000, b % 8 == 7 ? -EINVAL : 0) == 0);
+    return;
+  }
+  if (b == 0xfe && a->n > 0)
+    a->work[0] = NAN;
+  CHECK(st_xchg_decoded(h->x, 1000, b % 4 == 3 ? -EBADMSG : 0, b) == 0);
+}
 
 static void drain(harness_t* h) {
   st_xact_t a;
@@ -64,6 +89,10 @@ static void drain(harness_t* h) {
         CHECK(a.n == h->n);
         for (size_t i = 0; i < a.n; i++)
           CHECK(isfinite(a.values[i]));
+        break;
+      case ST_XACT_ENCODE:
+      case ST_XACT_DECODE:
+        codec_work(h, &a);
         break;
       case ST_XACT_TIMER:
         break;
@@ -104,9 +133,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     l.tensors = "w\tF32\t4\n";
     l.tensors_len = 8;
   }
+  if (role & 8) { /* compressed, with an anchor of ours */
+    l.coded_bytes = 8 + 2 * l.n_params;
+    memset(l.anchor, 0x5a, sizeof l.anchor);
+  }
   harness_t h;
   memset(&h, 0, sizeof h);
+  h.in = &in;
   h.n = l.n_params;
+  h.coded_bytes = l.coded_bytes;
   st_hash_init(&h.rx);
   int rc;
   switch (role % 4) {
@@ -145,6 +180,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (b & 1)
           fp[0] ^= 1;
         uint64_t n = b & 2 ? l.n_params + 1 : l.n_params;
+        /* Our anchor (a compressed exchange when we are compressed), or
+         * another. */
+        uint8_t* anchor =
+            op % 9 == 1 ? m.u.xchg_req.anchor : m.u.xchg_reply.anchor;
+        memset(anchor, b & 0x80 ? 0x5a : 0x11, ST_XCHG_ANCHOR_BYTES);
         if (op % 9 == 1) {
           m.type = ST_MSG_XCHG_REQ;
           m.u.xchg_req.kind = b & 4 ? ST_XCHG_FETCH : ST_XCHG_AVERAGE;
@@ -166,6 +206,25 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 3: { /* TENSOR_CHUNK: the next floats, or anywhere */
         uint8_t b = fuzz_byte(&in), c = fuzz_byte(&in);
+        if (b & 8) { /* XCHG_CODED: the next bytes, or anywhere */
+          static uint8_t bytes[4 * MAX_FLOATS + 8];
+          uint64_t total = b & 1 ? c : l.coded_bytes;
+          uint64_t off = b & 2 ? c % (total + 1) : h.rx_bytes;
+          size_t count = 1 + (size_t) (fuzz_byte(&in) % sizeof bytes);
+          if (off >= total)
+            break; /* no valid piece there */
+          if (count > total - off)
+            count = (size_t) (total - off);
+          memset(bytes, c, count);
+          m.type = ST_MSG_XCHG_CODED;
+          m.u.xchg_coded.offset = off;
+          m.u.xchg_coded.total = total;
+          m.u.xchg_coded.data = bytes;
+          m.u.xchg_coded.data_len = (uint32_t) count;
+          h.rx_bytes += count;
+          feed(&h, &m);
+          break;
+        }
         uint64_t total = b & 1 ? c : l.n_params;
         uint64_t off = b & 2 ? c % (total + 1) : h.rx_floats;
         size_t count = (size_t) (fuzz_byte(&in) % (MAX_FLOATS + 1));

@@ -37,10 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crypto/crypto.h"
-#include "gossip/gossip.h"
-#include "tests/integration/probe_net.h"
-#include "tools/bench/bench.h"
+#include "tests/integration/probe_xchg.h"
 
 #define MAX_READERS 8
 /* A stalled reader's receive buffer: the node's window closes at once. */
@@ -126,98 +123,6 @@ static int parse_args(int argc, char** argv, args_t* a) {
   return 0;
 }
 
-/* Seals msg as one frame and writes it. */
-static int send_msg(int fd, st_stream_t* tx, const st_msg_t* m) {
-  uint8_t msg[512], frame[512 + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES];
-  size_t len = 0, flen = 0;
-  if (st_wire_encode(m, msg, sizeof(msg), &len) != 0 ||
-      st_stream_seal_frame(tx, msg, len, false, frame, sizeof(frame), &flen) !=
-          0 ||
-      st__bench_write_all(fd, frame, flen) != 0)
-    return -EIO;
-  return 0;
-}
-
-/* Reads one frame and decodes it as XCHG_REPLY into *out (its tensor list
- * dropped). */
-static int read_reply(int fd, st_stream_t* rx, st_msg_xchg_reply_t* out) {
-  uint8_t hdr[ST_FRAME_LENGTH_BYTES];
-  size_t ct_len = 0, len = 0;
-  bool final = false;
-  if (st__bench_read_all(fd, hdr, sizeof(hdr)) != 0 ||
-      st_frame_length(hdr, ST_FRAME_MAX_DEFAULT, NULL, &ct_len) != 0)
-    return -EIO;
-  uint8_t* ct = malloc(ct_len);
-  uint8_t* msg = malloc(ct_len);
-  int rc = ct == NULL || msg == NULL ? -ENOMEM : 0;
-  if (rc == 0)
-    rc = st__bench_read_all(fd, ct, ct_len);
-  if (rc == 0)
-    rc = st_stream_open_frame(rx, NULL, ct, ct_len, msg, ct_len, &len, &final);
-  st_msg_t m;
-  if (rc == 0 && (rc = st_wire_decode(msg, len, &m, NULL)) == 0) {
-    if (m.type == ST_MSG_XCHG_REPLY) {
-      *out = m.u.xchg_reply;
-      out->tensors = NULL;
-      out->tensors_len = 0;
-    } else {
-      rc = -EPROTO;
-    }
-    st_wire_msg_free(&m);
-  }
-  free(ct);
-  free(msg);
-  return rc;
-}
-
-/* One connection: handshake as a fresh identity, XCHG_REQ FETCH with the
- * given model, the reply. Returns the fd (reply in *reply), or -1. */
-static int fetch_once(const args_t* a, const st_keyring_t* keys,
-                      const st_msg_xchg_req_t* req, int rcvbuf,
-                      st_msg_xchg_reply_t* reply) {
-  st_identity_t me;
-  st_stream_t tx, rx;
-  memset(&tx, 0, sizeof(tx));
-  memset(&rx, 0, sizeof(rx));
-  int fd = probe_dial(a->target, rcvbuf);
-  if (fd < 0 || st_identity_generate(&me) != 0) {
-    if (fd >= 0)
-      close(fd);
-    return -1;
-  }
-  st_msg_t m;
-  memset(&m, 0, sizeof(m));
-  m.type = ST_MSG_XCHG_REQ;
-  m.u.xchg_req = *req;
-  int rc = st__bench_handshake(fd, true, &me, keys, NULL, NULL, &tx, &rx);
-  if (rc == 0)
-    rc = send_msg(fd, &tx, &m);
-  if (rc == 0)
-    rc = read_reply(fd, &rx, reply);
-  st_identity_wipe(&me);
-  st_stream_wipe(&tx);
-  st_stream_wipe(&rx);
-  if (rc != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-static const char* status_name(uint8_t s) {
-  switch (s) {
-    case ST_XCHG_STATUS_OK:
-      return "ok";
-    case ST_XCHG_STATUS_BUSY:
-      return "busy";
-    case ST_XCHG_STATUS_MISMATCH:
-      return "mismatch";
-    case ST_XCHG_STATUS_NOT_READY:
-      return "not_ready";
-  }
-  return "?";
-}
-
 /* One drip: reads what the buffer holds, up to DRIP_MAX_BYTES, into buf
  * (DRIP_BYTES) and counts it in *got. False when the node ended the
  * connection. */
@@ -289,20 +194,14 @@ static void print_result(const args_t* a, const st_msg_xchg_reply_t* node,
 
 /* The readers, one after the other, then the hold. */
 static int run(const args_t* a, const st_keyring_t* keys) {
-  /* The node's model, from the MISMATCH answer to a FETCH naming none. */
+  st_msg_xchg_reply_t node;
+  if (probe_learn_model(a->target, keys, "fetch_probe", &node) != 0) {
+    fprintf(stderr, "fetch_probe: could not learn %s's model\n", a->target);
+    return 1;
+  }
   st_msg_xchg_req_t req;
   memset(&req, 0, sizeof(req));
   req.kind = ST_XCHG_FETCH;
-  snprintf(req.model, sizeof(req.model), "fetch_probe");
-  st_msg_xchg_reply_t node;
-  int fd = fetch_once(a, keys, &req, STALL_RCVBUF_BYTES, &node);
-  if (fd < 0 || node.status != ST_XCHG_STATUS_MISMATCH) {
-    fprintf(stderr, "fetch_probe: could not learn %s's model\n", a->target);
-    if (fd >= 0)
-      close(fd);
-    return 1;
-  }
-  close(fd);
   memcpy(req.fingerprint, node.fingerprint, sizeof(req.fingerprint));
   memcpy(req.model, node.model, sizeof(req.model));
   req.n_params = node.n_params;
@@ -314,14 +213,15 @@ static int run(const args_t* a, const st_keyring_t* keys) {
     st_msg_xchg_reply_t r;
     ended[i] = -1;
     bool drip = strcmp(a->kinds[i], "drip") == 0;
-    fds[i] = fetch_once(a, keys, &req,
-                        drip ? DRIP_RCVBUF_BYTES : STALL_RCVBUF_BYTES, &r);
+    fds[i] = probe_xchg_open(a->target, keys, &req,
+                             drip ? DRIP_RCVBUF_BYTES : STALL_RCVBUF_BYTES, &r,
+                             NULL, NULL);
     if (fds[i] < 0) {
       fprintf(stderr, "fetch_probe: reader %d: no reply from %s\n", i,
               a->target);
       return 1;
     }
-    replies[i] = status_name(r.status);
+    replies[i] = probe_status_name(r.status);
     if (r.status != ST_XCHG_STATUS_OK) {
       close(fds[i]);
       fds[i] = -1;

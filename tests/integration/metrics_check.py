@@ -96,6 +96,11 @@ COLLECTIVES = {
     "sessions": ("starling_collectives_sessions", {}),
     "sessions_refused": ("starling_collectives_sessions_refused_total", {}),
 }
+COMPRESSION = {
+    "coded_bytes": ("starling_compression_coded_bytes", {}),
+    "anchors": ("starling_compression_anchors_total", {}),
+    "exchanges_compressed": ("starling_exchanges_compressed_total", {}),
+}
 ENUMS = {"state": "starling_node_state", "ring_state": "starling_ring_state"}
 INFO = ("id", "address", "model")  # labels of starling_node_info
 # Identifiers, not figures: the endpoint's own address and round ids.
@@ -208,6 +213,20 @@ def check(starling, data_dir, out_path):
                 if k not in COLLECTIVES:
                     sys.exit(f"status key collectives.{k} has no metric")
                 need(series, *COLLECTIVES[k])
+            checked += len(value) - 1
+        elif key == "compression":
+            for k, v in value.items():
+                if k == "codec":
+                    need(series, "starling_compression_info", {"codec": v})
+                elif k == "dropped":
+                    for reason, n in v.items():
+                        if need(series, "starling_codec_dropped_total",
+                                {"reason": reason}) != n:
+                            sys.exit(f"codec drops {reason}: status {n}")
+                elif k in COMPRESSION:
+                    need(series, *COMPRESSION[k])
+                else:
+                    sys.exit(f"status key compression.{k} has no metric")
             checked += len(value) - 1
         elif key not in NOT_FIGURES:
             sys.exit(f"status --json key {key!r} has no metric: add it to "

@@ -455,6 +455,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_XCHG_REQ:  /* test_wire_xchg.c */
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
+    case ST_MSG_XCHG_CODED:
     case ST_MSG_RING_SEG: /* test_wire_ring.c */
     /* test_wire_ring_form.c */
     case ST_MSG_RING_PROPOSE:
@@ -851,7 +852,7 @@ END_TEST
 
 START_TEST(test_reject_unknown_type) {
   const uint64_t types[] = {0,  4,   15,  25,       31,
-                            36, 127, 255, 1u << 16, UINT64_MAX};
+                            37, 127, 255, 1u << 16, UINT64_MAX};
   w_t* w = w_new(W_CAP);
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     w->n = 0;

@@ -1,17 +1,19 @@
 /* test_wire_xchg.c: the Check suite for the exchange messages of the wire
- * codec (XCHG_REQ, XCHG_REPLY, XCHG_DONE; gossip/wire.c, layouts in
+ * codec (XCHG_REQ, XCHG_REPLY, XCHG_DONE, XCHG_CODED; gossip/wire.c, layouts in
  * gossip.h): round trips with random contents and model descriptions at
  * every length, a known-answer encoding, the encoder's refusals, and the
  * decoder's rejections, each checked by its return code and by the counter
  * it bumps: truncation at every length, trailing bytes, field counts,
  * every field with wrong msgpack types and sizes, out-of-range kinds and
  * statuses, model strings too long or not printable UTF-8, a REPLY's
- * tensor list over ST_XCHG_TENSORS_MAX or not a str, and hostile declared
- * lengths.
+ * tensor list over ST_XCHG_TENSORS_MAX or not a str, anchors of the wrong
+ * size, XCHG_CODED pieces empty, past their total or over their caps, and
+ * hostile declared lengths.
  *
  * Hand-made messages come from the msgpack writer of tests/wire_testutil.h
  * (no msgpack-c in tests: STYLE.md rule 6). ST_WIRE_WRITE_CORPUS=DIR
- * writes the three fuzz seeds (xchg_req, xchg_reply, xchg_done) into DIR;
+ * writes the four fuzz seeds (xchg_req, xchg_reply, xchg_done, xchg_coded)
+ * into DIR;
  * otherwise the committed seeds under $ST_SOURCE_DIR are checked to decode
  * to the messages that wrote them. */
 #include <check.h>
@@ -42,8 +44,10 @@ static void rand_model(char* dst, size_t n) {
   dst[n] = '\0';
 }
 
-/* A REPLY's tensor list: any bytes (the wire does not read them). */
+/* A REPLY's tensor list, a compressed piece's bytes: any bytes (the wire
+ * does not read them). */
 static char rand_tensors[1024];
+static uint8_t rand_coded[512];
 
 /* A random valid message of type t whose model is model_len bytes. */
 static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
@@ -56,6 +60,7 @@ static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
       rand_model(m->u.xchg_req.model, model_len);
       m->u.xchg_req.n_params = tw_rand_bits(&rng, 64);
       m->u.xchg_req.step = tw_rand_bits(&rng, 64);
+      tw_rand_bytes(&rng, m->u.xchg_req.anchor, ST_XCHG_ANCHOR_BYTES);
       break;
     case ST_MSG_XCHG_REPLY:
       m->u.xchg_reply.status = (uint8_t) st_rng_below(&rng, 4);
@@ -63,6 +68,7 @@ static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
       rand_model(m->u.xchg_reply.model, model_len);
       m->u.xchg_reply.n_params = tw_rand_bits(&rng, 64);
       m->u.xchg_reply.step = tw_rand_bits(&rng, 64);
+      tw_rand_bytes(&rng, m->u.xchg_reply.anchor, ST_XCHG_ANCHOR_BYTES);
       m->u.xchg_reply.tensors_len =
           st_rng_below(&rng, 2) == 0
               ? 0
@@ -70,6 +76,16 @@ static void rand_xchg(st_msg_type_t t, size_t model_len, st_msg_t* m) {
       tw_rand_bytes(&rng, (uint8_t*) rand_tensors, sizeof rand_tensors);
       m->u.xchg_reply.tensors = rand_tensors;
       break;
+    case ST_MSG_XCHG_CODED: {
+      st_msg_xchg_coded_t* c = &m->u.xchg_coded;
+      c->data_len = (uint32_t) (1 + st_rng_below(&rng, sizeof rand_coded));
+      c->total = c->data_len +
+                 st_rng_below(&rng, ST_XCHG_CODED_MAX_BYTES - c->data_len + 1);
+      c->offset = st_rng_below(&rng, c->total - c->data_len + 1);
+      tw_rand_bytes(&rng, rand_coded, sizeof rand_coded);
+      c->data = rand_coded;
+      break;
+    }
     default:
       tw_rand_bytes(&rng, m->u.xchg_done.hash, ST_XCHG_HASH_BYTES);
       break;
@@ -84,15 +100,19 @@ static void round_trip(const st_msg_t* m) {
 }
 
 static const st_msg_type_t types[] = {ST_MSG_XCHG_REQ, ST_MSG_XCHG_REPLY,
-                                      ST_MSG_XCHG_DONE};
-#define NTYPES 3
+                                      ST_MSG_XCHG_DONE, ST_MSG_XCHG_CODED};
+#define NTYPES 4
 
 /* Fields of a valid message of type t. */
-#define FIELDS(t) ((t) == ST_MSG_XCHG_REPLY ? 6 : 5)
+#define FIELDS(t)                 \
+  ((t) == ST_MSG_XCHG_REPLY   ? 7 \
+   : (t) == ST_MSG_XCHG_REQ   ? 6 \
+   : (t) == ST_MSG_XCHG_CODED ? 3 \
+                              : 1)
 
-/* Writes [type, 1, kind/status, fingerprint, model, n_params, step] and,
- * for a REPLY, an empty tensor list, field by field, so that one field at
- * a time can be made wrong. */
+/* Writes [type, 1, kind/status, fingerprint, model, n_params, step,
+ * anchor] and, for a REPLY, an empty tensor list, field by field, so that
+ * one field at a time can be made wrong. */
 typedef struct {
   int n_fields; /* FIELDS(t) for a valid one */
   int first;    /* kind or status; -1: a str instead */
@@ -101,6 +121,7 @@ typedef struct {
   size_t model_len;
   int model_bin; /* the model as a bin, not a str */
   int neg_step;  /* step as a negative int */
+  int anchor;    /* 0: a bin16 anchor; -1: a str; else a bin of that size */
 } xw_t;
 
 static void w_info(w_t* w, st_msg_type_t t, const xw_t* x) {
@@ -134,6 +155,12 @@ static void w_info(w_t* w, st_msg_type_t t, const xw_t* x) {
       w_byte(w, 0xff); /* -1 */
     else
       w_uint(w, 7);
+  }
+  if (f++ < x->n_fields) {
+    if (x->anchor < 0)
+      w_str(w, fp, ST_XCHG_ANCHOR_BYTES);
+    else
+      w_bin(w, fp, x->anchor == 0 ? ST_XCHG_ANCHOR_BYTES : (size_t) x->anchor);
   }
   if (t == ST_MSG_XCHG_REPLY && f < x->n_fields) {
     w_str(w, "", 0);
@@ -201,20 +228,35 @@ START_TEST(test_known_answer) {
   ck_assert_uint_eq(len, sizeof want);
   ck_assert_mem_eq(buf, want, sizeof want);
 
-  /* [33, 1, 2, bin16, "ab", 300, 0]. */
+  /* [33, 1, 2, bin16, "ab", 300, 0, bin16 of 0x11]. */
   memset(&m, 0, sizeof m);
   m.type = ST_MSG_XCHG_REQ;
   m.u.xchg_req.kind = ST_XCHG_FETCH;
   memset(m.u.xchg_req.fingerprint, 0xee, 16);
   strcpy(m.u.xchg_req.model, "ab");
   m.u.xchg_req.n_params = 300;
+  memset(m.u.xchg_req.anchor, 0x11, 16);
   ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
-  uint8_t want2[32] = {0x97, 33, 1, 2, 0xc4, 16};
+  uint8_t want2[64] = {0x98, 33, 1, 2, 0xc4, 16};
   memset(want2 + 6, 0xee, 16);
-  const uint8_t tail[] = {0xa2, 'a', 'b', 0xcd, 0x01, 0x2c, 0x00};
+  const uint8_t tail[] = {0xa2, 'a', 'b', 0xcd, 0x01, 0x2c, 0x00, 0xc4, 16};
   memcpy(want2 + 22, tail, sizeof tail);
-  ck_assert_uint_eq(len, 22 + sizeof tail);
+  memset(want2 + 22 + sizeof tail, 0x11, 16);
+  ck_assert_uint_eq(len, 22 + sizeof tail + 16);
   ck_assert_mem_eq(buf, want2, len);
+
+  /* [36, 1, 5, 7, bin(0xab, 0xcd)]. */
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_XCHG_CODED;
+  static const uint8_t piece[] = {0xab, 0xcd};
+  m.u.xchg_coded.offset = 5;
+  m.u.xchg_coded.total = 7;
+  m.u.xchg_coded.data = piece;
+  m.u.xchg_coded.data_len = 2;
+  ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), 0);
+  const uint8_t want3[] = {0x95, 36, 1, 5, 7, 0xc4, 2, 0xab, 0xcd};
+  ck_assert_uint_eq(len, sizeof want3);
+  ck_assert_mem_eq(buf, want3, len);
 }
 END_TEST
 
@@ -249,6 +291,26 @@ START_TEST(test_encode_refuses) {
   m.u.xchg_reply.model[0] = (char) 0xc3; /* cut short */
   m.u.xchg_reply.model[1] = '\0';
   ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  /* Compressed pieces: empty, past the total, over the caps, no data. */
+  static const uint8_t bytes[4] = {1, 2, 3, 4};
+  const struct {
+    uint64_t offset, total;
+    uint32_t len;
+    const uint8_t* data;
+  } bad_coded[] = {
+      {0, 4, 0, bytes}, {1, 4, 4, bytes},
+      {5, 4, 1, bytes}, {0, ST_XCHG_CODED_MAX_BYTES + 1, 4, bytes},
+      {0, 4, 4, NULL},
+  };
+  for (size_t i = 0; i < sizeof bad_coded / sizeof bad_coded[0]; i++) {
+    memset(&m, 0, sizeof m);
+    m.type = ST_MSG_XCHG_CODED;
+    m.u.xchg_coded.offset = bad_coded[i].offset;
+    m.u.xchg_coded.total = bad_coded[i].total;
+    m.u.xchg_coded.data_len = bad_coded[i].len;
+    m.u.xchg_coded.data = bad_coded[i].data;
+    ck_assert_int_eq(st_wire_encode(&m, buf, sizeof buf, &len), -EINVAL);
+  }
   ck_assert_uint_eq(len, 12345); /* untouched on failure */
   /* Too small a buffer, at every size short of the message. */
   for (int t = 0; t < NTYPES; t++) {
@@ -277,11 +339,22 @@ END_TEST
 START_TEST(test_reject_field_count) {
   st_msg_type_t t = types[_i];
   w_t* w = w_new(BUF_CAP);
-  int want = t == ST_MSG_XCHG_DONE ? 1 : FIELDS(t);
-  for (int n = 0; n <= 7; n++) {
+  int want = FIELDS(t);
+  for (int n = 0; n <= 8; n++) {
     if (n == want)
       continue;
-    if (t == ST_MSG_XCHG_DONE) {
+    if (t == ST_MSG_XCHG_CODED) {
+      w->n = 0;
+      w_byte(w, (uint8_t) (0x90 | (2 + n)));
+      w_uint(w, t), w_uint(w, ST_WIRE_VERSION);
+      static const uint8_t b[4] = {1, 2, 3, 4};
+      for (int f = 0; f < n; f++) {
+        if (f == 2)
+          w_bin(w, b, 4);
+        else
+          w_uint(w, f == 0 ? 0 : 8);
+      }
+    } else if (t == ST_MSG_XCHG_DONE) {
       w->n = 0;
       w_byte(w, (uint8_t) (0x90 | (2 + n)));
       w_uint(w, t), w_uint(w, ST_WIRE_VERSION);
@@ -289,7 +362,7 @@ START_TEST(test_reject_field_count) {
       for (int f = 0; f < n; f++)
         w_bin(w, h, 32);
     } else {
-      xw_t x = {n, 1, 16, "m", 1, 0, 0};
+      xw_t x = {n, 1, 16, "m", 1, 0, 0, 0};
       w_info(w, t, &x);
     }
     tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "field count");
@@ -305,7 +378,7 @@ START_TEST(test_reject_fields) {
   int min_first = t == ST_MSG_XCHG_REQ ? 1 : 0;
   w_t* w = w_new(BUF_CAP);
   /* The valid one decodes, so each rejection below is its one change. */
-  xw_t ok = {FIELDS(t), min_first, 16, "m", 1, 0, 0};
+  xw_t ok = {FIELDS(t), min_first, 16, "m", 1, 0, 0, 0};
   w_info(w, t, &ok);
   st_msg_t d;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
@@ -330,6 +403,13 @@ START_TEST(test_reject_fields) {
     x.fp_len = bad_fp[i];
     w_info(w, t, &x);
     tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "fingerprint");
+  }
+  static const int bad_anchor[] = {-1, 1, 15, 17, 32};
+  for (size_t i = 0; i < sizeof bad_anchor / sizeof bad_anchor[0]; i++) {
+    xw_t x = ok;
+    x.anchor = bad_anchor[i];
+    w_info(w, t, &x);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "anchor");
   }
   xw_t x = ok;
   x.model_bin = 1;
@@ -411,7 +491,7 @@ START_TEST(test_reject_models) {
       char s[64] = "mlp:4-4 ";
       size_t at = pre ? strlen(s) : 0;
       memcpy(s + at, b->s, b->n);
-      xw_t x = {FIELDS(t), 1, 16, s, at + b->n, 0, 0};
+      xw_t x = {FIELDS(t), 1, 16, s, at + b->n, 0, 0, 0};
       w_info(w, t, &x);
       tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, b->what);
     }
@@ -421,11 +501,11 @@ START_TEST(test_reject_models) {
   memset(longest, 'm', sizeof longest);
   static const size_t lens[] = {ST_XCHG_MODEL_MAX, ST_XCHG_MODEL_MAX + 1, 255};
   for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-    xw_t x = {FIELDS(t), 1, 16, longest, lens[i], 0, 0};
+    xw_t x = {FIELDS(t), 1, 16, longest, lens[i], 0, 0, 0};
     w_info(w, t, &x);
     tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "too long");
   }
-  xw_t x = {FIELDS(t), 1, 16, longest, ST_XCHG_MODEL_MAX - 1, 0, 0};
+  xw_t x = {FIELDS(t), 1, 16, longest, ST_XCHG_MODEL_MAX - 1, 0, 0, 0};
   w_info(w, t, &x);
   st_msg_t d;
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
@@ -450,7 +530,7 @@ START_TEST(test_reject_hostile_lengths) {
   w_t* w = w_new(BUF_CAP);
   for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
     w->n = 0;
-    w_byte(w, 0x97), w_uint(w, ST_MSG_XCHG_REQ), w_uint(w, 1);
+    w_byte(w, 0x98), w_uint(w, ST_MSG_XCHG_REQ), w_uint(w, 1);
     w_uint(w, 1), w_bin(w, fp, 16);
     w_raw(w, heads[i].head, heads[i].head_len);
     w_raw(w, "abc", 3);
@@ -479,7 +559,7 @@ START_TEST(test_mutations) {
     st_msg_t d2;
     ck_assert_int_eq(st_wire_decode(again, n2, &d2, NULL), 0);
     if (d.type == ST_MSG_XCHG_REQ || d.type == ST_MSG_XCHG_REPLY ||
-        d.type == ST_MSG_XCHG_DONE)
+        d.type == ST_MSG_XCHG_DONE || d.type == ST_MSG_XCHG_CODED)
       ck_assert(msg_same(&d, &d2));
     st_wire_msg_free(&d);
     st_wire_msg_free(&d2);
@@ -513,9 +593,9 @@ START_TEST(test_reply_tensors) {
   ck_assert_int_eq(st_wire_encode(&m, buf, cap, &len), -EINVAL);
 
   w_t* w = w_new(cap);
-  xw_t x = {5, 2, 16, "m", 1, 0, 0}; /* the tensor list written below */
+  xw_t x = {6, 2, 16, "m", 1, 0, 0, 0}; /* the tensor list written below */
   w_info(w, ST_MSG_XCHG_REPLY, &x);
-  w->b[0] = 0x98; /* 8 elements */
+  w->b[0] = 0x99; /* 9 elements */
   size_t head = w->n;
   w_str(w, big, ST_XCHG_TENSORS_MAX + 1);
   tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "tensors too long");
@@ -536,11 +616,73 @@ START_TEST(test_reply_tensors) {
 }
 END_TEST
 
+/* XCHG_CODED as the decoder sees it: a piece at the very end of the
+ * largest total decodes (data borrowed from the input); an empty piece, a
+ * piece past its total, a total over ST_XCHG_CODED_MAX_BYTES and data over
+ * ST_WIRE_CHUNK_MAX_BYTES are refused, as are fields of the wrong type. */
+START_TEST(test_coded_pieces) {
+  size_t cap = ST_WIRE_CHUNK_MAX_BYTES + 1024;
+  uint8_t* big = calloc(1, ST_WIRE_CHUNK_MAX_BYTES + 1);
+  w_t* w = w_new(cap);
+  ck_assert(big != NULL);
+  st_msg_t d;
+  const uint64_t max = ST_XCHG_CODED_MAX_BYTES;
+  const struct {
+    uint64_t offset, total;
+    size_t len;
+    int bin; /* 1: data a bin; 0: a str */
+    int want;
+    st_wire_drop_t why;
+  } cases[] = {
+      {max - 4, max, 4, 1, 0, 0},
+      {0, ST_WIRE_CHUNK_MAX_BYTES, ST_WIRE_CHUNK_MAX_BYTES, 1, 0, 0},
+      {0, 4, 0, 1, -EBADMSG, ST_WIRE_DROP_FIELD},
+      {1, 4, 4, 1, -EBADMSG, ST_WIRE_DROP_FIELD},
+      {5, 4, 1, 1, -EBADMSG, ST_WIRE_DROP_FIELD},
+      {UINT64_MAX, 4, 1, 1, -EBADMSG, ST_WIRE_DROP_FIELD},
+      {0, max + 1, 4, 1, -EBADMSG, ST_WIRE_DROP_LIMIT},
+      {0, UINT64_MAX, 4, 1, -EBADMSG, ST_WIRE_DROP_LIMIT},
+      {0, 2 * (uint64_t) ST_WIRE_CHUNK_MAX_BYTES, ST_WIRE_CHUNK_MAX_BYTES + 1,
+       1, -EBADMSG, ST_WIRE_DROP_LIMIT},
+      {0, 4, 4, 0, -EBADMSG, ST_WIRE_DROP_FIELD},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    w->n = 0;
+    w_byte(w, 0x95), w_uint(w, ST_MSG_XCHG_CODED), w_uint(w, 1);
+    w_uint(w, cases[i].offset), w_uint(w, cases[i].total);
+    if (cases[i].bin)
+      w_bin(w, big, cases[i].len);
+    else
+      w_str(w, big, cases[i].len);
+    if (cases[i].want == 0) {
+      ck_assert_int_eq(st_wire_decode(w->b, w->n, &d, NULL), 0);
+      ck_assert_uint_eq(d.u.xchg_coded.offset, cases[i].offset);
+      ck_assert_uint_eq(d.u.xchg_coded.total, cases[i].total);
+      ck_assert_uint_eq(d.u.xchg_coded.data_len, cases[i].len);
+      ck_assert_ptr_eq(d.u.xchg_coded.data, w->b + w->n - cases[i].len);
+    } else {
+      tw_expect_drop(w->b, w->n, cases[i].want, cases[i].why, "coded piece");
+    }
+  }
+  /* A negative offset, and a total as a str. */
+  w->n = 0;
+  w_byte(w, 0x95), w_uint(w, ST_MSG_XCHG_CODED), w_uint(w, 1);
+  w_byte(w, 0xff), w_uint(w, 4), w_bin(w, big, 4);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "negative offset");
+  w->n = 0;
+  w_byte(w, 0x95), w_uint(w, ST_MSG_XCHG_CODED), w_uint(w, 1);
+  w_uint(w, 0), w_str(w, "4", 1), w_bin(w, big, 4);
+  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "total as str");
+  w_free(w);
+  free(big);
+}
+END_TEST
+
 /* ==== The fuzz seeds ========================================================
  */
 
 static const char* const seed_names[NTYPES] = {"xchg_req", "xchg_reply",
-                                               "xchg_done"};
+                                               "xchg_done", "xchg_coded"};
 
 /* The seeds, from a fixed seed: one valid encoding per type. */
 static void seed_msg(int i, st_msg_t* m) {
@@ -557,6 +699,16 @@ static void seed_msg(int i, st_msg_t* m) {
     m->u.xchg_reply.n_params = 7850;
     m->u.xchg_reply.tensors = tensors;
     m->u.xchg_reply.tensors_len = sizeof tensors - 1;
+  } else if (types[i] == ST_MSG_XCHG_CODED) {
+    /* An int8 encoding of [0.5, -1, 0.3] (docs/protocol.md, "Compressed
+     * deltas"), sent whole. */
+    static const uint8_t int8[] = {1, 2, 0, 0,    0,    1,    0,   0,
+                                   3, 0, 0, 0,    0,    0,    0,   0,
+                                   4, 2, 1, 0x3c, 0x40, 0x81, 0x26};
+    m->u.xchg_coded.offset = 0;
+    m->u.xchg_coded.total = sizeof int8;
+    m->u.xchg_coded.data = int8;
+    m->u.xchg_coded.data_len = sizeof int8;
   }
 }
 
@@ -610,6 +762,7 @@ static Suite* wire_xchg_suite(void) {
   tcase_add_loop_test(td, test_reject_models, 0, 2);
   tcase_add_test(td, test_reject_hostile_lengths);
   tcase_add_test(td, test_reply_tensors);
+  tcase_add_test(td, test_coded_pieces);
   tcase_add_test(td, test_mutations);
   tcase_add_test(td, test_regress_empty_strings);
   suite_add_tcase(s, td);

@@ -33,7 +33,8 @@ enum {
   OPT_MIN_NODES,
   OPT_RING_LANES,
   OPT_QUIET,
-  OPT_ATTACH
+  OPT_ATTACH,
+  OPT_COMPRESS
 };
 
 static const struct option own_opts[] = {
@@ -58,6 +59,7 @@ static const struct option own_opts[] = {
     {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"attach", no_argument, NULL, OPT_ATTACH},
+    {"compress", required_argument, NULL, OPT_COMPRESS},
     {"help", no_argument, NULL, 'h'},
 };
 
@@ -158,6 +160,14 @@ static void usage(FILE* f) {
       "                       median of the last 16 (robust averaging; "
       "default 3;\n"
       "                       0: off)\n"
+      "  --compress C         what averaging sends: none (float32, the "
+      "default),\n"
+      "                       bf16, int8, or topk:F (the fraction F of "
+      "largest\n"
+      "                       entries), of each node's drift from the last "
+      "ring\n"
+      "                       round's mean; the same on every node\n"
+      "                       (docs/compression.md)\n"
       "  --quiet              only warnings and errors\n"
       "\n"
       "Training (as in 'starling train'):\n");
@@ -175,6 +185,15 @@ static void usage(FILE* f) {
           "      --data-dir n1 --model mlp:784-256-128-10 --data "
           "fashion-mnist --shard 1/2 &\n"
           "  starling peers --data-dir n0\n");
+}
+
+/* --compress: 0, or 2 after saying why the text is not a codec. */
+static int compress_flag(st_daemon_config_t* cfg, const char* v) {
+  char err[256];
+  if (st_codec_parse(v, &cfg->compress, err, sizeof err) == 0)
+    return 0;
+  fprintf(stderr, "starling node: --compress: %s\n", err);
+  return 2;
 }
 
 /* The node's numeric flags: where each goes and its range. */
@@ -293,6 +312,9 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
       break;
     case OPT_ATTACH:
       cfg->attach = true;
+      break;
+    case OPT_COMPRESS:
+      rc = compress_flag(cfg, v);
       break;
     default:
       return 1;

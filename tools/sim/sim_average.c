@@ -234,6 +234,12 @@ static bool act(av_t* a, av_conn_t* c, int k, const st_xact_t* x) {
       }
       return false;
     }
+    case ST_XACT_ENCODE: /* the simulator's nodes run no codec */
+      st_xchg_encoded(c->x[k], a->s->now_us / 1000u, -ENOTSUP);
+      return false;
+    case ST_XACT_DECODE:
+      st_xchg_decoded(c->x[k], a->s->now_us / 1000u, -ENOTSUP, 0);
+      return false;
     case ST_XACT_DONE:
       finish(a, c, k, x->result);
       return false;

@@ -1,0 +1,167 @@
+/* daemon_compress.c: compressed gossip averaging (--compress; issue #16):
+ * the cluster's codec in the model fingerprint, the anchor every member of
+ * a ring round shares, and the codec work the exchange machine asks for
+ * (gossip.h, "Compressed averaging"; docs/training.md, "Compression").
+ *
+ * The anchor is the mean a ring round gave every member bit for bit (the
+ * all-gather copies the same floats to all). Its id is the first 16 bytes
+ * of the BLAKE2b-256 of a domain string, the round id, the length and the
+ * floats (docs/protocol.md), so two nodes name the same id
+ * only when they hold the same vector. A node keeps the anchor of the last
+ * round it finished; an exchange holds a reference to the one it named in
+ * its REQ or REPLY, since a round may end while it runs. Between rounds a
+ * node's drift from the anchor is what SGD moved it since, small next to
+ * the parameters, which is what makes int8 and top-k of it accurate.
+ */
+#include "node/daemon/daemon_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct st__anchor_s {
+  uint32_t refs;
+  uint8_t id[ST_XCHG_ANCHOR_BYTES];
+  size_t n;
+  float v[];
+};
+
+static const char ANCHOR_DOMAIN[] = "starling-anchor-v1";
+static const char MODEL_DOMAIN[] = "starling-compress-v1";
+
+st__anchor_t* st__anchor_ref(st__anchor_t* a) {
+  if (a != NULL)
+    a->refs++;
+  return a;
+}
+
+void st__anchor_release(st__anchor_t* a) {
+  if (a != NULL && --a->refs == 0)
+    free(a);
+}
+
+bool st__compress_on(const st__daemon_t* d) {
+  return d->cfg->compress.kind != ST_CODEC_NONE;
+}
+
+void st__compress_mark_model(const st__daemon_t* d) {
+  if (!st__compress_on(d))
+    return;
+  char name[32];
+  if (st_codec_name(&d->cfg->compress, name, sizeof name) != 0)
+    return; /* validated when parsed */
+  st__daemon_t* w = (st__daemon_t*) d;
+  /* The fingerprint: the model's, then the codec's canonical name. */
+  st_hash_t h;
+  uint8_t full[ST_HASH_BYTES];
+  st_hash_init(&h);
+  st_hash_update(&h, MODEL_DOMAIN, sizeof MODEL_DOMAIN - 1);
+  st_hash_update(&h, w->local.fingerprint, sizeof w->local.fingerprint);
+  st_hash_update(&h, name, strlen(name));
+  st_hash_final(&h, full);
+  memcpy(w->local.fingerprint, full, sizeof w->local.fingerprint);
+  /* The description names it, cutting the model's text to make room. */
+  char suffix[48];
+  int k = snprintf(suffix, sizeof suffix, " compress=%s", name);
+  size_t room = sizeof w->local.model - 1 - (size_t) k;
+  if (strlen(w->local.model) > room)
+    w->local.model[room] = '\0';
+  strcat(w->local.model, suffix);
+}
+
+/* The codec a model description names (" compress=NAME" at its end), or
+ * "none". */
+static const char* codec_of(const char* model) {
+  const char* at = strstr(model, " compress=");
+  return at != NULL ? at + strlen(" compress=") : "none";
+}
+
+void st__compress_mismatch(const char* theirs, const char* ours, char* out,
+                           size_t out_len) {
+  out[0] = '\0';
+  if (strcmp(codec_of(theirs), codec_of(ours)) != 0)
+    snprintf(out, out_len,
+             ": the cluster's nodes run --compress %s, this node --compress "
+             "%s",
+             codec_of(theirs), codec_of(ours));
+}
+
+void st__compress_sized(st__daemon_t* d) {
+  d->local.coded_bytes =
+      st__compress_on(d)
+          ? st_codec_encoded_bytes(&d->cfg->compress, d->local.n_params)
+          : 0;
+}
+
+void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
+                            uint64_t round_id) {
+  if (!st__compress_on(d) || mean == NULL || n == 0)
+    return;
+  st__anchor_t* a = malloc(sizeof *a + n * sizeof(float));
+  if (a == NULL) {
+    st__dwarn(d,
+              "no memory for the compression anchor (%zu floats); "
+              "averaging sends float32 until the next ring round",
+              n);
+    st__anchor_release(d->anchor);
+    d->anchor = NULL;
+    return;
+  }
+  a->refs = 1;
+  a->n = n;
+  memcpy(a->v, mean, n * sizeof(float));
+  st_hash_t h;
+  uint8_t full[ST_HASH_BYTES];
+  uint8_t hdr[16];
+  for (int i = 0; i < 8; i++) {
+    hdr[i] = (uint8_t) (round_id >> (8 * i));
+    hdr[8 + i] = (uint8_t) ((uint64_t) n >> (8 * i));
+  }
+  st_hash_init(&h);
+  st_hash_update(&h, ANCHOR_DOMAIN, sizeof ANCHOR_DOMAIN - 1);
+  st_hash_update(&h, hdr, sizeof hdr);
+  st_hash_update(&h, a->v, n * sizeof(float));
+  st_hash_final(&h, full);
+  memcpy(a->id, full, sizeof a->id);
+  if (a->id[0] == 0) /* never all zero: that is "none" */
+    a->id[0] = 1;
+  st__anchor_release(d->anchor);
+  d->anchor = a;
+  d->c.anchors++;
+}
+
+void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l) {
+  memset(l->anchor, 0, sizeof l->anchor);
+  if (!st__compress_on(d) || d->anchor == NULL || d->anchor->n != l->n_params ||
+      c->anchor != NULL)
+    return;
+  c->anchor = st__anchor_ref(d->anchor);
+  memcpy(l->anchor, c->anchor->id, sizeof l->anchor);
+}
+
+int st__compress_encode(st__daemon_t* d, st__conn_t* c, const st_xact_t* a) {
+  const st__anchor_t* an = c->anchor;
+  if (an == NULL || an->n != a->n)
+    return -EINVAL;
+  for (size_t i = 0; i < a->n; i++)
+    a->work[i] -= an->v[i];
+  size_t len = 0;
+  int rc = st_codec_encode(&d->cfg->compress, a->work, a->n, a->coded,
+                           a->coded_len, &len);
+  if (rc == 0 && len != a->coded_len)
+    rc = -EPROTO;
+  if (rc == 0)
+    rc = st_codec_decode(&d->cfg->compress, a->coded, a->coded_len, a->work,
+                         a->n, NULL);
+  return rc;
+}
+
+int st__compress_decode(st__daemon_t* d, const st_xact_t* a, int* reason) {
+  st_codec_drop_t why = ST_CODEC_DROP_HEADER;
+  int rc = st_codec_decode(&d->cfg->compress, a->coded, a->coded_len, a->work,
+                           a->n, &why);
+  *reason = (int) why;
+  if (rc != 0 && (unsigned) why < ST_CODEC_DROP_COUNT)
+    d->c.codec_drops[why]++;
+  return rc;
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# bench_compress.sh: what compressed averaging (--compress) saves: for each
+# codec, 4 `starling node`s train the README's recipe (mlp:784-256-128-10,
+# Fashion-MNIST quarters, batch 64, lr 0.05, momentum 0.9, cosine, 10
+# epochs, one BLAS thread each) and the script reports, in one run, the
+# wall time until every node's test accuracy reaches TARGET, the bytes each
+# node had sent by then (all its traffic: membership, state transfer,
+# gossip, rings), and at the end of the epochs the lowest test accuracy
+# and bytes sent, each codec against `none` as a ratio (docs/benchmarks.md,
+# "Compressed averaging").
+#
+# On loopback by default. With RATE (root only), every node runs in its own
+# network namespace behind a veth shaped by `tbf rate $RATE` (bench_lib.sh,
+# bench_ns_up): links like separate machines on a slow network.
+#
+#   tools/bench/bench_compress.sh                           none int8 topk:0.01, loopback
+#   RATE=10mbit tools/bench/bench_compress.sh               shaped links
+#   CODECS="none bf16" TARGET=0.87 EPOCHS=10 tools/bench/bench_compress.sh
+#
+# Environment: CODECS, TARGET (0.87), EPOCHS (10), RATE (unset: loopback),
+# TIMEOUT (seconds a cluster may take, 600), ST_BUILD_DIR (build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+for a in "$@"; do
+  case $a in
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench_compress.sh: no arguments (settings are environment variables; see --help)" >&2; exit 2 ;;
+  esac
+done
+
+CODECS=${CODECS:-"none int8 topk:0.01"}
+TARGET=${TARGET:-0.87}
+EPOCHS=${EPOCHS:-10}
+RATE=${RATE:-}
+TIMEOUT=${TIMEOUT:-600}
+PY=${PY:-/usr/bin/python3}
+build=${ST_BUILD_DIR:-build}
+S=$(cd "$build" 2>/dev/null && pwd)/starling
+N=4
+
+source tools/bench/bench_lib.sh
+if [ -n "$RATE" ] && [ "$(id -u)" -ne 0 ]; then
+  echo "bench_compress.sh: RATE needs root (network namespaces)" >&2
+  exit 2
+fi
+bench_setup "$build"
+S=$(cd "$build" && pwd)/starling
+
+work=$(mktemp -d)
+pids=()
+up_ns=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  for u in "${up_ns[@]:-}"; do [ -n "$u" ] && bench_ns_down st-cmp $u; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$S" keygen --cluster --out "$work/ck" >/dev/null
+[ -n "$RATE" ] && bench_ns_up st-cmp c "$N"
+
+recipe=(--model mlp:784-256-128-10 --data fashion-mnist --epochs "$EPOCHS" --batch 64
+        --lr 0.05 --momentum 0.9 --schedule cosine --device cpu --threads 1
+        --eval-every 0.5 --log-every 0 --checkpoint-every 0 --quiet)
+
+# status DIR KEY...: the fields of `status --json` (a.b for nested ones),
+# one per line; nothing when the node does not answer.
+status() {
+  local dir=$1
+  shift
+  "$S" status --json --data-dir "$dir" 2>/dev/null | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin)
+for k in sys.argv[1:]:
+    v = d
+    for p in k.split("."):
+        v = v[p]
+    print(v)' "$@" 2>/dev/null || true
+}
+
+# node K CODEC DIR [SEED]: starts node K (in its namespace when shaped).
+node() {
+  local k=$1 codec=$2 dir=$3 seed=${4:-} listen=127.0.0.1:0 pre=()
+  if [ -n "$RATE" ]; then
+    listen=10.77.0.$((k + 1)):7946
+    pre=(ip netns exec "st-cmp-c-$k")
+  fi
+  local join=()
+  [ -n "$seed" ] && join=(--join "$seed")
+  "${pre[@]}" "$S" node --listen "$listen" --cluster-key "$work/ck" \
+    --data-dir "$dir/n$k" --shard "$k/$N" --compress "$codec" "${join[@]}" \
+    "${recipe[@]}" 2>"$dir/n$k.log" &
+  pids+=($!)
+}
+
+# run CODEC: prints "seconds_to_target bytes_at_target min_final_acc bytes_at_end compressed".
+run() {
+  local codec=$1 dir=$work/${1//:/_} t0 seed= k
+  mkdir -p "$dir"
+  pids=()
+  t0=$(date +%s.%N)
+  node 0 "$codec" "$dir"
+  for _ in $(seq 400); do
+    seed=$(status "$dir/n0" address)
+    [ -n "$seed" ] && [ "${seed##*:}" != 0 ] && break
+    sleep 0.05
+  done
+  for ((k = 1; k < N; k++)); do node "$k" "$codec" "$dir" "$seed"; done
+  local at_target="" bytes_target=0
+  while :; do
+    local now ok=0 done_n=0 bytes=0
+    now=$(date +%s.%N)
+    if awk -v a="$now" -v b="$t0" -v t="$TIMEOUT" 'BEGIN { exit !(a - b > t) }'; then
+      echo "timeout"
+      return
+    fi
+    for ((k = 0; k < N; k++)); do
+      local f
+      mapfile -t f < <(status "$dir/n$k" test_accuracy bytes_out state)
+      [ ${#f[@]} -eq 3 ] || continue
+      bytes=$((bytes + f[1]))
+      awk -v a="${f[0]}" -v t="$TARGET" 'BEGIN { exit !(a != "None" && a >= t) }' && ok=$((ok + 1))
+      [ "${f[2]}" = done ] && done_n=$((done_n + 1))
+    done
+    if [ -z "$at_target" ] && [ $ok -eq $N ]; then
+      at_target=$(awk -v a="$now" -v b="$t0" 'BEGIN { printf "%.1f", a - b }')
+      bytes_target=$((bytes / N))
+    fi
+    [ $done_n -eq $N ] && break
+    sleep 0.25
+  done
+  sleep 1 # the last evaluation (every 0.5 s)
+  local min_acc=1 bytes_end=0 comp=0
+  for ((k = 0; k < N; k++)); do
+    local f
+    mapfile -t f < <(status "$dir/n$k" test_accuracy bytes_out compression.exchanges_compressed)
+    min_acc=$(awk -v a="$min_acc" -v b="${f[0]}" 'BEGIN { print (b < a ? b : a) }')
+    bytes_end=$((bytes_end + f[1]))
+    comp=$((comp + f[2]))
+  done
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+  echo "${at_target:-never} $bytes_target $min_acc $((bytes_end / N)) $comp"
+}
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u '+%F %H:%M UTC')"
+echo "4 nodes, $EPOCHS epochs; links: ${RATE:-loopback}; target test accuracy $TARGET (every node)"
+printf '%-12s %10s %16s %12s %16s %12s\n' codec to_target_s MB_per_node@tgt final_min_acc MB_per_node@end compressed
+base_t="" base_b=""
+for codec in $CODECS; do
+  read -r t bt acc be comp < <(run "$codec")
+  printf '%-12s %10s %16.1f %12s %16.1f %12s\n' "$codec" "$t" \
+    "$(awk -v b="$bt" 'BEGIN { print b / 1e6 }')" "$acc" \
+    "$(awk -v b="$be" 'BEGIN { print b / 1e6 }')" "$comp"
+  if [ "$codec" = none ]; then
+    base_t=$t base_b=$bt
+  elif [ -n "$base_b" ] && [ "$bt" -gt 0 ] && [ "$t" != never ] && [ "$base_t" != never ]; then
+    awk -v c="$codec" -v b="$base_b" -v x="$bt" -v tb="$base_t" -v tx="$t" \
+      'BEGIN { printf "  %s vs none: %.2fx fewer bytes to the target, %.2fx the time\n", c, b / x, tx / tb }'
+  fi
+done
