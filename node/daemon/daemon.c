@@ -650,7 +650,7 @@ static int start_network(st__daemon_t* d, char* err, size_t err_len) {
   start_periodic(&d->status_timer, status_cb, cfg->status_every_s);
   start_periodic(&d->log_timer, log_cb,
                  cfg->log_every_steps > 0 ? LOG_POLL_S : cfg->log_every_s);
-  start_periodic(&d->ring_tick_timer, ring_tick_cb, cfg->ring_every_s);
+  start_periodic(&d->ring_tick_timer, ring_tick_cb, st__ring_tick_every_s(d));
   return 0;
 }
 

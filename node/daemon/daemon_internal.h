@@ -415,6 +415,7 @@ struct st__daemon_s {
   st_node_id_t ring_members[ST_RING_FORM_MAX_MEMBERS];
   st_node_id_t ring_last_members[ST_RING_FORM_MAX_MEMBERS];
   uint64_t ring_started_ms;
+  uint64_t ring_proposed_ms; /* this node's last proposal (st__ring_tick) */
   int ring_tt_pending;
   double ring_segment_ms; /* measured, smoothed: for the stall timeout */
   /* The round's lanes (gossip.h, "Lane striping"): ring_stripe says which
@@ -703,7 +704,14 @@ void st__ring_size_pool(st__daemon_t* d);
 int st__ring_start(st__daemon_t* d);
 void st__ring_close(st__daemon_t* d);
 void st__ring_free(st__daemon_t* d);
+/* Every st__ring_tick_every_s seconds: the smallest free member proposes a
+ * ring, at most every --ring-every, except that under --compress a node
+ * without an anchor proposes at every tick (so that compressed averaging
+ * starts within seconds of a start, not at the first --ring-every). */
 void st__ring_tick(st__daemon_t* d);
+/* --ring-every, or under --compress at most ST__RING_ANCHOR_TICK_S. */
+double st__ring_tick_every_s(const st__daemon_t* d);
+#define ST__RING_ANCHOR_TICK_S 1.0
 void st__ring_drain_form(st__daemon_t* d);
 void st__ring_timer_cb(uv_timer_t* t);
 void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,

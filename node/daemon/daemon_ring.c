@@ -468,10 +468,24 @@ void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
 
 /* Proposes a round when this node is the smallest live ring-capable id
  * of its view that runs its model. */
+double st__ring_tick_every_s(const st__daemon_t* d) {
+  double every = d->cfg->ring_every_s;
+  return st__compress_on(d) && every > ST__RING_ANCHOR_TICK_S
+             ? ST__RING_ANCHOR_TICK_S
+             : every;
+}
+
 void st__ring_tick(st__daemon_t* d) {
   if (d->rf == NULL || (d->state != ST__D_TRAINING && d->state != ST__D_DONE))
     return;
   if (st_ring_form_state(d->rf) != ST_RING_FORM_IDLE || d->ring != NULL)
+    return;
+  /* Faster ticks (--compress): only a node still without an anchor
+   * proposes before --ring-every has passed (a tick's jitter allowed). */
+  uint64_t now = st__dnow(d);
+  double since_ms = (double) (now - d->ring_proposed_ms);
+  if (st__compress_on(d) && d->anchor != NULL && d->ring_proposed_ms > 0 &&
+      since_ms < d->cfg->ring_every_s * 1000.0 - 100.0)
     return;
   st_node_id_t cand[ST_RING_FORM_MAX_MEMBERS];
   size_t n = 0;
@@ -491,7 +505,8 @@ void st__ring_tick(st__daemon_t* d) {
   }
   if (n == 0)
     return;
-  st_ring_form_propose(d->rf, st__dnow(d), cand, n);
+  d->ring_proposed_ms = now;
+  st_ring_form_propose(d->rf, now, cand, n);
   st__ring_drain_form(d);
 }
 

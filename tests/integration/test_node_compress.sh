@@ -16,7 +16,9 @@
 #     compressed snapshots: an int8 scale that is a NaN and a header of
 #     another kind. The node drops each, counts it by reason
 #     (compression.dropped.codec_scale, codec_kind; rejected.exchange_codec),
-#     applies nothing, and trains on.
+#     applies nothing, and trains on. (With --ring-every 60, the anchor
+#     the probe needs comes from the every-second proposals of a node that
+#     has none.)
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/coded_probe
@@ -129,13 +131,15 @@ for codec in int8 topk:0.01; do
 done
 
 # --- (d) hostile compressed snapshots from an insider -------------------------------
-node_start 90 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 1
+# Rings every 60 s: a node without an anchor proposes every second, so the
+# first anchor comes long before the first --ring-every (and then stays).
+node_start 90 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 60
 node_up 90
 s=$NODE_ADDR
-node_start 91 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 1 \
+node_start 91 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 60 \
   --join "$s" --gossip-every 2
 node_up 91
-wait_for 60 "a ring round giving node 90 an anchor" \
+wait_for 20 "a ring round giving node 90 an anchor (a node without one proposes every second)" \
   sh -c "[ \"\$($(printf %q "$STARLING") status --json --data-dir $(printf %q "$(node_dir 90)") | \
     $NUMPY_PY -c 'import json,sys; print(json.load(sys.stdin)[\"compression\"][\"anchors\"])')\" -gt 0 ]"
 for attack in nan-scale wrong-kind; do
