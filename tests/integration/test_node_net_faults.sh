@@ -8,7 +8,7 @@
 # packet (UDP and TCP) nobody dies and exchanges keep completing; both
 # clusters reach 0.85 test accuracy. Then a run stopped with SIGTERM in
 # the middle of a split must leave no namespace and no node behind. About
-# 80 s. Skipped (exit 0) only when not root or without `ip netns`. The
+# 80 s; under the sanitizers only the SIGTERM run. Skipped (exit 0) only when not root or without `ip netns`. The
 # namespaces' names hold the script's PID and every iptables rule is inside
 # them, so runs beside other tests do not meet. Named test_node_* so that
 # CMake runs it alone among the cluster tests (RESOURCE_LOCK cluster_cores).
@@ -58,6 +58,14 @@ no_leftovers() {
 }
 
 # --- 5 s split and 5% loss ---------------------------------------------------
+# Under the sanitizers only the interrupted run below: the split-and-loss
+# run's bounds are timing (deaths, reconvergence, accuracy) that the plain
+# build checks; its code paths run under ASan in test_sim (the membership
+# machine through partitions and loss) and test_node_churn (a member
+# gone, connections failing), and it took 160 s of the sanitizer phase.
+if [ "${ST_SANITIZE:-OFF}" = ON ]; then
+  echo "skipped under the sanitizers: the split-and-loss run (checked in the plain build)"
+else
 status=0
 timeout -s INT $((300 * SLOW)) "$NET" --scenarios partition:5,loss:5 --json \
   --dir "$SCRATCH/net" --starling "$STARLING" --calm $((120 * SLOW)) \
@@ -87,6 +95,7 @@ if bad:
 EOF
 no_leftovers "$SCRATCH/net.err" "$SCRATCH/net"
 pass "no namespace, rule or node left after the run"
+fi
 
 # --- SIGTERM (or Ctrl-C) in the middle of a split cleans up ------------------------------
 "$NET" --scenarios partition:120 --before 0 --dir "$SCRATCH/int" --starling "$STARLING" \

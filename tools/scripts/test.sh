@@ -7,7 +7,7 @@
 # say they were skipped otherwise), and an AddressSanitizer +
 # UndefinedBehaviorSanitizer build. Also checks formatting (.clang-format)
 # and runs every libFuzzer target for a bounded time (tools/scripts/fuzz.sh,
-# ST_FUZZ_SECONDS each, default 15).
+# ST_FUZZ_SECONDS each, default 8).
 #
 #   tools/scripts/test.sh              everything
 #   ST_TEST_QUICK=1 tools/scripts/test.sh   plain build only (no sanitizers, no fuzzing)
@@ -42,7 +42,7 @@ if [ -z "${ST_TEST_QUICK:-}" ]; then
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure -j"$jobs")
 
-  echo "== libFuzzer targets (clang, ASan + UBSan), ${ST_FUZZ_SECONDS:-15} s each"
-  ST_FUZZ_SECONDS=${ST_FUZZ_SECONDS:-15} tools/scripts/fuzz.sh
+  echo "== libFuzzer targets (clang, ASan + UBSan), ${ST_FUZZ_SECONDS:-8} s each"
+  ST_FUZZ_SECONDS=${ST_FUZZ_SECONDS:-8} tools/scripts/fuzz.sh
 fi
 echo "== all tests passed"
