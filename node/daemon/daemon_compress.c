@@ -1,7 +1,8 @@
 /* daemon_compress.c: compressed gossip averaging (--compress; issue #16):
  * the cluster's codec in the model fingerprint, the anchor every member of
- * a ring round shares, and the codec work the exchange machine asks for
- * (gossip.h, "Compressed averaging"; docs/training.md, "Compression").
+ * a ring round shares, and the codec work the exchange machine asks for,
+ * run on libuv's thread pool (gossip.h, "Compressed averaging";
+ * docs/compression.md).
  *
  * The anchor is the mean a ring round gave every member bit for bit (the
  * all-gather copies the same floats to all). Its id is the first 16 bytes
@@ -15,6 +16,7 @@
  */
 #include "node/daemon/daemon_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,29 +141,82 @@ void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l) {
   memcpy(l->anchor, c->anchor->id, sizeof l->anchor);
 }
 
-int st__compress_encode(st__daemon_t* d, st__conn_t* c, const st_xact_t* a) {
-  const st__anchor_t* an = c->anchor;
-  if (an == NULL || an->n != a->n)
-    return -EINVAL;
+/* ---- The codec work, on libuv's thread pool -------------------------------
+ *
+ * ENCODE and DECODE touch only buffers the exchange machine owns (valid
+ * until st_xchg_free, which waits for the connection, held by the job),
+ * the anchor (held by the connection, read-only) and the codec's spec: a
+ * pool thread may run them while the loop goes on. The machine does not
+ * touch those buffers until it hears the result. */
+
+typedef struct {
+  uv_work_t work;
+  st__conn_t* c;
+  st_xact_t a; /* the action: kind, work, n, coded, coded_len */
+  st_codec_spec_t spec;
+  const float* anchor; /* ENCODE: c->anchor's floats */
+  int rc;
+  st_codec_drop_t why; /* DECODE refused: the reason */
+} codec_job_t;
+
+/* ENCODE: drift from the anchor, encoded, decoded back over work. */
+static int encode_drift(codec_job_t* j) {
+  const st_xact_t* a = &j->a;
   for (size_t i = 0; i < a->n; i++)
-    a->work[i] -= an->v[i];
+    a->work[i] -= j->anchor[i];
   size_t len = 0;
-  int rc = st_codec_encode(&d->cfg->compress, a->work, a->n, a->coded,
-                           a->coded_len, &len);
+  int rc =
+      st_codec_encode(&j->spec, a->work, a->n, a->coded, a->coded_len, &len);
   if (rc == 0 && len != a->coded_len)
     rc = -EPROTO;
   if (rc == 0)
-    rc = st_codec_decode(&d->cfg->compress, a->coded, a->coded_len, a->work,
-                         a->n, NULL);
+    rc = st_codec_decode(&j->spec, a->coded, a->coded_len, a->work, a->n, NULL);
   return rc;
 }
 
-int st__compress_decode(st__daemon_t* d, const st_xact_t* a, int* reason) {
-  st_codec_drop_t why = ST_CODEC_DROP_HEADER;
-  int rc = st_codec_decode(&d->cfg->compress, a->coded, a->coded_len, a->work,
-                           a->n, &why);
-  *reason = (int) why;
-  if (rc != 0 && (unsigned) why < ST_CODEC_DROP_COUNT)
-    d->c.codec_drops[why]++;
-  return rc;
+static void codec_work(uv_work_t* w) {
+  codec_job_t* j = w->data;
+  if (j->a.kind == ST_XACT_ENCODE)
+    j->rc = encode_drift(j);
+  else
+    j->rc = st_codec_decode(&j->spec, j->a.coded, j->a.coded_len, j->a.work,
+                            j->a.n, &j->why);
+}
+
+static void codec_after(uv_work_t* w, int status) {
+  codec_job_t* j = w->data;
+  st__conn_t* c = j->c;
+  st__daemon_t* d = c->d;
+  int rc = status != 0 ? status : j->rc;
+  bool decode = j->a.kind == ST_XACT_DECODE;
+  if (decode && j->rc != 0 && (unsigned) j->why < ST_CODEC_DROP_COUNT)
+    d->c.codec_drops[j->why]++;
+  st__xchg_codec_done(c, decode, rc, (int) j->why);
+  free(j);
+  st__conn_release(c);
+}
+
+void st__compress_submit(st__conn_t* c, const st_xact_t* a) {
+  st__daemon_t* d = c->d;
+  codec_job_t* j = calloc(1, sizeof *j);
+  bool encode = a->kind == ST_XACT_ENCODE;
+  bool anchored = c->anchor != NULL && c->anchor->n == a->n;
+  if (j == NULL || (encode && !anchored)) {
+    int rc = j == NULL ? -ENOMEM : -EINVAL;
+    free(j);
+    st__xchg_codec_done(c, !encode, rc, 0);
+    return;
+  }
+  j->c = c;
+  j->a = *a;
+  j->spec = d->cfg->compress;
+  j->anchor = anchored ? c->anchor->v : NULL;
+  j->why = ST_CODEC_DROP_HEADER;
+  j->work.data = j;
+  c->tt_pending++; /* the connection (and its machine) outlive the job */
+  if (uv_queue_work(&d->loop, &j->work, codec_work, codec_after) != 0) {
+    c->tt_pending--;
+    free(j);
+    st__xchg_codec_done(c, !encode, -EAGAIN, 0);
+  }
 }

@@ -588,12 +588,12 @@ void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
                             uint64_t round_id);
 /* Names the current anchor in l (all zero when none) and has c hold it. */
 void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l);
-/* ENCODE (gossip.h): drift from c's anchor, encoded, decoded back over
- * work. 0 or a negative errno (NaN or Inf in the snapshot). */
-int st__compress_encode(st__daemon_t* d, st__conn_t* c, const st_xact_t* a);
-/* DECODE: 0, or a negative errno with the st_codec_drop_t in *reason
- * (counted). */
-int st__compress_decode(st__daemon_t* d, const st_xact_t* a, int* reason);
+/* Runs an ENCODE (c's snapshot minus its anchor, encoded, decoded back
+ * over the machine's buffer) or a DECODE (the peer's bytes; a refusal
+ * counted by reason) of c's exchange on libuv's thread pool, holding c
+ * meanwhile; the result goes to st__xchg_codec_done on the loop thread
+ * (at once when the job cannot be queued). */
+void st__compress_submit(st__conn_t* c, const st_xact_t* a);
 
 /* daemon_robust.c: how far a peer may move this node's model. */
 /* The exchange configuration for connection c (its peer's bound); notes
@@ -686,6 +686,9 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
 void st__xchg_on_closed(st__conn_t* c);
 void st__xchg_on_sent(st__conn_t* c);
 void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
+/* An ENCODE (decode false) or DECODE of c's exchange finished with rc
+ * (and, for a refused DECODE, the codec's reason). */
+void st__xchg_codec_done(st__conn_t* c, bool decode, int rc, int reason);
 void st__xchg_gossip_tick(st__daemon_t* d);
 void st__xchg_sync_tick(st__daemon_t* d);
 void st__xchg_sweep(st__daemon_t* d);

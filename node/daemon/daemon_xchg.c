@@ -153,14 +153,9 @@ static void drain(st__conn_t* c) {
         }
         break;
       case ST_XACT_ENCODE:
-        st_xchg_encoded(c->x, st__dnow(d), st__compress_encode(d, c, &a));
+      case ST_XACT_DECODE:
+        st__compress_submit(c, &a); /* on the pool; st__xchg_codec_done */
         break;
-      case ST_XACT_DECODE: {
-        int reason = 0;
-        int rc = st__compress_decode(d, &a, &reason);
-        st_xchg_decoded(c->x, st__dnow(d), rc, reason);
-        break;
-      }
       case ST_XACT_TIMER:
         c->deadline_ms = a.at_ms;
         break;
@@ -268,6 +263,17 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
     c->snap = NULL;
   }
   st__conn_release(c);
+}
+
+void st__xchg_codec_done(st__conn_t* c, bool decode, int rc, int reason) {
+  if (c->x == NULL || c->handle_closed)
+    return;
+  uint64_t now = st__dnow(c->d);
+  if (decode)
+    st_xchg_decoded(c->x, now, rc, reason);
+  else
+    st_xchg_encoded(c->x, now, rc);
+  drain(c);
 }
 
 void st__xchg_sweep(st__daemon_t* d) {
