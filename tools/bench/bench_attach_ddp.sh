@@ -37,8 +37,8 @@
 # iproute2) and builds through tools/scripts/setup.sh (SETUP=0 skips it).
 # Every process is killed by PID, every namespace removed by name, on exit.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 WORLD=4
 TARGET=${TARGET:-0.90}

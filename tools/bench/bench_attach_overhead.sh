@@ -28,7 +28,8 @@
 # Installs what is missing and builds through tools/scripts/setup.sh (SETUP=0
 # skips it). Every process is killed by PID on exit.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 REPEATS=${REPEATS:-5}
 STEPS=${STEPS:-400}
@@ -62,8 +63,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 if [ "$SETUP" = 1 ]; then
-  source tools/bench/bench_lib.sh
-  bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
+    bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
 fi
 for f in "$S" "$LIB"; do
   [ -e "$f" ] || { echo "bench_attach_overhead: $f is missing (build first)" >&2; exit 1; }

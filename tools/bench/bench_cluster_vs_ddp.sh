@@ -16,7 +16,8 @@
 #   tools/bench/bench_cluster_vs_ddp.sh                   nodes 1 2 4, one repeat
 #   NODES="4" REPEATS=3 TARGET=0.87 tools/bench/bench_cluster_vs_ddp.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 NODES=${NODES:-"1 2 4"}
 REPEATS=${REPEATS:-1}
@@ -27,7 +28,6 @@ PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 S=$build/starling
 
-source tools/bench/bench_lib.sh
 bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
 
 work=$(mktemp -d)

@@ -44,13 +44,8 @@
 # step is bounded by TIMEOUT seconds; every process started here is killed by
 # PID on exit.
 set -euo pipefail
-case "${1:-}" in
-  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "bench_collectives: no arguments (settings are variables: see --help)" >&2; exit 2 ;;
-esac
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 N=${N:-4}
 SIZES=${SIZES:-4096,1048576,67108864}

@@ -20,13 +20,8 @@
 # Environment: CODECS, TARGET (0.87), EPOCHS (10), RATE (unset: loopback),
 # TIMEOUT (seconds a cluster may take, 600), ST_BUILD_DIR (build).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-for a in "$@"; do
-  case $a in
-    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench_compress.sh: no arguments (settings are environment variables; see --help)" >&2; exit 2 ;;
-  esac
-done
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 CODECS=${CODECS:-"none int8 topk:0.01"}
 TARGET=${TARGET:-0.87}
@@ -38,7 +33,6 @@ build=${ST_BUILD_DIR:-build}
 S=$(cd "$build" 2>/dev/null && pwd)/starling
 N=4
 
-source tools/bench/bench_lib.sh
 if [ -n "$RATE" ] && [ "$(id -u)" -ne 0 ]; then
   echo "bench_compress.sh: RATE needs root (network namespaces)" >&2
   exit 2

@@ -18,7 +18,8 @@
 #   tools/bench/bench_exchange.sh                     models of ~2.5M, 10M, 39M parameters
 #   MODELS="mlp:784-4096-1664-10" SECONDS_EACH=20 tools/bench/bench_exchange.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 MODELS=${MODELS:-"mlp:784-16-10 mlp:784-2048-416-10 mlp:784-4096-1664-10 mlp:784-8192-3968-10"}
 SECONDS_EACH=${SECONDS_EACH:-15}
@@ -26,7 +27,6 @@ build=${ST_BUILD_DIR:-build}
 S=$build/starling
 B=$build/starling-bench
 
-source tools/bench/bench_lib.sh
 bench_setup "$build"
 
 work=$(mktemp -d)

@@ -34,13 +34,8 @@
 # python3-numpy) and builds through tools/scripts/setup.sh; every process
 # started here is killed by PID on exit.
 set -euo pipefail
-case "${1:-}" in
-  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "bench_kmeans: no arguments (settings are variables: see --help)" >&2; exit 2 ;;
-esac
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 N=${N:-4}
 POINTS=${POINTS:-1000000}

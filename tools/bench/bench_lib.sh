@@ -1,6 +1,25 @@
 # bench_lib.sh: what the benchmark scripts of tools/bench/ share (sourced,
 # not run). They run from the source tree's root.
 
+# bench_args SCRIPT [ARGS...]: with --help, prints SCRIPT's header comment
+# (its second line up to `set -euo pipefail`) and exits 0; any other
+# argument is refused with exit 2 (a benchmark's settings are environment
+# variables). Then changes to the source tree's root. Every benchmark
+# script starts with it:
+#   source "$(dirname "$0")/bench_lib.sh"
+#   bench_args "$0" "$@"
+bench_args() {
+  local script=$1 a
+  shift
+  for a in "$@"; do
+    case $a in
+      -h | --help) sed -n '2,/^set -euo/p' "$script" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+      *) echo "$(basename "$script"): no arguments (settings are environment variables; see --help)" >&2; exit 2 ;;
+    esac
+  done
+  cd "$(dirname "$script")/../.."
+}
+
 # bench_setup BUILD [PACKAGES...]: installs what is missing (PACKAGES too,
 # besides tools/scripts/setup.sh's own) and builds into BUILD, with the
 # output in BUILD/setup.log; on failure shows its end and exits 1.

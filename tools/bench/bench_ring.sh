@@ -42,8 +42,8 @@
 # bounded by TIMEOUT seconds; every namespace and link made here is removed
 # by name on exit, failure or interrupt.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 MEMBERS=${MEMBERS:-"2 4 8"}
 MIBS=${MIBS:-"1 16 64"}

@@ -12,16 +12,16 @@
 # REPEATS runs with --clip 0 and with --clip 3, and the difference in
 # percentage points.
 #
-#   tools/bench/bench_robust.sh [BUILD_DIR]     (default build-bench)
+#   tools/bench/bench_robust.sh          (ST_BUILD_DIR, default build-bench)
 #   REPEATS=5 STEPS=12000 tools/bench/bench_robust.sh
 #   NODES=8 FS="1 2" ATTACKS="poison:8 flip:4 noise:0.5 stale nan:0.2" \
 #     REPEATS=2 tools/bench/bench_robust.sh
 #
-# BUILD_DIR is built (tools/scripts/setup.sh) when it has no starling.
+# ST_BUILD_DIR is built (tools/scripts/setup.sh) when it has no starling.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
-BUILD=${1:-build-bench}
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
+BUILD=${ST_BUILD_DIR:-build-bench}
 [ -x "$BUILD/starling" ] || bench_setup "$BUILD"
 BUILD=$(cd "$BUILD" && pwd)
 REPEATS=${REPEATS:-5}

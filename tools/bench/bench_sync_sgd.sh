@@ -21,13 +21,8 @@
 # (python3-torch) and builds through tools/scripts/setup.sh (SETUP=0
 # skips it). Every process is killed by PID on exit.
 set -euo pipefail
-case "${1:-}" in
-  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "bench_sync_sgd: no arguments (settings are variables: see --help)" >&2; exit 2 ;;
-esac
-cd "$(dirname "$0")/../.."
-source tools/bench/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 N=${N:-4}
 MODEL=${MODEL:-784-512-512-10}

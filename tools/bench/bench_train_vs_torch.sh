@@ -20,7 +20,8 @@
 # Installs what is missing with apt-get and builds through tools/scripts/setup.sh
 # (SETUP=0 skips both and uses the build directory as it is).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_args "$0" "$@"
 
 THREADS=${THREADS:-"1 2"}
 BATCHES=${BATCHES:-64,256}
@@ -35,7 +36,6 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$build"
 if [ "${SETUP:-1}" = 1 ]; then # SETUP=0: use the build directory as it is
-  source tools/bench/bench_lib.sh
   bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread
 fi
 
