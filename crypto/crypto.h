@@ -200,6 +200,29 @@ int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
                     size_t err_len);
 void st_keyring_wipe(st_keyring_t* ring);
 
+/* Live rotation (`starling keys`; docs/security.md, "Rotating the cluster
+ * key"), in three steps on every node: install the new key (accepted, not
+ * yet used to send), use it (it seals; the old one is still accepted),
+ * remove the old one. Each returns 0 or a negative errno with one sentence
+ * in err, and leaves the ring as it was on failure.
+ *
+ * install: key becomes the accepted (previous) key. 0 when it already is,
+ * or is the current key; -EEXIST when another key holds that place (remove
+ * it first); -EINVAL when it shares the current key's id (generate
+ * another). */
+int st_keyring_install(st_keyring_t* ring, const st_cluster_key_t* key,
+                       char* err, size_t err_len);
+/* use: the key of this id seals from now on, the other is still
+ * accepted. 0 when it already seals; -ENOENT when the ring holds no key
+ * of that id. */
+int st_keyring_use(st_keyring_t* ring, uint8_t key_id, char* err,
+                   size_t err_len);
+/* remove: forgets the accepted key of this id. -EBUSY for the key that
+ * seals (use another first), -ENOENT when the ring holds none of that
+ * id. */
+int st_keyring_remove(st_keyring_t* ring, uint8_t key_id, char* err,
+                      size_t err_len);
+
 /* ==== Allow-list
  * =============================================================== */
 

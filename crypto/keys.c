@@ -137,6 +137,14 @@ void st_cluster_key_wipe(st_cluster_key_t* key) {
 /* ---- Keyrings
  * -------------------------------------------------------------------- */
 
+/* The packet subkey of slot (0 current, 1 previous) from its key. */
+static void derive_slot(st_keyring_t* ring, int slot) {
+  const st_cluster_key_t* k = slot == 0 ? &ring->current : &ring->previous;
+  crypto_kdf_derive_from_key(ring->packet_key[slot], ST_KEY_BYTES,
+                             ST__KDF_SUBKEY_PACKET, ST__KDF_CONTEXT_PACKET,
+                             k->key);
+}
+
 int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
                     const st_cluster_key_t* previous, char* err,
                     size_t err_len) {
@@ -158,21 +166,84 @@ int st_keyring_init(st_keyring_t* ring, const st_cluster_key_t* current,
     }
   }
   ring->current = *current;
-  crypto_kdf_derive_from_key(ring->packet_key[0], ST_KEY_BYTES,
-                             ST__KDF_SUBKEY_PACKET, ST__KDF_CONTEXT_PACKET,
-                             current->key);
+  derive_slot(ring, 0);
   if (previous != NULL) {
     ring->previous = *previous;
     ring->has_previous = true;
-    crypto_kdf_derive_from_key(ring->packet_key[1], ST_KEY_BYTES,
-                               ST__KDF_SUBKEY_PACKET, ST__KDF_CONTEXT_PACKET,
-                               previous->key);
+    derive_slot(ring, 1);
   }
   return 0;
 }
 
 void st_keyring_wipe(st_keyring_t* ring) {
   sodium_memzero(ring, sizeof(*ring));
+}
+
+int st_keyring_install(st_keyring_t* ring, const st_cluster_key_t* key,
+                       char* err, size_t err_len) {
+  if (sodium_memcmp(key->key, ring->current.key, ST_KEY_BYTES) == 0 ||
+      (ring->has_previous &&
+       sodium_memcmp(key->key, ring->previous.key, ST_KEY_BYTES) == 0))
+    return 0;
+  if (key->id == ring->current.id) {
+    st_set_err(err, err_len,
+               "the new key shares key id %u with the key in use (a 1 in "
+               "256 chance); generate another with `starling keygen "
+               "--cluster`",
+               (unsigned) key->id);
+    return -EINVAL;
+  }
+  if (ring->has_previous) {
+    st_set_err(err, err_len,
+               "this node already holds a second key (id %u); remove it "
+               "first: `starling keys remove %u`",
+               (unsigned) ring->previous.id, (unsigned) ring->previous.id);
+    return -EEXIST;
+  }
+  ring->previous = *key;
+  ring->has_previous = true;
+  derive_slot(ring, 1);
+  return 0;
+}
+
+int st_keyring_use(st_keyring_t* ring, uint8_t key_id, char* err,
+                   size_t err_len) {
+  if (ring->current.id == key_id)
+    return 0;
+  if (!ring->has_previous || ring->previous.id != key_id) {
+    st_set_err(err, err_len,
+               "this node holds no key of id %u; install it first: "
+               "`starling keys install FILE`",
+               (unsigned) key_id);
+    return -ENOENT;
+  }
+  st_cluster_key_t k = ring->current;
+  ring->current = ring->previous;
+  ring->previous = k;
+  sodium_memzero(&k, sizeof k);
+  derive_slot(ring, 0);
+  derive_slot(ring, 1);
+  return 0;
+}
+
+int st_keyring_remove(st_keyring_t* ring, uint8_t key_id, char* err,
+                      size_t err_len) {
+  if (ring->current.id == key_id) {
+    st_set_err(err, err_len,
+               "key %u is the one this node sends with; `starling keys "
+               "use` another first",
+               (unsigned) key_id);
+    return -EBUSY;
+  }
+  if (!ring->has_previous || ring->previous.id != key_id) {
+    st_set_err(err, err_len, "this node holds no key of id %u",
+               (unsigned) key_id);
+    return -ENOENT;
+  }
+  sodium_memzero(&ring->previous, sizeof ring->previous);
+  sodium_memzero(ring->packet_key[1], sizeof ring->packet_key[1]);
+  ring->has_previous = false;
+  return 0;
 }
 
 const st_cluster_key_t* st__keyring_find(const st_keyring_t* ring,

@@ -1,13 +1,14 @@
 /* daemon_control.c: the Unix control socket through which `starling
  * status`, `starling peers` and `starling leave` reach a running node.
  *
- * Protocol: the client sends one line, "status", "peers" or "leave",
- * optionally followed by " json"; the node answers with the document (a
- * table for people, or one JSON document) and closes the connection. The
- * socket is created with mode 0600 in the data directory (only the user
- * that runs the node may control it); a stale socket left by a crashed
- * node is replaced, a live one is refused (a second node on the same data
- * directory never gets here: daemon_state.c's lock refuses it first).
+ * Protocol: the client sends one line, "status", "peers", "join ...",
+ * "keys ..." (daemon_keys.c) or "leave", optionally followed by " json"; the
+ * node answers with the document (a table for people, or one JSON document) and
+ * closes the connection. The socket is created with mode 0600 in the data
+ * directory (only the user that runs the node may control it); a stale socket
+ * left by a crashed node is replaced, a live one is refused (a second node on
+ * the same data directory never gets here: daemon_state.c's lock refuses it
+ * first).
  *
  * Limits: at most CTL_MAX_CLIENTS clients at a time, CTL_REQUEST_DEADLINE_MS
  * for a client to send its line and CTL_ANSWER_DEADLINE_MS to take its
@@ -626,6 +627,9 @@ static void answer(client_t* cl) {
     peers_doc(d, &w->buf, json);
   } else if (strncmp(cl->req, "join ", 5) == 0) {
     join_request(d, cl->req + 5, json, &w->buf);
+  } else if (strncmp(cl->req, "keys", 4) == 0 &&
+             (cl->req[4] == '\0' || cl->req[4] == ' ')) {
+    st__keys_request(d, cl->req + 4, json, &w->buf);
   } else if (strncmp(cl->req, "leave", 5) == 0) {
     leave = true;
     st_json_buf_puts(&w->buf, json ? "{\"leaving\":true}\n"
@@ -634,7 +638,7 @@ static void answer(client_t* cl) {
   } else {
     st_json_buf_puts(&w->buf,
                      "error: unknown request; expected status, "
-                     "peers, join, leave, monitor, attach or "
+                     "peers, join, keys, leave, monitor, attach or "
                      "collectives\n");
   }
   if (w->buf.failed) {

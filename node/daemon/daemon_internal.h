@@ -565,6 +565,10 @@ void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
                            const char* msg);
 void st__coll_sessions_close(st__daemon_t* d);
 
+/* daemon_keys.c: "keys [install /PATH | use ID | remove ID]" from the
+ * control socket (args: the request after "keys"); the answer into b. */
+void st__keys_request(st__daemon_t* d, char* args, bool json, st_json_buf_t* b);
+
 /* daemon_compress.c: compressed averaging (--compress). */
 typedef struct st__anchor_s st__anchor_t;
 st__anchor_t* st__anchor_ref(st__anchor_t* a);

@@ -531,6 +531,68 @@ START_TEST(test_keyring) {
 }
 END_TEST
 
+/* Live rotation: install, use, remove, as `starling keys` runs them; each
+ * refusal leaves the ring as it was, and the packet keys always follow the
+ * keys (the same as a ring built afresh from the same pair). */
+START_TEST(test_keyring_rotation) {
+  st_cluster_key_t a, b, c, same_id;
+  ck_assert_int_eq(st_cluster_key_generate(&a), 0);
+  do
+    ck_assert_int_eq(st_cluster_key_generate(&b), 0);
+  while (b.id == a.id);
+  do
+    ck_assert_int_eq(st_cluster_key_generate(&c), 0);
+  while (c.id == a.id || c.id == b.id);
+  do
+    ck_assert_int_eq(st_cluster_key_generate(&same_id), 0);
+  while (same_id.id != a.id);
+  st_keyring_t ring, fresh, before;
+  ck_assert_int_eq(st_keyring_init(&ring, &a, NULL, err, sizeof(err)), 0);
+
+  /* Nothing to use or remove yet; the key in use cannot go. */
+  before = ring;
+  ck_assert_int_eq(st_keyring_use(&ring, b.id, err, sizeof(err)), -ENOENT);
+  ck_assert_err_has("install it first");
+  ck_assert_int_eq(st_keyring_remove(&ring, b.id, err, sizeof(err)), -ENOENT);
+  ck_assert_int_eq(st_keyring_remove(&ring, a.id, err, sizeof(err)), -EBUSY);
+  ck_assert_err_has("use` another first");
+  ck_assert_int_eq(st_keyring_install(&ring, &same_id, err, sizeof(err)),
+                   -EINVAL);
+  ck_assert_err_has("shares key id");
+  ck_assert_mem_eq(&ring, &before, sizeof ring);
+  ck_assert_int_eq(st_keyring_use(&ring, a.id, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_keyring_install(&ring, &a, err, sizeof(err)), 0);
+  ck_assert_mem_eq(&ring, &before, sizeof ring);
+
+  /* 1. install b: accepted, a still seals. Twice is fine; a third key is
+   * refused while b is there. */
+  ck_assert_int_eq(st_keyring_install(&ring, &b, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_keyring_install(&ring, &b, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_keyring_init(&fresh, &a, &b, err, sizeof(err)), 0);
+  ck_assert_mem_eq(&ring, &fresh, sizeof ring);
+  before = ring;
+  ck_assert_int_eq(st_keyring_install(&ring, &c, err, sizeof(err)), -EEXIST);
+  ck_assert_err_has("remove it first");
+  ck_assert_mem_eq(&ring, &before, sizeof ring);
+
+  /* 2. use b: b seals, a is accepted. */
+  ck_assert_int_eq(st_keyring_use(&ring, b.id, err, sizeof(err)), 0);
+  ck_assert_int_eq(st_keyring_init(&fresh, &b, &a, err, sizeof(err)), 0);
+  ck_assert_mem_eq(&ring, &fresh, sizeof ring);
+  ck_assert_ptr_eq(st__keyring_find(&ring, a.id, NULL), &ring.previous);
+
+  /* 3. remove a: b alone. */
+  ck_assert_int_eq(st_keyring_remove(&ring, a.id, err, sizeof(err)), 0);
+  ck_assert(!ring.has_previous);
+  ck_assert_ptr_null(st__keyring_find(&ring, a.id, NULL));
+  ck_assert_int_eq(st_keyring_init(&fresh, &b, NULL, err, sizeof(err)), 0);
+  ck_assert_mem_eq(&ring.current, &fresh.current, sizeof ring.current);
+  ck_assert_mem_eq(ring.packet_key[0], fresh.packet_key[0], 32);
+  st_keyring_wipe(&ring);
+  st_keyring_wipe(&fresh);
+}
+END_TEST
+
 /* ---- Allow-lists -----------------------------------------------------------
  */
 
@@ -747,6 +809,7 @@ static Suite* crypto_keys_suite(void) {
   tcase_add_checked_fixture(tk, setup, teardown);
   tcase_add_test(tk, test_key_id);
   tcase_add_test(tk, test_keyring);
+  tcase_add_test(tk, test_keyring_rotation);
   suite_add_tcase(s, tk);
   TCase* ta = tcase_create("allow-list");
   tcase_add_checked_fixture(ta, setup, teardown);

@@ -18,6 +18,8 @@ static const st__subcommand_t commands[] = {
      "stream the node's events: members, exchanges, rings, refusals"},
     {"join", st__cmd_join,
      "ask the node to join a cluster through seed addresses"},
+    {"keys", st__cmd_keys,
+     "list, install, use or remove the node's cluster keys (live rotation)"},
     {"leave", st__cmd_leave, "tell the node to leave the cluster and stop"},
     {"train", st__cmd_train,
      "train a model on this machine (local SGD, CPU or GPU)"},

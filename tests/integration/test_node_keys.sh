@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# test_node_keys.sh: `starling keys`, the cluster key rotated live (issue
+# #18; docs/security.md, "Rotating the cluster key").
+#
+# (a) Refusals: no node running; a bad key id; removing the key in use;
+#     a file that is not a key; a missing file; an unknown verb.
+# (b) Two nodes on key A; a node holding only key B cannot join them.
+# (c) On both: install B (listed, accepted), use B on one node while the
+#     other still sends with A (they stay alive to each other), use B on
+#     the other, remove A: no member is ever suspected or dead, and the
+#     JSON form lists the keys.
+# (d) After the rotation a node holding only A cannot join, one holding B
+#     joins.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/node_lib.sh"
+
+KEY_B=$SCRATCH/b.key
+"$STARLING" keygen --cluster --out "$KEY_B" >/dev/null || fail "keygen --cluster"
+id_of() { "$STARLING" keygen --show "$1" --json | "$NUMPY_PY" -c 'import json,sys; print(json.load(sys.stdin)["key_id"])'; }
+A=$(id_of "$KEY")
+B=$(id_of "$KEY_B")
+while [ "$A" = "$B" ]; do # one chance in 256: draw again
+  rm -f "$KEY_B"
+  "$STARLING" keygen --cluster --out "$KEY_B" >/dev/null
+  B=$(id_of "$KEY_B")
+done
+keys() { "$STARLING" keys --data-dir "$(node_dir "$1")" "${@:2}"; }
+
+# --- (a) refusals ------------------------------------------------------------------
+expect_fail "keys with no node" 1 "no node is running" -- \
+  "$STARLING" keys --data-dir "$SCRATCH/none"
+expect_fail "an unknown verb" 2 "expected list, install FILE, use ID or remove ID" -- \
+  "$STARLING" keys --data-dir "$SCRATCH/none" rotate 3
+expect_fail "a missing key file" 2 "cannot read the key file '$SCRATCH/nokey'" -- \
+  "$STARLING" keys --data-dir "$SCRATCH/none" install "$SCRATCH/nokey"
+
+RUN=(--model softmax:784-10 --data fashion-mnist --epochs 50 --batch 64 --lr 0.05
+     --device cpu --threads 1 --eval-every 0 --ring-every 0)
+node_start 0 "${RUN[@]}" --shard 0/2
+node_up 0
+seed=$NODE_ADDR
+node_start 1 "${RUN[@]}" --shard 1/2 --join "$seed"
+node_up 1
+both_alive() { [ "$(node_field 0 peers_alive)" = 1 ] && [ "$(node_field 1 peers_alive)" = 1 ]; }
+wait_for 30 "nodes 0 and 1 seeing each other" both_alive
+
+expect_fail "a bad key id" 1 "'300' is not a key id" -- keys 0 use 300
+expect_fail "removing the key in use" 1 "key $A is the one this node sends with" -- keys 0 remove "$A"
+expect_fail "using a key not installed" 1 "holds no key of id $B; install it first" -- keys 0 use "$B"
+head -c 100 /dev/urandom >"$SCRATCH/garbage.key"
+chmod 600 "$SCRATCH/garbage.key"
+expect_fail "a file that is not a key" 1 "$SCRATCH/garbage.key" -- keys 0 install "$SCRATCH/garbage.key"
+keys 0 | grep -q "^key $A  *sends and accepts" || fail "keys lists: $(keys 0)"
+pass "(a) refusals name the cause; the key in use is listed"
+
+# --- (b) a node with only key B is refused ------------------------------------------------
+"$STARLING" node --listen 127.0.0.1:0 --join "$seed" --cluster-key "$KEY_B" \
+  --data-dir "$SCRATCH/bonly" "${RUN[@]}" --shard 0/2 >"$SCRATCH/bonly.log" 2>&1 &
+BONLY=$!
+PIDS+=("$BONLY")
+# Refused by key id: a seed's first contact is a TCP push-pull (handshake),
+# later ones may be packets.
+key_refusals() {
+  echo $(( $(node_field 0 rejected.handshake_key_id) + $(node_field 0 rejected.packet_key_id) ))
+}
+refused_b() { [ "$(key_refusals)" -gt 0 ]; }
+wait_for 20 "node 0 refusing the handshakes sealed with key B" refused_b
+sleep 2
+[ "$(node_field 0 peers_alive)" = 1 ] || node_fail "node 0 let the B-only node in"
+kill "$BONLY"
+wait "$BONLY" 2>/dev/null || true
+pass "(b) a node holding only key B cannot join ($(key_refusals) refused by key id)"
+
+# --- (c) the rotation, live ---------------------------------------------------------------
+dead_before=$(( $(node_field 0 peers_dead) + $(node_field 1 peers_dead) ))
+no_loss() {
+  [ "$(node_field 0 peers_alive)" = 1 ] && [ "$(node_field 1 peers_alive)" = 1 ] &&
+    [ "$(node_field 0 peers_suspect)" = 0 ] && [ "$(node_field 1 peers_suspect)" = 0 ] &&
+    [ $(( $(node_field 0 peers_dead) + $(node_field 1 peers_dead) )) = "$dead_before" ]
+}
+for k in 0 1; do
+  keys "$k" install "$KEY_B" >"$SCRATCH/install$k" || node_fail "keys install on node $k"
+  grep -q "^key $B  *accepts only" "$SCRATCH/install$k" || node_fail "after install: $(cat "$SCRATCH/install$k")"
+done
+keys 0 install "$KEY_B" >/dev/null || node_fail "installing the same key twice is not a no-op"
+keys 0 use "$B" >/dev/null || node_fail "keys use $B on node 0"
+sleep 4 # node 0 sends with B, node 1 with A: each accepts both
+no_loss || node_fail "nodes lost each other with node 0 on B and node 1 on A"
+keys 1 use "$B" >/dev/null || node_fail "keys use $B on node 1"
+for k in 0 1; do
+  keys "$k" remove "$A" >/dev/null || node_fail "keys remove $A on node $k"
+done
+sleep 4
+no_loss || node_fail "nodes lost each other after the rotation"
+keys 1 --json >"$SCRATCH/keys.json" || node_fail "keys --json"
+"$NUMPY_PY" - "$SCRATCH/keys.json" "$B" <<'PY' || node_fail "keys --json: $(cat "$SCRATCH/keys.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d == {"keys": [{"id": int(sys.argv[2]), "sends": True}]}, d
+PY
+grep -q "cluster key $B now sends, asked by \`starling keys\`" "$(node_log 0)" ||
+  node_fail "node 0 did not log the change"
+pass "(c) install, use, remove on both nodes: they never lost each other"
+
+# --- (d) after the rotation ------------------------------------------------------------------
+"$STARLING" node --listen 127.0.0.1:0 --join "$seed" --cluster-key "$KEY" \
+  --data-dir "$SCRATCH/aonly" "${RUN[@]}" --shard 0/2 >"$SCRATCH/aonly.log" 2>&1 &
+AONLY=$!
+PIDS+=("$AONLY")
+before=$(key_refusals)
+refused_a() { [ "$(key_refusals)" -gt "$before" ]; }
+wait_for 20 "node 0 refusing the old key's handshakes" refused_a
+[ "$(node_field 0 peers_alive)" = 1 ] || node_fail "node 0 let a node with the removed key in"
+kill "$AONLY"
+wait "$AONLY" 2>/dev/null || true
+node_start 2 "${RUN[@]}" --shard 0/2 --cluster-key "$KEY_B" --join "$seed"
+node_up 2
+three() { [ "$(node_field 0 peers_alive)" = 2 ]; }
+wait_for 30 "a node with the new key joining" three
+pass "(d) the removed key is refused, the new one joins"
