@@ -20,6 +20,14 @@
  *                      learns: the cluster's state when it came);
  *   --attack nan:P     with probability P a step, every parameter is NaN
  *                      (bursts of non-finite values; else left alone);
+ *   --attack lie:Z     "a little is enough" (Baruch et al., NeurIPS 2019):
+ *                      every step, the parameters are what the node gave
+ *                      back moved Z times the typical size of the
+ *                      cluster's per-step movement, coordinate by
+ *                      coordinate, against the direction the cluster
+ *                      moves (both as moving averages of what the node
+ *                      hands back): a pull small enough to look like an
+ *                      honest member's, always the same way;
  *   --attack step:S    the parameters are left alone, but the program says
  *                      it is at step S (and counts on from there), so its
  *                      node reports, and would hand a joiner, that step.
@@ -29,6 +37,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,11 +83,36 @@ static void noise(float sd) {
 }
 
 typedef struct {
-  char kind; /* p poison, f flip, n noise, s stale, x nan, t step */
+  char kind; /* p poison, f flip, n noise, s stale, x nan, t step, l lie */
   float v;
   unsigned long long step_from;
   float saved[C * D + C]; /* stale: the parameters at attach */
+  /* lie: what the node gave back last, and per coordinate the moving
+   * averages (1/16) of its movement and of that movement's size. */
+  float last[C * D + C], drift[C * D + C], size[C * D + C];
+  bool have_last;
 } attack_t;
+
+static float* param(int i) {
+  return i < C * D ? &weight[i] : &bias[i - C * D];
+}
+
+/* lie:Z: moves each coordinate Z typical steps against the cluster's
+ * direction of motion. */
+static void lie(attack_t* at) {
+  for (int i = 0; i < C * D + C; i++) {
+    float given = *param(i);
+    if (at->have_last) {
+      float d = given - at->last[i];
+      at->drift[i] += (d - at->drift[i]) / 16;
+      at->size[i] += (fabsf(d) - at->size[i]) / 16;
+    }
+    at->last[i] = given;
+    float dir = at->drift[i] > 0 ? 1.0f : at->drift[i] < 0 ? -1.0f : 0.0f;
+    *param(i) = given - at->v * at->size[i] * dir;
+  }
+  at->have_last = true;
+}
 
 static int parse_attack(const char* a, attack_t* at) {
   memset(at, 0, sizeof *at);
@@ -94,6 +128,8 @@ static int parse_attack(const char* a, attack_t* at) {
     at->kind = 'x';
   else if (sscanf(a, "step:%llu", &at->step_from) == 1)
     at->kind = 't';
+  else if (sscanf(a, "lie:%f", &at->v) == 1)
+    at->kind = 'l';
   return at->kind != 0 ? 0 : -1;
 }
 
@@ -118,6 +154,9 @@ static void attack_step(attack_t* at) {
         for (int i = 0; i < C * D; i++)
           weight[i] = NAN;
       break;
+    case 'l':
+      lie(at);
+      break;
   }
 }
 
@@ -139,7 +178,7 @@ int main(int argc, char** argv) {
   if (socket == NULL || parse_attack(attack, &at) != 0) {
     fprintf(stderr,
             "usage: hostile_client --socket PATH [--attack poison:V|flip:K|"
-            "noise:S|stale|nan:P|step:S] [--steps N] [--step-us U]\n");
+            "noise:S|stale|nan:P|step:S|lie:Z] [--steps N] [--step-us U]\n");
     return 2;
   }
   st_client_tensor_t t[] = {{"fc.weight", ST_CLIENT_F32, 2, {C, D}, weight},
