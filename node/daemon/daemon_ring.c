@@ -681,8 +681,14 @@ static bool trusts(const st_node_id_t* id, void* ctx) {
 }
 
 int st__ring_start(st__daemon_t* d) {
-  if (d->cfg->ring_every_s <= 0)
+  if (d->cfg->ring_every_s <= 0) {
+    if (st__compress_on(d))
+      st__dwarn(d,
+                "--compress with --ring-every 0: compressed exchanges "
+                "need the anchor a ring round gives, so averaging sends "
+                "float32 (docs/compression.md)");
     return 0;
+  }
   st_ring_form_config_t fc;
   st_ring_form_config_default(&fc);
   fc.trusts = trusts;

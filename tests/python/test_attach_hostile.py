@@ -414,8 +414,8 @@ def test_a_line_that_is_not_attach_is_answered_and_not_counted(
     for line in (b"hello\n", b"attach please\n", b"\x00\xff\x01garbage\n"):
         c = Conn(node)
         assert c.hello(line) == (
-            b"error: unknown request; expected status, peers, join, leave, "
-            b"monitor, attach or collectives\n"
+            b"error: unknown request; expected status, peers, join, keys, "
+            b"leave, monitor, attach or collectives\n"
         )
         assert c.closed_by_node()
         c.close()
