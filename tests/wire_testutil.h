@@ -329,15 +329,9 @@ static inline void tw_fuzz_seed(const st_msg_t* m, const char* name) {
   st_wire_msg_free(&d);
 }
 
-/* A suite's main(): prints the seed once, before the forks, then runs the
- * suite that make() builds. */
+/* A suite's main() (tu_main, testutil.h). */
 static inline int tw_main(Suite* (*make)(void) ) {
-  tu_seed();
-  SRunner* sr = srunner_create(make());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tu_main(make);
 }
 
 #endif

@@ -244,15 +244,10 @@ int main(int argc, char** argv) {
   int bad = parse_args(argc, argv, &a);
   if (bad != 0)
     return bad;
-  char err[256] = "";
   st_cluster_key_t ck;
   st_keyring_t keys;
-  if (st_crypto_init() != 0 ||
-      st_cluster_key_load(a.key_path, &ck, err, sizeof(err)) != 0 ||
-      st_keyring_init(&keys, &ck, NULL, err, sizeof(err)) != 0) {
-    fprintf(stderr, "fetch_probe: keys: %s\n", err);
+  if (probe_load_keys("fetch_probe", a.key_path, &ck, &keys) != 0)
     return 1;
-  }
   int rc = run(&a, &keys);
   st_keyring_wipe(&keys);
   st_cluster_key_wipe(&ck);

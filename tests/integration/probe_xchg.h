@@ -127,6 +127,21 @@ static inline int probe_learn_model(const char* target,
   return fd >= 0 && node->status == ST_XCHG_STATUS_MISMATCH ? 0 : -1;
 }
 
+/* Loads the cluster key at path into *keys (the key itself into *ck, to
+ * wipe with st_cluster_key_wipe after st_keyring_wipe). 0, or 1 after
+ * saying why on stderr, the probe named `who`. */
+static inline int probe_load_keys(const char* who, const char* path,
+                                  st_cluster_key_t* ck, st_keyring_t* keys) {
+  char err[256] = "";
+  if (st_crypto_init() != 0 ||
+      st_cluster_key_load(path, ck, err, sizeof(err)) != 0 ||
+      st_keyring_init(keys, ck, NULL, err, sizeof(err)) != 0) {
+    fprintf(stderr, "%s: keys: %s\n", who, err);
+    return 1;
+  }
+  return 0;
+}
+
 /* "ok", "busy", "mismatch", "not_ready". */
 static inline const char* probe_status_name(uint8_t s) {
   switch (s) {

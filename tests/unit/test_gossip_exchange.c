@@ -958,10 +958,5 @@ static Suite* exchange_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(exchange_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tu_main(exchange_suite);
 }

@@ -128,6 +128,12 @@ static hook_rc_t census_hook(void* ctx, int from, int index, uint8_t* data,
   return H_DELIVER;
 }
 
+/* Has the pump count c's frames into *census. */
+static void count_frames(coded_run_t* c, census_t* census) {
+  c->r.hook = census_hook;
+  c->r.hook_ctx = census;
+}
+
 /* _i: size index * 4 + lazy acks * 2 + codec work deferred. */
 START_TEST(test_coded_average) {
   size_t n = sizes[_i / 4];
@@ -136,8 +142,7 @@ START_TEST(test_coded_average) {
   c.r.lazy_acks = _i / 2 % 2;
   c.r.defer_codec = _i % 2;
   census_t census = {{0, 0}, {0, 0}};
-  c.r.hook = census_hook;
-  c.r.hook_ctx = &census;
+  count_frames(&c, &census);
   pump_t p;
   pump_start(&p, &c.r);
   side_t *sa = &p.s[0], *sb = &p.s[1];
@@ -184,8 +189,7 @@ START_TEST(test_coded_fallback) {
   if (_i == 3)
     c.r.kind = ST_XCHG_FETCH;
   census_t census = {{0, 0}, {0, 0}};
-  c.r.hook = census_hook;
-  c.r.hook_ctx = &census;
+  count_frames(&c, &census);
   pump_t p;
   pump_start(&p, &c.r);
   side_t *sa = &p.s[0], *sb = &p.s[1];
@@ -297,8 +301,7 @@ START_TEST(test_coded_own_nonfinite) {
   coded_init(&c, 1000);
   c.a[17] = NAN;
   census_t census = {{0, 0}, {0, 0}};
-  c.r.hook = census_hook;
-  c.r.hook_ctx = &census;
+  count_frames(&c, &census);
   pump_t p;
   pump_start(&p, &c.r);
   ck_assert_int_eq(p.s[0].result, ST_XCHG_FAIL_NONFINITE);
@@ -345,10 +348,5 @@ static Suite* coded_suite(void) {
 }
 
 int main(void) {
-  tu_seed(); /* print the seed once, before the forks */
-  SRunner* sr = srunner_create(coded_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return tu_main(coded_suite);
 }

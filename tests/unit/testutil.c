@@ -85,3 +85,12 @@ int tu_write_file(const char* path, const void* data, size_t len) {
     rc = -errno;
   return rc;
 }
+
+int tu_main(Suite* (*make)(void) ) {
+  tu_seed();
+  SRunner* sr = srunner_create(make());
+  srunner_run_all(sr, CK_ENV);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

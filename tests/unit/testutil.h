@@ -3,6 +3,7 @@
 #ifndef STARLING_TESTUTIL_H
 #define STARLING_TESTUTIL_H
 
+#include <check.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -11,6 +12,10 @@
 /* Seed for random inputs: fresh per run unless ST_TEST_SEED is set, and
  * printed once so that a failure can be replayed. */
 uint64_t tu_seed(void);
+
+/* A suite's main(): prints the seed once, before Check forks, then runs
+ * the suite that make() builds. EXIT_SUCCESS when every test passed. */
+int tu_main(Suite* (*make)(void) );
 
 /* The number of CUDA devices, asked in a child process: CUDA does not
  * survive fork(), so a suite's main must not initialize it before Check

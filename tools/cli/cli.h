@@ -56,6 +56,15 @@ int st__control_ask(const char* cmd, const char* dir, const char* control,
                     const char* req, char** out, size_t* out_len, char* err,
                     size_t err_len);
 
+/* The flags of every command that talks to a node: --data-dir DIR,
+ * --control PATH, --json and --help (help(stdout, cmd), then 0). With
+ * args, the arguments after the flags are left from optind for the
+ * caller; without, one is refused. Returns -1 to go on, or the exit
+ * status (0 after --help, 2 for a bad flag or argument, said on stderr). */
+int st__control_flags(const char* cmd, int argc, char** argv,
+                      void (*help)(FILE*, const char*), bool args,
+                      const char** dir, const char** control, int* json);
+
 /* ==== Subcommands (cli_common.c) ==========================================
  *
  * `starling` and `starling-bench` are each one binary with subcommands, like

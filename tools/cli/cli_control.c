@@ -48,10 +48,9 @@ static void usage(FILE* f, const char* cmd) {
               : "  --json           one JSON document instead of a table\n");
 }
 
-/* Parses the flags of `starling CMD`. Returns -1 to go on, or the exit
- * status (0 after --help, 2 for a bad flag). */
-static int parse_flags(const char* cmd, int argc, char** argv, const char** dir,
-                       const char** control, int* json) {
+int st__control_flags(const char* cmd, int argc, char** argv,
+                      void (*help)(FILE*, const char*), bool args,
+                      const char** dir, const char** control, int* json) {
   static const struct option opts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"control", required_argument, NULL, 'c'},
@@ -74,7 +73,7 @@ static int parse_flags(const char* cmd, int argc, char** argv, const char** dir,
         *json = 1;
         break;
       case 'h':
-        usage(stdout, cmd);
+        help(stdout, cmd);
         return 0;
       case ':':
         fprintf(stderr, "starling %s: %s needs a value\n", cmd,
@@ -88,7 +87,7 @@ static int parse_flags(const char* cmd, int argc, char** argv, const char** dir,
         return 2;
     }
   }
-  if (optind < argc) {
+  if (!args && optind < argc) {
     fprintf(stderr, "starling %s: unexpected argument '%s'\n", cmd,
             argv[optind]);
     return 2;
@@ -248,7 +247,8 @@ static int run(const char* cmd, int argc, char** argv) {
   const char* dir = "starling-data";
   const char* control = NULL;
   int json = 0;
-  int rc = parse_flags(cmd, argc, argv, &dir, &control, &json);
+  int rc =
+      st__control_flags(cmd, argc, argv, usage, false, &dir, &control, &json);
   if (rc >= 0)
     return rc;
   char path[1024], err[2048];

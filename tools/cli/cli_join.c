@@ -2,14 +2,14 @@
  * rejoin) a cluster through the seeds given (node/daemon/daemon_control.c,
  * "join"), like `serf join`. The node resolves names and answers at once;
  * `starling peers` then shows who answered. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/cli/cli.h"
 
-static void usage(FILE* f) {
+static void usage(FILE* f, const char* cmd) {
+  (void) cmd;
   fprintf(f,
           "usage: starling join [--data-dir DIR | --control PATH] [--json] "
           "HOST:PORT...\n"
@@ -28,39 +28,16 @@ static void usage(FILE* f) {
 }
 
 int st__cmd_join(int argc, char** argv) {
-  static const struct option opts[] = {
-      {"data-dir", required_argument, NULL, 'd'},
-      {"control", required_argument, NULL, 'c'},
-      {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
   const char* dir = "starling-data";
   const char* control = NULL;
-  int json = 0, c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    switch (c) {
-      case 'd':
-        dir = optarg;
-        break;
-      case 'c':
-        control = optarg;
-        break;
-      case 'j':
-        json = 1;
-        break;
-      case 'h':
-        usage(stdout);
-        return 0;
-      default:
-        usage(stderr);
-        return 2;
-    }
-  }
+  int json = 0;
+  int done =
+      st__control_flags("join", argc, argv, usage, true, &dir, &control, &json);
+  if (done >= 0)
+    return done;
   if (optind >= argc) {
     fprintf(stderr, "starling join: give at least one HOST:PORT\n");
-    usage(stderr);
+    usage(stderr, "join");
     return 2;
   }
   char req[2048];

@@ -3,7 +3,6 @@
  * one, use it, remove the old one. Run on every node, step by step, it
  * rotates the cluster key without a restart (docs/security.md, "Rotating
  * the cluster key"). */
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +10,8 @@
 
 #include "tools/cli/cli.h"
 
-static void usage(FILE* f) {
+static void usage(FILE* f, const char* cmd) {
+  (void) cmd;
   fprintf(f,
           "usage: starling keys [--data-dir DIR | --control PATH] [--json]\n"
           "       starling keys install FILE | use ID | remove ID [...]\n"
@@ -82,36 +82,13 @@ static int request(int argc, char** argv, int json, char* req, size_t len) {
 }
 
 int st__cmd_keys(int argc, char** argv) {
-  static const struct option opts[] = {
-      {"data-dir", required_argument, NULL, 'd'},
-      {"control", required_argument, NULL, 'c'},
-      {"json", no_argument, NULL, 'j'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
   const char* dir = "starling-data";
   const char* control = NULL;
-  int json = 0, c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    switch (c) {
-      case 'd':
-        dir = optarg;
-        break;
-      case 'c':
-        control = optarg;
-        break;
-      case 'j':
-        json = 1;
-        break;
-      case 'h':
-        usage(stdout);
-        return 0;
-      default:
-        usage(stderr);
-        return 2;
-    }
-  }
+  int json = 0;
+  int done =
+      st__control_flags("keys", argc, argv, usage, true, &dir, &control, &json);
+  if (done >= 0)
+    return done;
   char req[PATH_MAX + 64];
   int bad = request(argc, argv, json, req, sizeof req);
   if (bad != 0)
@@ -125,12 +102,10 @@ int st__cmd_keys(int argc, char** argv) {
     fputs(err, stderr);
     return rc == -2 ? 2 : 1;
   }
-  bool refused = (len >= 7 && memcmp(out, "error: ", 7) == 0) ||
-                 (len >= 9 && memcmp(out, "{\"error\":", 9) == 0);
-  if (refused && !json)
-    fprintf(stderr, "starling keys: %.*s", (int) (len - 7), out + 7);
-  else
-    fwrite(out, 1, len, stdout);
+  /* A refusal in text is "error: ...", which st__control_ask returns as
+   * its error; in JSON it is {"error": ...}, printed as it is. */
+  bool refused = len >= 9 && memcmp(out, "{\"error\":", 9) == 0;
+  fwrite(out, 1, len, stdout);
   free(out);
   return refused ? 1 : 0;
 }
