@@ -57,14 +57,15 @@ double st_now_s(void);
 
 /* ---- JSON (json.c) ------------------------------------------------------ */
 
-/* A small, strict JSON reader and a JSON string escaper (RFC 8259). The
- * reader exists for the safetensors header, which comes from files we did
- * not write, so it is hardened rather than complete:
+/* A strict JSON reader and a JSON string escaper (RFC 8259), over jansson
+ * (json.c). The reader serves files and local programs we did not write
+ * (safetensors headers, the attach protocol, the node's own documents), so
+ * it is hardened rather than complete:
  *
  * - Every read is bounds-checked against the given length; the text need
  *   not be NUL-terminated.
- * - Nesting is limited (max_depth), so the recursive descent cannot blow
- *   the stack, and so is the number of values (max_values), so a header of
+ * - Nesting is limited (max_depth) and so is the number of values
+ *   (max_values), both checked before a tree is allocated, so a header of
  *   "[0,0,0,..." cannot make us allocate gigabytes of nodes.
  * - Strings are decoded to NUL-terminated UTF-8: escapes including \uXXXX
  *   and surrogate pairs are decoded; raw control characters, invalid UTF-8,
@@ -74,6 +75,8 @@ double st_now_s(void);
  *   numbers are kept as doubles with is_int = 0.
  * - Duplicate keys in an object are refused (RFC 8259 leaves them
  *   undefined; a checkpoint with two "w0" entries is corrupt).
+ * - Error messages say what is wrong first ("unexpected end of input",
+ *   "duplicate key", ...) and never carry the text's control bytes.
  *
  * The writer side is an append-only growable buffer with an escaper for
  * names and metadata values, and st_json_write_string for FILE* output
@@ -106,7 +109,6 @@ struct st_json_s {
   size_t count;     /* ARRAY, OBJECT: number of children */
   st_json_t* child; /* ARRAY, OBJECT: first child, in document order */
   st_json_t* next;  /* next sibling */
-  size_t offset;    /* byte offset of the value in the text */
 };
 
 typedef struct {
@@ -125,7 +127,9 @@ typedef struct st_json_doc_s st_json_doc_t;
 int st_json_parse(const char* text, size_t len, const st_json_limits_t* limits,
                   st_json_doc_t** out, char* err, size_t err_len);
 /* As st_json_parse, except that an integer beyond +-2^53 is kept as a
- * double (is_int = 0) instead of refused: for our own node's documents,
+ * double (is_int = 0) instead of refused (and, beyond 64 bits, every
+ * number of the document is read as a double, integral ones within 2^53
+ * still with is_int): for our own node's documents,
  * whose large counters are read only roughly (`starling top` reading
  * `peers --json`, where an incarnation is boot epoch x 2^32). A
  * checkpoint's offsets must be exact: safetensors uses st_json_parse. */
@@ -164,8 +168,9 @@ void st_json_buf_append(st_json_buf_t* b, const char* s, size_t n);
 void st_json_buf_puts(st_json_buf_t* b, const char* s);
 void st_json_buf_u64(st_json_buf_t* b, uint64_t v);
 /* Appends s as a quoted JSON string: '"' and '\' are escaped, control
- * characters become \n, \t, ... or \u00XX; other bytes pass through (the
- * caller checks UTF-8 with st_json_utf8_valid first). */
+ * characters become \n, \t, ... or \u00XX, other UTF-8 passes through, and
+ * a byte that is not UTF-8 becomes U+FFFD (so the output is always valid
+ * JSON; a caller that must keep every byte checks st_json_utf8_valid). */
 void st_json_buf_string(st_json_buf_t* b, const char* s);
 
 /* Writes s as a quoted, escaped JSON string to f. Returns 0 or -EIO. */

@@ -85,7 +85,7 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "libc6 (>= 2.34), libuv1 (>= 1.44), libsodium23 (>= 1.0.18), libmsgpackc2 (>= 4.0), libopenblas0, liblapacke (>= 3.9), zlib1g (>= 1:1.2), libmicrohttpd12, python3 (>= 3.9)")
+    "libc6 (>= 2.34), libuv1 (>= 1.44), libsodium23 (>= 1.0.18), libmsgpackc2 (>= 4.0), libjansson4 (>= 2.14), libopenblas0, liblapacke (>= 3.9), zlib1g (>= 1:1.2), libmicrohttpd12, python3 (>= 3.9)")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS
     "python3-numpy, python3-torch, python3-matplotlib, dataset-fashion-mnist")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "systemd")

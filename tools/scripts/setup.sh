@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 
 packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev
           libmsgpack-dev check libopenblas-dev zlib1g-dev libmicrohttpd-dev
+          libjansson-dev
           dataset-fashion-mnist)
 # LAPACK's C interface: the Cholesky and pivoted-QR solves of `starling lstsq`.
 packages+=(liblapacke-dev)
