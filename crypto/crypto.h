@@ -178,11 +178,18 @@ typedef struct {
 } st_cluster_key_t;
 
 int st_cluster_key_generate(st_cluster_key_t* key);
+/* The key whose 32 bytes are `bytes` (as a cluster key request carries
+ * them), with its id derived as every key's is. */
+void st_cluster_key_from_bytes(st_cluster_key_t* key,
+                               const uint8_t bytes[ST_KEY_BYTES]);
 int st_cluster_key_write(const char* path, const st_cluster_key_t* key,
                          char* err, size_t err_len);
 int st_cluster_key_load(const char* path, st_cluster_key_t* key, char* err,
                         size_t err_len);
 void st_cluster_key_wipe(st_cluster_key_t* key);
+/* Zeroes n bytes at p in a way the compiler keeps (secrets in buffers
+ * that are not one of the types above). */
+void st_crypto_wipe(void* p, size_t n);
 
 /* The keys a node holds: it seals with `current` and opens with either. */
 typedef struct {
@@ -212,6 +219,9 @@ void st_keyring_wipe(st_keyring_t* ring);
  * another). */
 int st_keyring_install(st_keyring_t* ring, const st_cluster_key_t* key,
                        char* err, size_t err_len);
+/* Whether the ring holds key (sending or accepted), compared in constant
+ * time. */
+bool st_keyring_holds(const st_keyring_t* ring, const st_cluster_key_t* key);
 /* use: the key of this id seals from now on, the other is still
  * accepted. 0 when it already seals; -ENOENT when the ring holds no key
  * of that id. */

@@ -124,10 +124,20 @@ void st__cluster_key_set_id(st_cluster_key_t* key) {
   sodium_memzero(h, sizeof(h));
 }
 
+void st_cluster_key_from_bytes(st_cluster_key_t* key,
+                               const uint8_t bytes[ST_KEY_BYTES]) {
+  memcpy(key->key, bytes, ST_KEY_BYTES);
+  st__cluster_key_set_id(key);
+}
+
 int st_cluster_key_generate(st_cluster_key_t* key) {
   crypto_secretbox_keygen(key->key); /* 32 random bytes */
   st__cluster_key_set_id(key);
   return 0;
+}
+
+void st_crypto_wipe(void* p, size_t n) {
+  sodium_memzero(p, n);
 }
 
 void st_cluster_key_wipe(st_cluster_key_t* key) {
@@ -179,11 +189,15 @@ void st_keyring_wipe(st_keyring_t* ring) {
   sodium_memzero(ring, sizeof(*ring));
 }
 
+bool st_keyring_holds(const st_keyring_t* ring, const st_cluster_key_t* key) {
+  return sodium_memcmp(key->key, ring->current.key, ST_KEY_BYTES) == 0 ||
+         (ring->has_previous &&
+          sodium_memcmp(key->key, ring->previous.key, ST_KEY_BYTES) == 0);
+}
+
 int st_keyring_install(st_keyring_t* ring, const st_cluster_key_t* key,
                        char* err, size_t err_len) {
-  if (sodium_memcmp(key->key, ring->current.key, ST_KEY_BYTES) == 0 ||
-      (ring->has_previous &&
-       sodium_memcmp(key->key, ring->previous.key, ST_KEY_BYTES) == 0))
+  if (st_keyring_holds(ring, key))
     return 0;
   if (key->id == ring->current.id) {
     st_set_err(err, err_len,

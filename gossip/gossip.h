@@ -73,6 +73,8 @@ extern "C" {
 #define ST_COLL_MAX_MEMBERS 4096u
 #define ST_COLL_MAX_COUNT (UINT64_C(1) << 37)
 #define ST_COLL_REASON_MAX 512u
+/* Cluster key requests (KEYS_REQ / KEYS_REPLY): the longest reason. */
+#define ST_KEYS_REASON_MAX 512u
 /* Nesting deeper than this is malformed (top-level array = depth 1; an
  * addr field sits at depth 3). PUSH_PULL alone may reach 5: its entries
  * hold addresses (wire_internal.h, ST__WIRE_PUSH_PULL_DEPTH). */
@@ -105,7 +107,9 @@ typedef enum {
   ST_MSG_RING_LANE = 45,  /* gossip.h, "Ring all-reduce": lanes */
   ST_MSG_COLL_HELLO = 48, /* gossip.h, "User collectives" */
   ST_MSG_COLL_SEG = 49,
-  ST_MSG_COLL_ABORT = 50
+  ST_MSG_COLL_ABORT = 50,
+  ST_MSG_KEYS_REQ = 52, /* gossip.h, "Cluster key requests" */
+  ST_MSG_KEYS_REPLY = 53
 } st_msg_type_t;
 
 typedef struct {
@@ -158,6 +162,11 @@ typedef struct {
   bool ring_capable;
   bool synced; /* holds its model's state (its own start, or synced from a
                   peer): what --min-nodes counts */
+  /* Its cluster keys (`starling keys`): keys[0] the id it sends with,
+   * keys[1] (n_keys 2) the other id it accepts; n_keys 0 when it does
+   * not say (a node always says; simulated members need not). */
+  uint8_t n_keys;
+  uint8_t keys[2];
   uint8_t signature[ST_SIGNATURE_BYTES]; /* node's, of the STATUS claim */
 } st_msg_status_t;
 
@@ -319,6 +328,37 @@ typedef struct {
   uint32_t reason_len; /* <= ST_COLL_REASON_MAX */
 } st_msg_coll_abort_t;
 
+/* Cluster key requests: one member asks another to change its cluster
+ * keys as `starling keys` would (`starling keys --cluster`; node/daemon/
+ * daemon_keys_net.c decides). Over a TCP connection, after the handshake:
+ * KEYS_REQ, answered by one KEYS_REPLY. */
+typedef enum {
+  ST_KEYS_INSTALL = 1, /* key: the 32 bytes of the key; key_id its id */
+  ST_KEYS_USE = 2,     /* key_id: seal with it from now on */
+  ST_KEYS_REMOVE = 3   /* key_id: forget it */
+} st_keys_op_t;
+
+typedef struct {
+  uint8_t op;     /* st_keys_op_t */
+  uint8_t key_id; /* 0..255 */
+  bool has_key;   /* INSTALL carries the key, the others none */
+  uint8_t key[32];
+} st_msg_keys_req_t;
+
+typedef enum {
+  ST_KEYS_DONE = 0,    /* changed as asked */
+  ST_KEYS_ALREADY = 1, /* it already was so: nothing changed */
+  ST_KEYS_REFUSED = 2  /* reason says why; nothing changed */
+} st_keys_result_t;
+
+typedef struct {
+  uint8_t result;      /* st_keys_result_t */
+  uint8_t n_keys;      /* the responder's keys after the request, as in */
+  uint8_t keys[2];     /* STATUS: keys[0] sends, keys[1] accepted only */
+  const char* reason;  /* not NUL-terminated; borrowed when decoded */
+  uint32_t reason_len; /* <= ST_KEYS_REASON_MAX */
+} st_msg_keys_reply_t;
+
 /* Forming a ring round (gossip.h, "Ring formation"). A members list holds
  * at most ST_RING_FORM_MAX_MEMBERS ids, in ring order. */
 typedef struct {
@@ -374,6 +414,8 @@ typedef struct {
     st_msg_coll_hello_t coll_hello;
     st_msg_coll_seg_t coll_seg;
     st_msg_coll_abort_t coll_abort;
+    st_msg_keys_req_t keys_req;
+    st_msg_keys_reply_t keys_reply;
   } u;
 } st_msg_t;
 
@@ -521,9 +563,10 @@ void st_membership_set_admit(st_membership_t* m, st_membership_admit_fn fn,
  * ST_MEMBERSHIP_CLAIM_MAX_BYTES:
  *   "starling-alive-v1"  node(16) incarnation(u64 BE) ip_len(1) ip(ip_len)
  *                        port(u16 BE)
- *   "starling-status-v1" node(16) seq(u64 BE) step(u64 BE) loss(f32 bits
+ *   "starling-status-v3" node(16) seq(u64 BE) step(u64 BE) loss(f32 bits
  *                        BE) accuracy(f32 bits BE) samples_per_sec(f32
  *                        bits BE) fingerprint(16) ring_capable(1: 0 or 1)
+ *                        synced(1: 0 or 1) n_keys(1) keys(n_keys)
  *   "starling-leave-v1"  node(16) incarnation(u64 BE)
  * (the tags without a terminating NUL). Each writes its encoding to out and
  * returns its length. */

@@ -78,7 +78,7 @@ size_t st_membership_alive_claim(const st_msg_alive_t* a,
 
 size_t st_membership_status_claim(const st_msg_status_t* s,
                                   uint8_t out[ST_MEMBERSHIP_CLAIM_MAX_BYTES]) {
-  size_t n = put_tag(out, "starling-status-v2");
+  size_t n = put_tag(out, "starling-status-v3");
   memcpy(out + n, s->node.b, ST_NODE_ID_BYTES);
   n += ST_NODE_ID_BYTES;
   n += put_u64(out + n, s->seq);
@@ -90,7 +90,11 @@ size_t st_membership_status_claim(const st_msg_status_t* s,
   n += sizeof s->fingerprint;
   out[n++] = s->ring_capable ? 1 : 0;
   out[n++] = s->synced ? 1 : 0;
-  return n; /* 18 + 16 + 16 + 12 + 16 + 2 = 80 */
+  uint8_t n_keys = s->n_keys <= 2 ? s->n_keys : 2;
+  out[n++] = n_keys;
+  memcpy(out + n, s->keys, n_keys);
+  n += n_keys;
+  return n; /* 18 + 16 + 16 + 12 + 16 + 2 + 1 + 2 = 83 at most */
 }
 
 size_t st_membership_leave_claim(const st_node_id_t* node, uint64_t incarnation,

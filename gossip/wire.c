@@ -94,7 +94,7 @@ static size_t field_count(uint64_t type) {
     case ST_MSG_DEAD:
       return 4;
     case ST_MSG_STATUS:
-      return 10;
+      return 11;
     case ST_MSG_PUSH_PULL:
       return 2;
     case ST_MSG_TENSOR_CHUNK:
@@ -124,6 +124,10 @@ static size_t field_count(uint64_t type) {
       return 5;
     case ST_MSG_COLL_ABORT:
       return 2;
+    case ST_MSG_KEYS_REQ:
+      return 3;
+    case ST_MSG_KEYS_REPLY:
+      return 3;
     default:
       return 0;
   }
@@ -232,6 +236,28 @@ static int coll_seg_check(const st_msg_coll_seg_t* g, st_wire_drop_t* why) {
 static int coll_abort_check(const st_msg_coll_abort_t* a, st_wire_drop_t* why) {
   if (a->reason_len > ST_COLL_REASON_MAX) {
     *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  return 0;
+}
+
+/* A key request names a known op; INSTALL alone carries a key. */
+static int keys_req_check(const st_msg_keys_req_t* q) {
+  if (q->op < ST_KEYS_INSTALL || q->op > ST_KEYS_REMOVE)
+    return -1;
+  return q->has_key == (q->op == ST_KEYS_INSTALL) ? 0 : -1;
+}
+
+/* A reply's result is known, its keys a keyring (as STATUS's), its
+ * reason bounded. */
+static int keys_reply_check(const st_msg_keys_reply_t* r, st_wire_drop_t* why) {
+  if (r->reason_len > ST_KEYS_REASON_MAX) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  if (r->result > ST_KEYS_REFUSED || r->n_keys > 2 ||
+      (r->n_keys == 2 && r->keys[0] == r->keys[1])) {
+    *why = ST_WIRE_DROP_FIELD;
     return -1;
   }
   return 0;
@@ -436,6 +462,16 @@ static int encode_check(const st_msg_t* msg) {
            msg->u.coll_abort.reason_len > 0))
         return -EINVAL;
       break;
+    case ST_MSG_KEYS_REQ:
+      if (keys_req_check(&msg->u.keys_req) != 0)
+        return -EINVAL;
+      break;
+    case ST_MSG_KEYS_REPLY:
+      if (keys_reply_check(&msg->u.keys_reply, &why) != 0 ||
+          (msg->u.keys_reply.reason == NULL &&
+           msg->u.keys_reply.reason_len > 0))
+        return -EINVAL;
+      break;
     default:
       break;
   }
@@ -516,6 +552,7 @@ static int pack_membership(msgpack_packer* pk, const st_msg_t* msg) {
            msgpack_pack_float(pk, m->samples_per_sec) |
            pack_bin(pk, m->fingerprint, sizeof m->fingerprint) |
            pack_bool(pk, m->ring_capable) | pack_bool(pk, m->synced) |
+           pack_bin(pk, m->keys, m->n_keys <= 2 ? m->n_keys : 2) |
            pack_bin(pk, m->signature, sizeof m->signature);
       break;
     }
@@ -616,6 +653,19 @@ static int pack_ring(msgpack_packer* pk, const st_msg_t* msg) {
   return r;
 }
 
+/* The cluster key requests (gossip.h, "Cluster key requests"). */
+static int pack_keys(msgpack_packer* pk, const st_msg_t* msg) {
+  if (msg->type == ST_MSG_KEYS_REQ) {
+    const st_msg_keys_req_t* q = &msg->u.keys_req;
+    return msgpack_pack_uint8(pk, q->op) | msgpack_pack_uint8(pk, q->key_id) |
+           pack_bin(pk, q->key, q->has_key ? sizeof q->key : 0);
+  }
+  const st_msg_keys_reply_t* r = &msg->u.keys_reply;
+  return msgpack_pack_uint8(pk, r->result) | pack_bin(pk, r->keys, r->n_keys) |
+         msgpack_pack_str(pk, r->reason_len) |
+         msgpack_pack_str_body(pk, r->reason, r->reason_len);
+}
+
 /* The collective messages (gossip.h, "User collectives"). */
 static int pack_coll(msgpack_packer* pk, const st_msg_t* msg) {
   int r = 0;
@@ -686,6 +736,9 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
       return pack_coll(pk, msg);
+    case ST_MSG_KEYS_REQ:
+    case ST_MSG_KEYS_REPLY:
+      return pack_keys(pk, msg);
   }
   return 0;
 }
@@ -778,6 +831,15 @@ static int get_bin(const msgpack_object* o, void* dst, size_t n) {
     return -1;
   memcpy(dst, o->via.bin.ptr, n);
   return 0;
+}
+
+/* A STATUS's keys: up to 2 ids, the second not the first. */
+static int get_keys(const msgpack_object* o, st_msg_status_t* m) {
+  if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size > 2)
+    return -1;
+  m->n_keys = (uint8_t) o->via.bin.size;
+  memcpy(m->keys, o->via.bin.ptr, m->n_keys);
+  return m->n_keys == 2 && m->keys[0] == m->keys[1] ? -1 : 0;
 }
 
 static int get_id(const msgpack_object* o, st_node_id_t* id) {
@@ -958,7 +1020,8 @@ static int get_membership(st_msg_type_t type, const msgpack_object* f,
              get_f32(&f[5], &m->samples_per_sec) |
              get_bin(&f[6], m->fingerprint, sizeof m->fingerprint) |
              get_bool(&f[7], &m->ring_capable) | get_bool(&f[8], &m->synced) |
-             get_bin(&f[9], m->signature, sizeof m->signature);
+             get_keys(&f[9], m) |
+             get_bin(&f[10], m->signature, sizeof m->signature);
     }
     case ST_MSG_PUSH_PULL:
       return get_push_pull(f, &msg->u.push_pull, why);
@@ -1141,6 +1204,35 @@ static int get_coll(st_msg_type_t type, const msgpack_object* f,
   }
 }
 
+/* The cluster key requests' fields; a reply's reason borrows from the
+ * input, as COLL_ABORT's does. */
+static int get_keys_msg(st_msg_type_t type, const msgpack_object* f,
+                        st_msg_t* msg, st_wire_drop_t* why) {
+  if (type == ST_MSG_KEYS_REQ) {
+    st_msg_keys_req_t* q = &msg->u.keys_req;
+    if (get_u8(&f[0], &q->op) != 0 || get_u8(&f[1], &q->key_id) != 0 ||
+        f[2].type != MSGPACK_OBJECT_BIN)
+      return -1;
+    uint32_t n = f[2].via.bin.size;
+    if (n != 0 && n != sizeof q->key)
+      return -1;
+    q->has_key = n != 0;
+    memset(q->key, 0, sizeof q->key);
+    if (q->has_key)
+      memcpy(q->key, f[2].via.bin.ptr, n);
+    return keys_req_check(q);
+  }
+  st_msg_keys_reply_t* r = &msg->u.keys_reply;
+  if (get_u8(&f[0], &r->result) != 0 || f[1].type != MSGPACK_OBJECT_BIN ||
+      f[1].via.bin.size > 2 || f[2].type != MSGPACK_OBJECT_STR)
+    return -1;
+  r->n_keys = (uint8_t) f[1].via.bin.size;
+  memcpy(r->keys, f[1].via.bin.ptr, r->n_keys);
+  r->reason = f[2].via.str.ptr;
+  r->reason_len = f[2].via.str.size;
+  return keys_reply_check(r, why);
+}
+
 /* f: the fields after [type, version], as many as field_count(type) says.
  * buf, len: the message's bytes, which a chunk's data borrows from.
  * Returns 0, -1 (the reason in *why) or -ENOMEM. */
@@ -1180,6 +1272,9 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
       return get_coll(type, f, buf, len, msg, why);
+    case ST_MSG_KEYS_REQ:
+    case ST_MSG_KEYS_REPLY:
+      return get_keys_msg(type, f, msg, why);
   }
   return -1;
 }

@@ -11,8 +11,8 @@
 
 #include "gossip/gossip.h"
 
-/* No message has more than 11 elements in one array (STATUS: type, version
- * and 9 fields); 16 leaves room to reject a wrong field count as a field
+/* No message has more than 13 elements in one array (STATUS: type, version
+ * and 11 fields); 16 leaves room to reject a wrong field count as a field
  * error while keeping what msgpack-c may allocate for one array at 16
  * objects (16 * 24 bytes). Maps are never part of a message but are walked
  * under the same cap (16 entries). */

@@ -61,7 +61,9 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              f32_same(x->accuracy, y->accuracy) &&
              f32_same(x->samples_per_sec, y->samples_per_sec) &&
              memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
-             x->ring_capable == y->ring_capable &&
+             x->ring_capable == y->ring_capable && x->synced == y->synced &&
+             x->n_keys == y->n_keys &&
+             memcmp(x->keys, y->keys, x->n_keys) == 0 &&
              memcmp(x->signature, y->signature, 64) == 0;
     }
     case ST_MSG_PUSH_PULL: {
@@ -165,6 +167,20 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              (a->u.coll_abort.reason_len == 0 ||
               memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
                      a->u.coll_abort.reason_len) == 0);
+    case ST_MSG_KEYS_REQ: {
+      const st_msg_keys_req_t *x = &a->u.keys_req, *y = &b->u.keys_req;
+      return x->op == y->op && x->key_id == y->key_id &&
+             x->has_key == y->has_key &&
+             (!x->has_key || memcmp(x->key, y->key, sizeof x->key) == 0);
+    }
+    case ST_MSG_KEYS_REPLY: {
+      const st_msg_keys_reply_t *x = &a->u.keys_reply, *y = &b->u.keys_reply;
+      return x->result == y->result && x->n_keys == y->n_keys &&
+             memcmp(x->keys, y->keys, x->n_keys) == 0 &&
+             x->reason_len == y->reason_len &&
+             (x->reason_len == 0 ||
+              memcmp(x->reason, y->reason, x->reason_len) == 0);
+    }
   }
   return 0;
 }

@@ -165,6 +165,7 @@ static void sweep_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   wait_tick(d);
   st__conn_sweep(d);
+  st__keys_sweep(d);
   st__xchg_sweep(d);
   st__xchg_sync_tick(d);
 }
@@ -178,6 +179,12 @@ static void status_cb(uv_timer_t* t) {
   if (d->state == ST__D_LEAVING)
     return;
   st__events_tick(d);
+  st__status_publish(d);
+}
+
+void st__status_publish(st__daemon_t* d) {
+  if (d->state == ST__D_LEAVING)
+    return;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   st_msg_status_t s;
@@ -190,6 +197,9 @@ static void status_cb(uv_timer_t* t) {
   s.ring_capable =
       d->rf != NULL && (d->state == ST__D_TRAINING || d->state == ST__D_DONE);
   s.synced = d->state != ST__D_SYNCING;
+  s.n_keys = d->keys.has_previous ? 2 : 1;
+  s.keys[0] = d->keys.current.id;
+  s.keys[1] = d->keys.previous.id;
   st_membership_set_status(d->m, st__dnow(d), &s);
   st__net_drain(d);
 }
@@ -328,6 +338,7 @@ static void leave_done_cb(uv_timer_t* t) {
   }
   st__ring_close(d);
   st__coll_close(d); /* before the connections: its ABORTs go out first */
+  st__keys_close(d); /* answers `starling keys --cluster` with what it has */
   /* The trainer is gone: nothing borrows from the connections any more. */
   for (st__conn_t* c = d->conns; c != NULL; c = c->next)
     c->tt_pending = 0;

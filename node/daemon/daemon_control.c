@@ -280,6 +280,17 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "control_evicted", d->ctl_evicted);
   kv_u64(b, &f2, "control_timed_out", d->ctl_timed_out);
   kv_u64(b, &f2, "control_over_limit", d->ctl_refused);
+  kv_u64(b, &f2, "keys_request", d->c.keys_rejected);
+}
+
+/* Cluster key requests from members (daemon_keys_net.c), by answer. */
+static void status_json_keys(st__daemon_t* d, st_json_buf_t* b, bool* first) {
+  put_key(b, first, "keys_requests");
+  bool f2 = true;
+  kv_u64(b, &f2, "granted", d->c.keys_granted);
+  kv_u64(b, &f2, "already", d->c.keys_already);
+  kv_u64(b, &f2, "refused", d->c.keys_refused);
+  st_json_buf_puts(b, "}");
 }
 
 /* Compressed averaging (daemon_compress.c): the codec, anchors taken,
@@ -328,6 +339,7 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   status_json_exchanges(d, b, &first);
   status_json_collectives(d, b, &first);
   status_json_compression(d, b, &first);
+  status_json_keys(d, b, &first);
   status_json_ring(d, b, &first);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
@@ -403,6 +415,24 @@ static void status_text(st__daemon_t* d, st_json_buf_t* b) {
   }
 }
 
+/* A member's cluster keys as its STATUS says: {"sends":ID,"accepts":[...]},
+ * or null before it said. */
+static void put_member_keys(st_json_buf_t* b, const st_member_t* m) {
+  if (!m->has_status || m->status.n_keys == 0) {
+    st_json_buf_puts(b, "null");
+    return;
+  }
+  char keys[64];
+  snprintf(keys, sizeof keys, "{\"sends\":%u,\"accepts\":[%u",
+           (unsigned) m->status.keys[0], (unsigned) m->status.keys[0]);
+  st_json_buf_puts(b, keys);
+  if (m->status.n_keys == 2) {
+    snprintf(keys, sizeof keys, ",%u", (unsigned) m->status.keys[1]);
+    st_json_buf_puts(b, keys);
+  }
+  st_json_buf_puts(b, "]}");
+}
+
 static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
   size_t n = d->m != NULL ? st_membership_count(d->m) : 0;
   uint64_t now = st__dnow(d);
@@ -459,6 +489,8 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
           in_ring = true;
       put_key(b, &first, "in_last_ring");
       st_json_buf_puts(b, in_ring ? "true" : "false");
+      put_key(b, &first, "keys");
+      put_member_keys(b, &m);
       st_json_buf_puts(b, "}");
     } else {
       char line[320], heard_s[32];
@@ -580,10 +612,11 @@ static void cwrite_cb(uv_write_t* req, int status) {
  * the module keeps a duplicate of its socket). more: bytes came after the
  * line (meant for a session that has not started). */
 static bool hand_over(client_t* cl, bool more, bool json) {
-  int to = strcmp(cl->req, "attach") == 0        ? 1
-           : strcmp(cl->req, "collectives") == 0 ? 2
-           : strncmp(cl->req, "monitor", 7) == 0 ? 3
-                                                 : 0;
+  int to = strcmp(cl->req, "attach") == 0               ? 1
+           : strcmp(cl->req, "collectives") == 0        ? 2
+           : strncmp(cl->req, "monitor", 7) == 0        ? 3
+           : strncmp(cl->req, "keys cluster ", 13) == 0 ? 4
+                                                        : 0;
   if (to == 0)
     return false;
   uv_os_fd_t fd;
@@ -592,8 +625,10 @@ static bool hand_over(client_t* cl, bool more, bool json) {
       st__attach_takeover(cl->d, fd, more);
     else if (to == 2)
       st__coll_takeover(cl->d, fd, more);
-    else
+    else if (to == 3)
       st__events_takeover(cl->d, fd, json);
+    else
+      st__keys_cluster_takeover(cl->d, fd, cl->req + 13, json);
   }
   client_close(cl);
   return true;

@@ -48,6 +48,9 @@ static size_t sample_messages(uint8_t out[][2048], size_t* lens) {
   m[4].u.status.accuracy = 0.875f;
   m[4].u.status.ring_capable = true;
   m[4].u.status.synced = true;
+  m[4].u.status.n_keys = 2;
+  m[4].u.status.keys[0] = 167;
+  m[4].u.status.keys[1] = 42;
   static const uint8_t floats[64] = {0, 0, 128, 63, 0, 0, 0, 64};
   m[5].type = ST_MSG_TENSOR_CHUNK;
   m[5].u.chunk.transfer_id = 1;

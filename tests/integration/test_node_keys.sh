@@ -11,6 +11,14 @@
 #     JSON form lists the keys.
 # (d) After the rotation a node holding only A cannot join, one holding B
 #     joins.
+# (e) `--cluster` from one node, three nodes on B: the listing shows B
+#     accepted and sent by all three; a non-member (keys_probe, a
+#     cluster-key holder with a fresh identity) asking to install a key is
+#     closed unanswered and counted; using a key not every member accepts
+#     is refused naming the member; install C, use C, remove B from single
+#     nodes reach all three (answers listed per member; a repeat is
+#     "already"); no member is ever suspected or dead; every member's
+#     signed status then says it sends with C and accepts nothing else.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -78,6 +86,14 @@ no_loss() {
     [ "$(node_field 0 peers_suspect)" = 0 ] && [ "$(node_field 1 peers_suspect)" = 0 ] &&
     [ $(( $(node_field 0 peers_dead) + $(node_field 1 peers_dead) )) = "$dead_before" ]
 }
+# The cluster view of `keys --json` on node $1: "ID:ACCEPTED/SENDS ..." in
+# key id order.
+census() {
+  keys "$1" --json | "$NUMPY_PY" -c '
+import json, sys
+c = json.load(sys.stdin)["cluster"]
+print(" ".join("%d:%d/%d" % (k["id"], k["accepted_by"], k["sends_on"]) for k in c["keys"]))'
+}
 for k in 0 1; do
   keys "$k" install "$KEY_B" >"$SCRATCH/install$k" || node_fail "keys install on node $k"
   grep -q "^key $B  *accepts only" "$SCRATCH/install$k" || node_fail "after install: $(cat "$SCRATCH/install$k")"
@@ -96,7 +112,8 @@ keys 1 --json >"$SCRATCH/keys.json" || node_fail "keys --json"
 "$NUMPY_PY" - "$SCRATCH/keys.json" "$B" <<'PY' || node_fail "keys --json: $(cat "$SCRATCH/keys.json")"
 import json, sys
 d = json.load(open(sys.argv[1]))
-assert d == {"keys": [{"id": int(sys.argv[2]), "sends": True}]}, d
+assert d["keys"] == [{"id": int(sys.argv[2]), "sends": True}], d
+assert d["cluster"]["members"] == 2 and d["cluster"]["not_said"] == 0, d
 PY
 grep -q "cluster key $B now sends, asked by \`starling keys\`" "$(node_log 0)" ||
   node_fail "node 0 did not log the change"
@@ -118,3 +135,72 @@ node_up 2
 three() { [ "$(node_field 0 peers_alive)" = 2 ]; }
 wait_for 30 "a node with the new key joining" three
 pass "(d) the removed key is refused, the new one joins"
+
+# --- (e) --cluster, from one node ---------------------------------------------------------
+KEY_C=$SCRATCH/c.key
+C=$B
+while [ "$C" = "$B" ]; do # a third key, its id not B's
+  rm -f "$KEY_C"
+  "$STARLING" keygen --cluster --out "$KEY_C" >/dev/null || fail "keygen --cluster"
+  C=$(id_of "$KEY_C")
+done
+# all_on K ID:ACCEPTED/SENDS...: node K's cluster view is exactly these.
+all_on() {
+  local k=$1 want
+  shift
+  want=$(printf '%s\n' "$@" | sort -t: -k1,1n | tr '\n' ' ')
+  [ "$(census "$k")" = "${want% }" ]
+}
+wait_for 20 "node 0 seeing key $B accepted and sent by all three" all_on 0 "$B:3/3"
+dead3() { echo $(( $(node_field 0 peers_dead) + $(node_field 1 peers_dead) + $(node_field 2 peers_dead) )); }
+dead_before=$(dead3)
+no_loss3() {
+  for k in 0 1 2; do
+    [ "$(node_field "$k" peers_alive)" = 2 ] && [ "$(node_field "$k" peers_suspect)" = 0 ] || return 1
+  done
+  [ "$(dead3)" = "$dead_before" ]
+}
+
+expect_fail "--cluster use before anyone holds it" 1 "holds no key of id $C" -- keys 1 --cluster use "$C"
+PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/keys_probe
+[ -x "$PROBE" ] || fail "no keys_probe next to $STARLING (build it: cmake --build build)"
+"$PROBE" --cluster-key "$KEY_B" --connect "$seed" --op "install:$KEY_C" \
+  >"$SCRATCH/probe.json" 2>"$SCRATCH/probe.err" || node_fail "keys_probe: $(cat "$SCRATCH/probe.err")"
+grep -q '"answered":false' "$SCRATCH/probe.json" || node_fail "a non-member was answered: $(cat "$SCRATCH/probe.json")"
+[ "$(node_field 0 rejected.keys_request)" -ge 1 ] || node_fail "the non-member's request was not counted"
+[ "$(census 0)" = "$B:3/3" ] || node_fail "a non-member changed the keys: $(census 0)"
+
+keys 2 install "$KEY_C" >/dev/null || node_fail "keys install on node 2 alone"
+expect_fail "--cluster use of a key two members lack" 1 "does not accept key $C" -- keys 2 --cluster use "$C"
+keys 1 --cluster --json install "$KEY_C" >"$SCRATCH/install.json" ||
+  node_fail "keys --cluster install: $(cat "$SCRATCH/install.json")"
+"$NUMPY_PY" - "$SCRATCH/install.json" <<'PY' || node_fail "keys --cluster install --json: $(cat "$SCRATCH/install.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+results = sorted(m["result"] for m in d["members"])
+assert d["op"] == "install" and len(d["members"]) == 3, d
+assert results == ["already", "done", "done"], results  # node 2 had it
+PY
+# Each step waits until every node's view shows the last one done: each
+# node judges a request from its own view (a node that has not yet heard a
+# member's new status refuses, and a repeat succeeds).
+all_three_on() { all_on 0 "$@" && all_on 1 "$@" && all_on 2 "$@"; }
+wait_for 20 "key $C accepted by all three" all_three_on "$B:3/3" "$C:3/0"
+expect_fail "--cluster remove of the key all send with" 1 "still sends with key $B" -- keys 0 --cluster remove "$B"
+keys 0 --cluster use "$C" >"$SCRATCH/use.txt" || node_fail "keys --cluster use: $(cat "$SCRATCH/use.txt")"
+grep -q "0 refused or did not answer" "$SCRATCH/use.txt" || node_fail "use: $(cat "$SCRATCH/use.txt")"
+keys 1 --cluster use "$C" >"$SCRATCH/use2.txt" || node_fail "a repeated use: $(cat "$SCRATCH/use2.txt")"
+[ "$(grep -c "  already$" "$SCRATCH/use2.txt")" = 3 ] || node_fail "a repeat is not 'already' everywhere: $(cat "$SCRATCH/use2.txt")"
+wait_for 20 "every member sending with key $C" all_three_on "$B:3/0" "$C:3/3"
+keys 2 --cluster remove "$B" >"$SCRATCH/remove.txt" || node_fail "keys --cluster remove: $(cat "$SCRATCH/remove.txt")"
+wait_for 20 "key $B gone from every member" all_on 1 "$C:3/3"
+sleep 2
+no_loss3 || node_fail "members lost each other during the cluster rotation"
+node_peers 1 | "$NUMPY_PY" -c '
+import json, sys
+c = int(sys.argv[1])
+for m in json.load(sys.stdin):
+    assert m["keys"] == {"sends": c, "accepts": [c]}, m' "$C" || node_fail "peers --json keys"
+[ "$(node_field 1 keys_requests.granted)" -ge 2 ] || node_fail "node 1 counted no granted requests"
+grep -q "cluster key $C now sends, asked by member" "$(node_log 1)" || node_fail "node 1 did not log who asked"
+pass "(e) --cluster: install, use, remove reach all three from one node; refusals name the member; a non-member is not answered"

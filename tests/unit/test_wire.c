@@ -49,7 +49,7 @@ typedef struct {
   st_msg_type_t type;
   const char* name;
   int n;
-  fspec_t f[10];
+  fspec_t f[11];
 } mspec_t;
 
 static const mspec_t specs[] = {
@@ -81,7 +81,7 @@ static const mspec_t specs[] = {
      {{F_BIN, 16, 0}, {F_U64, 0, 1}, {F_BIN, 16, 0}, {F_BIN, 64, 0}}},
     {ST_MSG_STATUS,
      "status",
-     10,
+     11,
      {{F_BIN, 16, 0},
       {F_U64, 0, 5},
       {F_U64, 0, 6},
@@ -91,6 +91,7 @@ static const mspec_t specs[] = {
       {F_BIN, 16, 0},
       {F_BOOL, 0, 0},
       {F_BOOL, 0, 0},
+      {F_BIN, 1, 0}, /* keys: 0..2 ids; the valid value here is one */
       {F_BIN, 64, 0}}},
     {ST_MSG_TENSOR_CHUNK,
      "tensor_chunk",
@@ -308,7 +309,7 @@ static int v_valid(const fspec_t* f, v_t v) {
     case F_BOOL:
       return v == V_FALSE || v == V_TRUE;
     case F_BIN:
-      return (f->size == 16 && v == V_BIN16) ||
+      return (f->size == 1 && v == V_BIN0) || (f->size == 16 && v == V_BIN16) ||
              (f->size == 32 && v == V_BIN32) ||
              (f->size == 112 && v == V_BIN112);
     case F_DATA:
@@ -438,6 +439,10 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       tw_rand_bytes(&rng, m->u.status.fingerprint, 16);
       m->u.status.ring_capable = st_rng_below(&rng, 2);
       m->u.status.synced = st_rng_below(&rng, 2);
+      m->u.status.n_keys = (uint8_t) (1 + st_rng_below(&rng, 2));
+      m->u.status.keys[0] = (uint8_t) st_rng_below(&rng, 256);
+      m->u.status.keys[1] =
+          (uint8_t) (m->u.status.keys[0] + 1 + st_rng_below(&rng, 255));
       tw_rand_bytes(&rng, m->u.status.signature, sizeof m->u.status.signature);
       break;
     case ST_MSG_TENSOR_CHUNK: {
@@ -467,6 +472,8 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_COLL_HELLO:
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
+    case ST_MSG_KEYS_REQ: /* test_keys_messages */
+    case ST_MSG_KEYS_REPLY:
       break;
   }
 }
@@ -572,16 +579,99 @@ START_TEST(test_wide_integers) {
   ck_assert_uint_eq(m.u.ping.target.b[15], 16);
   /* STATUS with float64 values, narrowed; NaN and infinity are values. */
   w_t* w = w_new(W_CAP);
-  w_array(w, 12), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
+  w_array(w, 13), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
   w_bin(w, NULL, 16), w_uint(w, 1), w_uint(w, 2);
   w_f64(w, 0.1), w_f64(w, NAN), w_f64(w, -INFINITY);
-  w_bin(w, NULL, 16), w_byte(w, 0xc2), w_byte(w, 0xc3), w_bin(w, NULL, 64);
+  w_bin(w, NULL, 16), w_byte(w, 0xc2), w_byte(w, 0xc3);
+  w_bin(w, (const uint8_t[]){167, 42}, 2), w_bin(w, NULL, 64);
   ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), 0);
   ck_assert(m.u.status.loss == 0.1f);
   ck_assert(isnan(m.u.status.accuracy));
   ck_assert(isinf(m.u.status.samples_per_sec) &&
             m.u.status.samples_per_sec < 0);
   ck_assert(!m.u.status.ring_capable && m.u.status.synced);
+  ck_assert(m.u.status.n_keys == 2 && m.u.status.keys[0] == 167 &&
+            m.u.status.keys[1] == 42);
+  /* Keys: one id twice, or three ids, is not a keyring. */
+  static const uint8_t bad_keys[][3] = {{7, 7, 0}, {1, 2, 3}};
+  for (int k = 0; k < 2; k++) {
+    w->n = 0;
+    w_array(w, 13), w_uint(w, ST_MSG_STATUS), w_uint(w, 1);
+    w_bin(w, NULL, 16), w_uint(w, 1), w_uint(w, 2);
+    w_f32(w, 0), w_f32(w, 0), w_f32(w, 0);
+    w_bin(w, NULL, 16), w_byte(w, 0xc2), w_byte(w, 0xc3);
+    w_bin(w, bad_keys[k], k == 0 ? 2 : 3), w_bin(w, NULL, 64);
+    ck_assert_int_eq(st_wire_decode(w->b, w->n, &m, NULL), -EBADMSG);
+  }
+  w_free(w);
+}
+END_TEST
+
+/* KEYS_REQ and KEYS_REPLY (gossip.h, "Cluster key requests"): each op and
+ * result round-trips and survives truncation; what is not a request or a
+ * reply is refused as a field (or limit) drop. */
+START_TEST(test_keys_messages) {
+  static uint8_t buf[BUF_CAP];
+  st_msg_t m, d;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_KEYS_REQ;
+  for (uint8_t op = ST_KEYS_INSTALL; op <= ST_KEYS_REMOVE; op++) {
+    m.u.keys_req = (st_msg_keys_req_t){.op = op, .key_id = (uint8_t) (op * 80)};
+    m.u.keys_req.has_key = op == ST_KEYS_INSTALL;
+    if (m.u.keys_req.has_key)
+      tw_rand_bytes(&rng, m.u.keys_req.key, sizeof m.u.keys_req.key);
+    size_t len = tw_round_trip(&m, buf, sizeof buf - 1, &d);
+    tw_expect_truncations(buf, len);
+  }
+  tw_fuzz_seed(&m, "keys_req"); /* the fuzz seeds are these messages */
+  static const char why[] = "member 7cc3: key 9 is not accepted by all";
+  m.type = ST_MSG_KEYS_REPLY;
+  m.u.keys_reply = (st_msg_keys_reply_t){
+      ST_KEYS_REFUSED, 2, {9, 4}, why, (uint32_t) strlen(why)};
+  size_t len = tw_round_trip(&m, buf, sizeof buf - 1, &d);
+  tw_expect_truncations(buf, len);
+  tw_fuzz_seed(&m, "keys_reply");
+  m.u.keys_reply = (st_msg_keys_reply_t){ST_KEYS_DONE, 1, {9, 0}, NULL, 0};
+  tw_round_trip(&m, buf, sizeof buf, &d);
+
+  /* Refused: unknown ops, a key where none belongs or none where one
+   * does, a key of the wrong length, an unknown result, a keyring of one
+   * id twice or of three, a reason beyond ST_KEYS_REASON_MAX. */
+  w_t* w = w_new(W_CAP);
+  static const struct {
+    uint8_t op;
+    uint32_t key_len;
+  } bad_req[] = {{0, 0},
+                 {4, 0},
+                 {ST_KEYS_USE, 32},
+                 {ST_KEYS_INSTALL, 0},
+                 {ST_KEYS_INSTALL, 31},
+                 {ST_KEYS_REMOVE, 1}};
+  for (size_t i = 0; i < sizeof bad_req / sizeof bad_req[0]; i++) {
+    w->n = 0;
+    w_array(w, 5), w_uint(w, ST_MSG_KEYS_REQ), w_uint(w, ST_WIRE_VERSION);
+    w_uint(w, bad_req[i].op), w_uint(w, 7), w_bin(w, NULL, bad_req[i].key_len);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "keys_req");
+  }
+  static const struct {
+    uint8_t result;
+    uint8_t keys[3];
+    uint32_t n_keys, reason_len;
+    st_wire_drop_t why;
+  } bad_reply[] = {{3, {1}, 1, 0, ST_WIRE_DROP_FIELD},
+                   {0, {5, 5}, 2, 0, ST_WIRE_DROP_FIELD},
+                   {0, {1, 2, 3}, 3, 0, ST_WIRE_DROP_FIELD},
+                   {2, {1}, 1, ST_KEYS_REASON_MAX + 1, ST_WIRE_DROP_LIMIT}};
+  static char reason[ST_KEYS_REASON_MAX + 1];
+  memset(reason, 'x', sizeof reason);
+  for (size_t i = 0; i < sizeof bad_reply / sizeof bad_reply[0]; i++) {
+    w->n = 0;
+    w_array(w, 5), w_uint(w, ST_MSG_KEYS_REPLY), w_uint(w, ST_WIRE_VERSION);
+    w_uint(w, bad_reply[i].result);
+    w_bin(w, bad_reply[i].keys, bad_reply[i].n_keys);
+    w_str(w, reason, bad_reply[i].reason_len);
+    tw_expect_drop(w->b, w->n, -EBADMSG, bad_reply[i].why, "keys_reply");
+  }
   w_free(w);
 }
 END_TEST
@@ -1272,6 +1362,7 @@ static Suite* wire_suite(void) {
   tcase_add_test(tr, test_peek_type);
   tcase_add_test(tr, test_drop_names);
   tcase_add_test(tr, test_fuzz_corpus);
+  tcase_add_test(tr, test_keys_messages);
   suite_add_tcase(s, tr);
   TCase* te = tcase_create("encode");
   tcase_add_checked_fixture(te, setup, NULL);

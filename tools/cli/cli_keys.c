@@ -1,8 +1,9 @@
 /* cli_keys.c: `starling keys`: the running node's cluster keys, changed live
- * (node/daemon/daemon_keys.c), like `serf keys`: list them, install a new
- * one, use it, remove the old one. Run on every node, step by step, it
- * rotates the cluster key without a restart (docs/security.md, "Rotating
- * the cluster key"). */
+ * (node/daemon/daemon_keys.c), like `serf keys`: list them (with which
+ * members accept and send with each), install a new one, use it, remove
+ * the old one; on this node, or with --cluster on every live member
+ * (node/daemon/daemon_keys_net.c). Step by step, it rotates the cluster
+ * key without a restart (docs/security.md, "Rotating the cluster key"). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,39 +13,50 @@
 
 static void usage(FILE* f, const char* cmd) {
   (void) cmd;
-  fprintf(f,
-          "usage: starling keys [--data-dir DIR | --control PATH] [--json]\n"
-          "       starling keys install FILE | use ID | remove ID [...]\n"
-          "\n"
-          "The running node's cluster keys: one sends (seals packets and "
-          "starts\n"
-          "handshakes), a second may be accepted beside it. To rotate the "
-          "cluster\n"
-          "key without a restart, on every node in turn:\n"
-          "  1. starling keys install new.key   (accepted, not yet used to "
-          "send)\n"
-          "  2. starling keys use ID            (once every node holds it; "
-          "ID from\n"
-          "                                      `starling keygen --show "
-          "new.key`)\n"
-          "  3. starling keys remove OLD_ID     (once every node sends with "
-          "the new)\n"
-          "Then restart nodes with --cluster-key new.key.\n"
-          "\n"
-          "  --data-dir DIR   the node's data directory (default: "
-          "./starling-data)\n"
-          "  --control PATH   its control socket (default: "
-          "DIR/control.sock)\n"
-          "  --json           one JSON document ({\"keys\": [{\"id\": N, "
-          "\"sends\": true}, ...]})\n"
-          "  -h, --help       this help\n"
-          "Exit status: 0 done, 1 refused (the reason on stderr) or no node, "
-          "2 bad usage.\n");
+  fprintf(
+      f,
+      "usage: starling keys [--data-dir DIR | --control PATH] [--json]\n"
+      "       starling keys [--cluster] install FILE | use ID | remove ID "
+      "[...]\n"
+      "\n"
+      "The running node's cluster keys: one sends (seals packets and starts\n"
+      "handshakes), a second may be accepted beside it. The listing also "
+      "shows,\n"
+      "from every live member's signed status, how many accept and send "
+      "with\n"
+      "each key. To rotate the cluster key without a restart, from any one "
+      "node:\n"
+      "  1. starling keys --cluster install new.key  (accepted, not yet "
+      "used)\n"
+      "  2. starling keys --cluster use ID           (ID from `starling "
+      "keygen\n"
+      "                                               --show new.key`)\n"
+      "  3. starling keys --cluster remove OLD_ID\n"
+      "Then restart nodes with --cluster-key new.key. Every member refuses\n"
+      "a use before all accept the key, and a remove while any sends with "
+      "it,\n"
+      "so no step cuts a member off. Without --cluster the change is this\n"
+      "node's alone (run it on every node; the way to leave a member out).\n"
+      "\n"
+      "  --cluster        ask every live member too; the answer lists each\n"
+      "                   (done, already, refused: why, no answer: why)\n"
+      "  --data-dir DIR   the node's data directory (default: "
+      "./starling-data)\n"
+      "  --control PATH   its control socket (default: DIR/control.sock)\n"
+      "  --json           one JSON document ({\"keys\": [{\"id\": N, "
+      "\"sends\": true}, ...],\n"
+      "                   \"cluster\": {...}}; with --cluster, the members' "
+      "answers)\n"
+      "  -h, --help       this help\n"
+      "Exit status: 0 done, 1 refused (the reason on stderr), a member "
+      "refused\nor did not answer, or no node; 2 bad usage.\n");
 }
 
 /* The request line for argv[optind..]: "keys", "keys install /ABS",
  * "keys use ID", "keys remove ID". 0, or 2 after saying what is wrong. */
-static int request(int argc, char** argv, int json, char* req, size_t len) {
+static int request(int argc, char** argv, int json, bool cluster, char* req,
+                   size_t len) {
+  const char* scope = cluster ? "keys cluster" : "keys";
   int n = argc - optind;
   const char* verb = n > 0 ? argv[optind] : NULL;
   const char* arg = n > 1 ? argv[optind + 1] : NULL;
@@ -74,14 +86,36 @@ static int request(int argc, char** argv, int json, char* req, size_t len) {
               arg);
       return 2;
     }
-    snprintf(req, len, "keys install %s%s", path, tail);
+    snprintf(req, len, "%s install %s%s", scope, path, tail);
     return 0;
   }
-  snprintf(req, len, "keys %s %s%s", verb, arg, tail);
+  snprintf(req, len, "%s %s %s%s", scope, verb, arg, tail);
   return 0;
 }
 
+/* Takes --cluster out of argv (before any "--"); the flags the other
+ * control commands share parse the rest. */
+static bool take_cluster_flag(int* argc, char** argv) {
+  bool found = false;
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      while (i < *argc)
+        argv[out++] = argv[i++];
+      break;
+    }
+    if (strcmp(argv[i], "--cluster") == 0)
+      found = true;
+    else
+      argv[out++] = argv[i];
+  }
+  *argc = out;
+  argv[out] = NULL;
+  return found;
+}
+
 int st__cmd_keys(int argc, char** argv) {
+  bool cluster = take_cluster_flag(&argc, argv);
   const char* dir = "starling-data";
   const char* control = NULL;
   int json = 0;
@@ -90,7 +124,7 @@ int st__cmd_keys(int argc, char** argv) {
   if (done >= 0)
     return done;
   char req[PATH_MAX + 64];
-  int bad = request(argc, argv, json, req, sizeof req);
+  int bad = request(argc, argv, json, cluster, req, sizeof req);
   if (bad != 0)
     return bad;
   char* out = NULL;

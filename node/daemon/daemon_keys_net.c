@@ -1,0 +1,396 @@
+/* daemon_keys_net.c: `starling keys --cluster`: this node changes its own
+ * cluster keys and asks every live member to do the same, over the
+ * authenticated TCP transport (KEYS_REQ, answered by one KEYS_REPLY;
+ * gossip.h, "Cluster key requests"; docs/protocol.md); and the answer to
+ * a member that asks. Every node decides by the cluster rule of
+ * daemon_keys.c, the asking one included: nobody grants a change that
+ * would cut a live member off, whoever asks.
+ *
+ * Asking: one request at a time on a node. The change is made here first
+ * (nothing is sent when this node refuses it); then every other member
+ * this node holds alive or suspect is dialled, and the control client is
+ * answered once each has answered or KEYS_DEADLINE_MS has passed: one
+ * line (or JSON entry) per member, "done", "already", "refused: WHY" or
+ * "no answer: WHY". A member that joins meanwhile is not asked: run the
+ * command again (a repeat is answered "already" where it was done).
+ *
+ * Asked: a KEYS_REQ on an authenticated connection from a member this
+ * node holds alive or suspect gets one KEYS_REPLY (the result, this
+ * node's keys after it, the reason); anything else is closed unanswered
+ * and counted (rejected.keys_request in status --json).
+ */
+#include "node/daemon/daemon_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* Longer than a connection's own deadline (ST__HANDSHAKE_DEADLINE_MS, the
+ * whole conversation), shorter than the CLI's 10 s wait for an answer. */
+#define KEYS_DEADLINE_MS 7000u
+#define REASON_KEPT 200
+
+typedef enum { T_WAITING, T_DONE, T_ALREADY, T_REFUSED, T_NO_ANSWER } tstate_t;
+
+static const char* const kResult[] = {"waiting", "done", "already", "refused",
+                                      "no answer"};
+
+typedef struct {
+  st_node_id_t id;
+  uint8_t state; /* tstate_t */
+  char reason[REASON_KEPT];
+} target_t;
+
+struct st__keys_op_s {
+  st__daemon_t* d;
+  int fd; /* the control client's, dup'd */
+  bool json;
+  st_msg_keys_req_t req; /* holds an install's key: wiped at the end */
+  uint8_t local;         /* this node's own result: st_keys_result_t */
+  target_t* t;
+  uint32_t n, waiting;
+  uint64_t deadline_ms;
+};
+
+static const char* const kOpName[] = {"", "install", "use", "remove"};
+
+/* ---- Answering the control client -------------------------------------- */
+
+static void say(int fd, const char* text, size_t len) {
+  (void) !send(fd, text, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+static void say_error(int fd, bool json, const char* err) {
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  if (json) {
+    st_json_buf_puts(&b, "{\"error\":");
+    st_json_buf_string(&b, err);
+    st_json_buf_puts(&b, "}\n");
+  } else {
+    st_json_buf_puts(&b, "error: ");
+    st_json_buf_puts(&b, err);
+    st_json_buf_puts(&b, "\n");
+  }
+  if (!b.failed)
+    say(fd, b.p, b.len);
+  st_json_buf_free(&b);
+}
+
+/* One member's line or JSON entry. */
+static void put_member(st_json_buf_t* b, bool json, bool first,
+                       const st_node_id_t* id, bool self, uint8_t state,
+                       const char* reason) {
+  char hex[33], line[160];
+  st_node_id_format(id, hex);
+  if (json) {
+    snprintf(line, sizeof line,
+             "%s{\"id\":\"%s\",\"self\":%s,\"result\":\"%s\"", first ? "" : ",",
+             hex, self ? "true" : "false", kResult[state]);
+    st_json_buf_puts(b, line);
+    if (reason[0] != '\0') {
+      st_json_buf_puts(b, ",\"reason\":");
+      st_json_buf_string(b, reason);
+    }
+    st_json_buf_puts(b, "}");
+    return;
+  }
+  snprintf(line, sizeof line, "%.12s%s  %s%s", hex, self ? "*" : " ",
+           kResult[state], reason[0] != '\0' ? ": " : "");
+  st_json_buf_puts(b, line);
+  st_json_buf_puts(b, reason);
+  st_json_buf_puts(b, "\n");
+}
+
+/* The answer: a summary (an error when any member refused or did not
+ * answer), then every member, this node first. */
+static void answer(struct st__keys_op_s* op) {
+  uint32_t failed = 0;
+  for (uint32_t i = 0; i < op->n; i++)
+    failed += op->t[i].state == T_REFUSED || op->t[i].state == T_NO_ANSWER;
+  char summary[200];
+  snprintf(summary, sizeof summary,
+           "key %u %s on %u members: %u refused or did not answer%s",
+           (unsigned) op->req.key_id, kOpName[op->req.op], op->n + 1, failed,
+           failed ? " (run it again once the cause is fixed)" : "");
+  st_json_buf_t b;
+  st_json_buf_init(&b);
+  if (op->json) {
+    st_json_buf_puts(&b, failed ? "{\"error\":" : "{\"summary\":");
+    st_json_buf_string(&b, summary);
+    char head[96];
+    snprintf(head, sizeof head, ",\"op\":\"%s\",\"key\":%u,\"members\":[",
+             kOpName[op->req.op], (unsigned) op->req.key_id);
+    st_json_buf_puts(&b, head);
+  } else {
+    st_json_buf_puts(&b, failed ? "error: " : "");
+    st_json_buf_puts(&b, summary);
+    st_json_buf_puts(&b, "\n");
+  }
+  put_member(&b, op->json, true, &op->d->ident.id, true,
+             op->local == ST_KEYS_DONE ? T_DONE : T_ALREADY, "");
+  for (uint32_t i = 0; i < op->n; i++)
+    put_member(&b, op->json, false, &op->t[i].id, false, op->t[i].state,
+               op->t[i].reason);
+  if (op->json)
+    st_json_buf_puts(&b, "]}\n");
+  if (!b.failed)
+    say(op->fd, b.p, b.len);
+  st_json_buf_free(&b);
+}
+
+/* Answers the client and ends the request; connections still asking let
+ * go of it (their own deadline closes them). */
+static void finish(struct st__keys_op_s* op) {
+  st__daemon_t* d = op->d;
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (c->keys_op == op)
+      c->keys_op = NULL;
+  answer(op);
+  close(op->fd);
+  st_crypto_wipe(&op->req, sizeof op->req);
+  free(op->t);
+  free(op);
+  d->keys_op = NULL;
+}
+
+static void settle(target_t* t, tstate_t state, const char* reason,
+                   size_t reason_len) {
+  t->state = (uint8_t) state;
+  if (reason_len >= sizeof t->reason)
+    reason_len = sizeof t->reason - 1;
+  memcpy(t->reason, reason, reason_len);
+  t->reason[reason_len] = '\0';
+  for (char* c = t->reason; *c != '\0'; c++)     /* a member's words: no */
+    if ((unsigned char) *c < 0x20 || *c == 0x7f) /* control bytes */
+      *c = '?';
+}
+
+/* A member answered or will not: the request ends with the last. */
+static void target_done(struct st__keys_op_s* op, uint32_t i, tstate_t state,
+                        const char* reason, size_t reason_len) {
+  if (i >= op->n || op->t[i].state != T_WAITING)
+    return;
+  settle(&op->t[i], state, reason, reason_len);
+  if (--op->waiting == 0)
+    finish(op);
+}
+
+/* ---- Asking ------------------------------------------------------------ */
+
+/* Dials every other live member; a member that cannot be dialled is
+ * settled at once. */
+static void ask_members(struct st__keys_op_s* op) {
+  st__daemon_t* d = op->d;
+  size_t count = st_membership_count(d->m);
+  op->t = calloc(count > 0 ? count : 1, sizeof *op->t);
+  if (op->t == NULL)
+    return;
+  for (size_t i = 0; i < count; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL ||
+        (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT) ||
+        memcmp(&mb->id, &d->ident.id, sizeof mb->id) == 0)
+      continue;
+    st_member_t m = *mb;
+    target_t* t = &op->t[op->n];
+    t->id = m.id;
+    t->state = T_WAITING;
+    op->n++;
+    op->waiting++;
+    st__conn_t* c = st__conn_dial(d, &m.addr, &m.id, ST__CONN_KEYS);
+    if (c == NULL) { /* settled here: the caller finishes when none wait */
+      static const char why[] = "cannot connect";
+      settle(t, T_NO_ANSWER, why, sizeof why - 1);
+      op->waiting--;
+      continue;
+    }
+    c->peer = m.id;
+    c->keys_op = op;
+    c->keys_target = op->n - 1;
+  }
+}
+
+void st__keys_cluster_takeover(st__daemon_t* d, int fd, char* args, bool json) {
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0)
+    return;
+  char err[400] = "";
+  st_msg_keys_req_t q;
+  memset(&q, 0, sizeof q);
+  int rc = 0;
+  if (d->keys_op != NULL) {
+    snprintf(err, sizeof err,
+             "another `starling keys --cluster` is running on this node; "
+             "wait for its answer");
+    rc = -EBUSY;
+  } else if (d->m == NULL) {
+    snprintf(err, sizeof err, "the node has not joined a cluster yet");
+    rc = -EAGAIN;
+  } else if ((rc = st__keys_parse(args, &q, err, sizeof err)) == 1) {
+    snprintf(err, sizeof err,
+             "--cluster needs install FILE, use ID or remove ID (the "
+             "listing shows the cluster already)");
+    rc = -EINVAL;
+  }
+  struct st__keys_op_s* op = NULL;
+  if (rc == 0) {
+    st_keys_result_t local =
+        st__keys_grant(d, &q, "`starling keys --cluster`", err, sizeof err);
+    op = local == ST_KEYS_REFUSED ? NULL : calloc(1, sizeof *op);
+    if (op != NULL) {
+      op->local = (uint8_t) local;
+    } else if (local != ST_KEYS_REFUSED) {
+      snprintf(err, sizeof err, "out of memory");
+    }
+  }
+  if (op == NULL) {
+    say_error(own, json, err);
+    close(own);
+    st_crypto_wipe(&q, sizeof q);
+    return;
+  }
+  op->d = d;
+  op->fd = own;
+  op->json = json;
+  op->req = q;
+  st_crypto_wipe(&q, sizeof q);
+  op->deadline_ms = st__dnow(d) + KEYS_DEADLINE_MS;
+  d->keys_op = op;
+  ask_members(op);
+  if (op->waiting == 0)
+    finish(op);
+}
+
+void st__keys_sweep(st__daemon_t* d) {
+  struct st__keys_op_s* op = d->keys_op;
+  if (op == NULL || st__dnow(d) < op->deadline_ms)
+    return;
+  static const char why[] = "no answer within 7 s";
+  for (uint32_t i = 0; i < op->n; i++)
+    if (op->t[i].state == T_WAITING)
+      settle(&op->t[i], T_NO_ANSWER, why, sizeof why - 1);
+  finish(op);
+}
+
+void st__keys_close(st__daemon_t* d) {
+  struct st__keys_op_s* op = d->keys_op;
+  if (op == NULL)
+    return;
+  static const char why[] = "this node is stopping";
+  for (uint32_t i = 0; i < op->n; i++)
+    if (op->t[i].state == T_WAITING)
+      settle(&op->t[i], T_NO_ANSWER, why, sizeof why - 1);
+  finish(op);
+}
+
+/* ---- The connection ---------------------------------------------------- */
+
+static int send_msg(st__conn_t* c, const st_msg_t* m) {
+  uint8_t buf[ST_KEYS_REASON_MAX + 64];
+  size_t len = 0;
+  int rc = st_wire_encode(m, buf, sizeof buf, &len);
+  if (rc == 0)
+    rc = st__conn_send(c, buf, len, false);
+  st_crypto_wipe(buf, sizeof buf);
+  return rc;
+}
+
+int st__keys_on_open(st__conn_t* c) {
+  if (c->keys_op == NULL)
+    return -ECANCELED; /* the request ended while this one dialled */
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_KEYS_REQ;
+  m.u.keys_req = c->keys_op->req;
+  int rc = send_msg(c, &m);
+  st_crypto_wipe(&m, sizeof m);
+  return rc;
+}
+
+/* A member asks: it must be one this node holds alive or suspect. */
+static void serve(st__conn_t* c, const st_msg_keys_req_t* q) {
+  st__daemon_t* d = c->d;
+  const st_member_t* mb =
+      d->m != NULL ? st_membership_find(d->m, &c->peer) : NULL;
+  if (mb == NULL ||
+      (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT)) {
+    d->c.keys_rejected++;
+    st__conn_close(c);
+    return;
+  }
+  char hex[33], who[64], err[ST_KEYS_REASON_MAX] = "";
+  st_node_id_format(&c->peer, hex);
+  snprintf(who, sizeof who, "member %.12s (`starling keys --cluster`)", hex);
+  st_keys_result_t res = st__keys_grant(d, q, who, err, sizeof err);
+  if (res == ST_KEYS_DONE)
+    d->c.keys_granted++;
+  else if (res == ST_KEYS_ALREADY)
+    d->c.keys_already++;
+  else
+    d->c.keys_refused++;
+  if (res == ST_KEYS_REFUSED)
+    st__dlog(d, "refused %s's request to %s cluster key %u: %s", who,
+             kOpName[q->op], (unsigned) q->key_id, err);
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_KEYS_REPLY;
+  st_msg_keys_reply_t* r = &m.u.keys_reply;
+  r->result = (uint8_t) res;
+  r->n_keys = d->keys.has_previous ? 2 : 1;
+  r->keys[0] = d->keys.current.id;
+  r->keys[1] = d->keys.previous.id;
+  r->reason = err;
+  r->reason_len = res == ST_KEYS_REFUSED ? (uint32_t) strlen(err) : 0;
+  (void) send_msg(c, &m);
+  st__conn_close(c);
+}
+
+void st__keys_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
+  st__daemon_t* d = c->d;
+  st_msg_t m;
+  int rc = st_wire_decode(msg, len, &m, &d->wc);
+  st_msg_type_t want = c->initiator ? ST_MSG_KEYS_REPLY : ST_MSG_KEYS_REQ;
+  if (rc != 0 || m.type != want) {
+    if (rc == 0)
+      st_wire_msg_free(&m);
+    if (!c->initiator)
+      d->c.keys_rejected++;
+    else if (c->keys_op != NULL) {
+      static const char why[] = "it answered with something else";
+      target_done(c->keys_op, c->keys_target, T_NO_ANSWER, why, sizeof why - 1);
+    }
+    c->keys_op = NULL;
+    st__conn_close(c);
+    return;
+  }
+  if (!c->initiator) {
+    serve(c, &m.u.keys_req);
+    st_crypto_wipe(&m, sizeof m);
+    return;
+  }
+  struct st__keys_op_s* op = c->keys_op;
+  c->keys_op = NULL;
+  const st_msg_keys_reply_t* r = &m.u.keys_reply;
+  if (op != NULL)
+    target_done(op, c->keys_target,
+                r->result == ST_KEYS_DONE      ? T_DONE
+                : r->result == ST_KEYS_ALREADY ? T_ALREADY
+                                               : T_REFUSED,
+                r->reason, r->reason_len);
+  st_wire_msg_free(&m);
+  st__conn_close(c);
+}
+
+void st__keys_on_closed(st__conn_t* c) {
+  struct st__keys_op_s* op = c->keys_op;
+  if (op == NULL)
+    return;
+  c->keys_op = NULL;
+  static const char why[] = "the connection ended before an answer";
+  target_done(op, c->keys_target, T_NO_ANSWER, why, sizeof why - 1);
+}
