@@ -631,6 +631,22 @@ int st_membership_tick(st_membership_t* m, uint64_t now_ms);
 int st_membership_set_status(st_membership_t* m, uint64_t now_ms,
                              const st_msg_status_t* status);
 
+/* Forgets a member that failed (serf's force-leave): one held DEAD or
+ * LEFT, or forgotten already and kept for reconnect attempts (a grave).
+ * It leaves the table and the graves now, so this node stops trying to
+ * reconnect to it, and for ST_MEMBERSHIP_GRAVE_KEEP_MS nothing brings it
+ * back at an incarnation up to the one it had: only its own signed ALIVE
+ * at a higher one (it restarted) readmits it. This node's view only: it
+ * is not a claim others hear. -EBUSY when the member is alive or suspect
+ * (only it may leave), -ENOENT when this node knows no such member,
+ * -EINVAL for itself. */
+int st_membership_force_leave(st_membership_t* m, uint64_t now_ms,
+                              const st_node_id_t* id);
+/* The ids of members forgotten and kept for reconnect attempts, up to
+ * max of them into ids; returns how many. */
+size_t st_membership_graves(const st_membership_t* m, st_node_id_t* ids,
+                            size_t max);
+
 /* Another layer saw this member fail (a stream that broke, a ring round
  * that stalled): it is probed next, ahead of the shuffled order. This is
  * how such a failure feeds membership as a suspicion and not a death: the

@@ -228,6 +228,7 @@ static void bury(st_membership_t* m, uint64_t now, const st__mrec_t* r) {
         g = &m->grave[i];
   g->id = r->id;
   st__rec_addr(r, &g->addr);
+  g->incarnation = r->incarnation;
   g->at_ms = now;
 }
 
@@ -240,7 +241,8 @@ void st__reclaim(st_membership_t* m, uint64_t now) {
     bool gone = st__is_down(r->state) && !st__id_eq(&r->id, &m->self) &&
                 now >= r->since_ms + m->cfg.dead_reclaim_ms;
     if (gone) {
-      if (r->state == ST_MEMBER_DEAD)
+      if (r->state == ST_MEMBER_DEAD &&
+          !st__tombstoned(m, &r->id, r->incarnation, now))
         bury(m, now, r);
       st__bc_drop(m, &r->bcast);
       if (r->status != ST__NONE) {
@@ -497,6 +499,7 @@ void st_membership_free(st_membership_t* m) {
   free(m->q);
   free(m->arena);
   free(m->grave);
+  free(m->tomb);
   free(m);
 }
 
@@ -545,6 +548,74 @@ int st_membership_leave(st_membership_t* m, uint64_t now_ms) {
   }
   finish(m, now_ms);
   return 0;
+}
+
+/* ---- Force-leave ------------------------------------------------------- */
+
+bool st__tombstoned(const st_membership_t* m, const st_node_id_t* id,
+                    uint64_t incarnation, uint64_t now) {
+  for (uint32_t i = 0; i < m->n_tomb; i++) {
+    const st__tomb_t* t = &m->tomb[i];
+    if (st__id_eq(&t->id, id) && incarnation <= t->incarnation &&
+        now < t->at_ms + ST_MEMBERSHIP_GRAVE_KEEP_MS)
+      return true;
+  }
+  return false;
+}
+
+/* Records the tombstone: a free or expired slot, or the oldest. */
+static int entomb(st_membership_t* m, uint64_t now, const st_node_id_t* id,
+                  uint64_t incarnation) {
+  if (!m->tomb) {
+    m->tomb = malloc(ST_MEMBERSHIP_GRAVES * sizeof *m->tomb);
+    if (!m->tomb)
+      return -ENOMEM;
+  }
+  st__tomb_t* t = &m->tomb[0];
+  if (m->n_tomb < ST_MEMBERSHIP_GRAVES)
+    t = &m->tomb[m->n_tomb++];
+  else
+    for (uint32_t i = 1; i < m->n_tomb; i++)
+      if (m->tomb[i].at_ms < t->at_ms)
+        t = &m->tomb[i];
+  t->id = *id;
+  t->incarnation = incarnation;
+  t->at_ms = now;
+  return 0;
+}
+
+int st_membership_force_leave(st_membership_t* m, uint64_t now_ms,
+                              const st_node_id_t* id) {
+  if (!m || !id || st__id_eq(id, &m->self))
+    return -EINVAL;
+  st__mrec_t* r = st__mem_get(m, id);
+  if (r && (r->state == ST_MEMBER_ALIVE || r->state == ST_MEMBER_SUSPECT))
+    return -EBUSY;
+  uint32_t g = 0;
+  while (g < m->n_grave && !st__id_eq(&m->grave[g].id, id))
+    g++;
+  if (!r && g == m->n_grave)
+    return -ENOENT;
+  begin(m, now_ms);
+  int rc = entomb(m, now_ms, id, r ? r->incarnation : m->grave[g].incarnation);
+  if (rc == 0 && g < m->n_grave)
+    m->grave[g] = m->grave[--m->n_grave];
+  if (rc == 0 && r) {
+    /* Due now: the next sweep forgets it (and, entombed, buries it not). */
+    r->since_ms =
+        now_ms >= m->cfg.dead_reclaim_ms ? now_ms - m->cfg.dead_reclaim_ms : 0;
+    st__reclaim(m, now_ms);
+  }
+  finish(m, now_ms);
+  return rc;
+}
+
+size_t st_membership_graves(const st_membership_t* m, st_node_id_t* ids,
+                            size_t max) {
+  size_t n = 0;
+  for (uint32_t i = 0; m && i < m->n_grave && n < max; i++)
+    ids[n++] = m->grave[i].id;
+  return n;
 }
 
 /* The member a gossiped update names, or NULL. */

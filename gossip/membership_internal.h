@@ -88,8 +88,17 @@ typedef struct {
 typedef struct {
   st_node_id_t id;
   st_wire_addr_t addr;
-  uint64_t at_ms; /* when it was forgotten */
+  uint64_t incarnation; /* the last it signed */
+  uint64_t at_ms;       /* when it was forgotten */
 } st__grave_t;
+
+/* A member forgotten by force-leave (st_membership_force_leave): not
+ * taken back at an incarnation up to the one it had. */
+typedef struct {
+  st_node_id_t id;
+  uint64_t incarnation;
+  uint64_t at_ms;
+} st__tomb_t;
 
 /* A ping-req this member serves for a prober. */
 typedef struct {
@@ -173,6 +182,8 @@ struct st_membership_s {
 
   st__grave_t* grave; /* [ST_MEMBERSHIP_GRAVES] or NULL */
   uint32_t n_grave;
+  st__tomb_t* tomb; /* [ST_MEMBERSHIP_GRAVES] or NULL */
+  uint32_t n_tomb;
 
   uint64_t next_gossip_at;
   uint64_t next_push_pull_at;
@@ -235,6 +246,10 @@ void st__bc_rehint(st_membership_t* m, uint32_t i);
  * records: pointers into the table do not survive it. */
 st__mrec_t* st__table_add(st_membership_t* m, const st_node_id_t* id);
 void st__reclaim(st_membership_t* m, uint64_t now);
+/* Whether id was force-left at an incarnation >= incarnation within the
+ * last ST_MEMBERSHIP_GRAVE_KEEP_MS (an ALIVE for it is then ignored). */
+bool st__tombstoned(const st_membership_t* m, const st_node_id_t* id,
+                    uint64_t incarnation, uint64_t now);
 uint32_t st__n_estimate(const st_membership_t* m);
 
 /* ---- membership_rules.c ---------------------------------------------------

@@ -277,6 +277,10 @@ void st__on_alive(st_membership_t* m, uint64_t now, const st_msg_alive_t* a) {
       m->stats.msgs_rejected++; /* not a member this node admits */
       return;
     }
+    if (st__tombstoned(m, &a->node, a->incarnation, now)) {
+      m->stats.msgs_ignored++; /* force-left: only a newer self returns */
+      return;
+    }
     if (!alive_ok(m, a->public_key, a))
       return;
     r = st__table_add(m, &a->node);

@@ -2,7 +2,8 @@
  * status`, `starling peers` and `starling leave` reach a running node.
  *
  * Protocol: the client sends one line, "status", "peers", "join ...",
- * "keys ..." (daemon_keys.c) or "leave", optionally followed by " json"; the
+ * "keys ..." (daemon_keys.c), "force-leave ID" (daemon_force_leave.c) or
+ * "leave", optionally followed by " json"; the
  * node answers with the document (a table for people, or one JSON document) and
  * closes the connection. The socket is created with mode 0600 in the data
  * directory (only the user that runs the node may control it); a stale socket
@@ -665,6 +666,8 @@ static void answer(client_t* cl) {
   } else if (strncmp(cl->req, "keys", 4) == 0 &&
              (cl->req[4] == '\0' || cl->req[4] == ' ')) {
     st__keys_request(d, cl->req + 4, json, &w->buf);
+  } else if (strncmp(cl->req, "force-leave ", 12) == 0) {
+    st__force_leave_request(d, cl->req + 12, json, &w->buf);
   } else if (strncmp(cl->req, "leave", 5) == 0) {
     leave = true;
     st_json_buf_puts(&w->buf, json ? "{\"leaving\":true}\n"
@@ -673,8 +676,8 @@ static void answer(client_t* cl) {
   } else {
     st_json_buf_puts(&w->buf,
                      "error: unknown request; expected status, "
-                     "peers, join, keys, leave, monitor, attach or "
-                     "collectives\n");
+                     "peers, join, keys, force-leave, leave, monitor, "
+                     "attach or collectives\n");
   }
   if (w->buf.failed) {
     st_json_buf_free(&w->buf);

@@ -594,6 +594,10 @@ st_keys_result_t st__keys_grant(st__daemon_t* d, const st_msg_keys_req_t* q,
                                 const char* asked_by, char* err,
                                 size_t err_len);
 
+/* daemon_force_leave.c: "force-leave ID" from the control socket. */
+void st__force_leave_request(st__daemon_t* d, char* args, bool json,
+                             st_json_buf_t* b);
+
 /* daemon_keys_net.c: `starling keys --cluster`. The control client's fd
  * (dup'd here) gets the answer once every live member answered or the
  * deadline passed; args: "install /PATH", "use ID" or "remove ID". */

@@ -10,7 +10,11 @@
 #   (c) bad input: an address that does not resolve, no address, no node
 #       at the socket, a duration with an unknown unit: clear errors,
 #       non-zero exits, nothing joined (and --log-every 500ms is taken);
-#   (d) a node with no test set logs "test acc -", never "nan".
+#   (d) a node with no test set logs "test acc -", never "nan";
+#   (e) `starling force-leave`: node 2 killed (kill -9) and held dead by
+#       node 0 is forgotten there at once (given by a 12-digit prefix),
+#       while node 1, not asked, still lists it dead; an alive member,
+#       a member not known, a malformed id and no node are refused.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -88,3 +92,29 @@ wait_for 20 "a training line in node 0's log" grep -q "training step" "$(node_lo
 grep -q "test acc - " "$(node_log 0)" || node_fail "(d) no 'test acc -' in node 0's log"
 ! grep -q "nan" "$(node_log 0)" || node_fail "(d) node 0 logged nan: $(grep -m1 nan "$(node_log 0)")"
 pass "(d) a node without a test set logs 'test acc -'"
+
+# (e) force-leave: node 2 fails for good.
+{ kill -9 "${NODE_PID[2]}" && wait "${NODE_PID[2]}"; } 2>/dev/null || true
+peer_dead() { [ "$(member_state "$1" "$2")" = dead ]; }
+wait_for 30 "node 0 to hold node 2 dead" peer_dead 0 "$id2"
+wait_for 30 "node 1 to hold node 2 dead" peer_dead 1 "$id2"
+expect_fail "(e) an alive member" 1 "is alive: only it can leave" -- \
+  "$STARLING" force-leave --data-dir "$(node_dir 0)" "${id1:0:12}"
+expect_fail "(e) a member not known" 1 "no member 0123abcd here" -- \
+  "$STARLING" force-leave --data-dir "$(node_dir 0)" 0123abcd
+expect_fail "(e) not an id" 1 "'xyz' is not a member id" -- \
+  "$STARLING" force-leave --data-dir "$(node_dir 0)" xyz
+expect_fail "(e) no id" 2 "give one member ID" -- \
+  "$STARLING" force-leave --data-dir "$(node_dir 0)"
+expect_fail "(e) no node" 1 "$SCRATCH/nowhere" -- \
+  "$STARLING" force-leave --data-dir "$SCRATCH/nowhere" "${id2:0:12}"
+out=$("$STARLING" force-leave --json --data-dir "$(node_dir 0)" "${id2:0:12}") ||
+  node_fail "(e) force-leave of the dead node 2 failed: $out"
+[ "$out" = "{\"forgotten\":\"$id2\"}" ] || node_fail "(e) force-leave said: $out"
+[ "$(member_state 0 "$id2")" = "" ] || node_fail "(e) node 0 still lists node 2: $(member_state 0 "$id2")"
+[ "$(member_state 1 "$id2")" = dead ] || node_fail "(e) node 1 no longer lists node 2 dead: $(member_state 1 "$id2")"
+grep -q "member ${id2:0:12} forgotten, asked by \`starling force-leave\`" "$(node_log 0)" ||
+  node_fail "(e) node 0 did not log the force-leave"
+sleep 3 # node 1's rumours of node 2's death do not bring it back to node 0
+[ "$(member_state 0 "$id2")" = "" ] || node_fail "(e) node 2 came back to node 0: $(member_state 0 "$id2")"
+pass "(e) force-leave forgot the failed node 2 on node 0 only; refusals name the cause"

@@ -415,7 +415,7 @@ def test_a_line_that_is_not_attach_is_answered_and_not_counted(
         c = Conn(node)
         assert c.hello(line) == (
             b"error: unknown request; expected status, peers, join, keys, "
-            b"leave, monitor, attach or collectives\n"
+            b"force-leave, leave, monitor, attach or collectives\n"
         )
         assert c.closed_by_node()
         c.close()

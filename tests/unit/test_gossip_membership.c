@@ -1552,6 +1552,50 @@ START_TEST(test_reconnect) {
 }
 END_TEST
 
+/* Force-leave (st_membership_force_leave): a dead member (4) is forgotten
+ * at once and never contacted again, and a buried one (3) leaves the
+ * graves; an old ALIVE does not bring either back, a newer one (a
+ * restart) does. Alive members, strangers and the node itself are
+ * refused. */
+START_TEST(test_force_leave) {
+  h_t h;
+  h_init(&h, 6, NULL);
+  st_node_id_t stranger;
+  memset(&stranger, 0x77, sizeof stranger);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &h.id[2]), -EBUSY);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &stranger), -ENOENT);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &h.id[0]), -EINVAL);
+  st_msg_t d = accuse_msg(&h, ST_MSG_DEAD, 3, INC1, 1);
+  feed(&h, 1, &d, 1);
+  h_run(&h, h.now + ST_MEMBERSHIP_DEAD_RECLAIM_MS * 2); /* 3 is buried */
+  ck_assert_int_eq(state_of(&h, 3), -1);
+  st_node_id_t graves[4];
+  ck_assert_uint_eq(st_membership_graves(h.m, graves, 4), 1);
+  d = accuse_msg(&h, ST_MSG_DEAD, 4, INC1, 1);
+  feed(&h, 1, &d, 1);
+  ck_assert_int_eq(state_of(&h, 4), ST_MEMBER_DEAD);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &h.id[4]), 0);
+  ck_assert_int_eq(state_of(&h, 4), -1);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &h.id[3]), 0);
+  ck_assert_uint_eq(st_membership_graves(h.m, graves, 4), 0);
+  ck_assert_int_eq(st_membership_force_leave(h.m, h.now, &h.id[3]), -ENOENT);
+  /* Rumours of them at the incarnation they had are ignored. */
+  st_msg_t a[2] = {alive_msg(&h, 3, INC1), alive_msg(&h, 4, INC1)};
+  feed(&h, 2, a, 2);
+  ck_assert_int_eq(state_of(&h, 3), -1);
+  ck_assert_int_eq(state_of(&h, 4), -1);
+  size_t before3 = h.pp_to[3], before4 = h.pp_to[4];
+  h_run(&h, h.now + 300000); /* ten push-pull periods: no reconnect */
+  ck_assert_uint_eq(h.pp_to[3], before3);
+  ck_assert_uint_eq(h.pp_to[4], before4);
+  /* Restarted (a new boot epoch): back. */
+  a[0] = alive_msg(&h, 4, INC1 << 1);
+  feed(&h, 4, a, 1);
+  ck_assert_int_eq(state_of(&h, 4), ST_MEMBER_ALIVE);
+  h_free(&h);
+}
+END_TEST
+
 /* The defaults are memberlist's LAN configuration. */
 /* A hint from another layer (a broken stream): the member is probed next,
  * in the very next probe period, ahead of the shuffled order; it becomes
@@ -1921,6 +1965,7 @@ static Suite* suite(void) {
   tcase_add_test(tr, test_retire_at_shrunk_limit);
   tcase_add_test(tr, test_member_state_names);
   tcase_add_test(tr, test_reconnect);
+  tcase_add_test(tr, test_force_leave);
   tcase_add_test(tr, test_defaults);
   tcase_add_test(tr, test_probe_hint);
   suite_add_tcase(s, tr);

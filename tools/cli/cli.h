@@ -22,6 +22,7 @@ int st__cmd_leave(int argc, char** argv);
 /* `starling join HOST:PORT...` (cli_join.c). */
 int st__cmd_join(int argc, char** argv);
 int st__cmd_keys(int argc, char** argv);
+int st__cmd_force_leave(int argc, char** argv);
 /* `starling eval` and `starling predict`: a checkpoint's model on data
  * (cli_eval.c). */
 int st__cmd_eval(int argc, char** argv);

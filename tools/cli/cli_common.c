@@ -12,10 +12,15 @@
 
 void st__program_usage(const st__program_t* p, FILE* f) {
   fputs(p->intro, f);
+  int width = 10; /* names, then two spaces at least: help2roff splits so */
   for (size_t i = 0; i < p->n_commands; i++)
-    fprintf(f, "  %-10s %s\n", p->commands[i].name, p->commands[i].summary);
+    if ((int) strlen(p->commands[i].name) + 1 > width)
+      width = (int) strlen(p->commands[i].name) + 1;
+  for (size_t i = 0; i < p->n_commands; i++)
+    fprintf(f, "  %-*s %s\n", width, p->commands[i].name,
+            p->commands[i].summary);
   if (p->version != NULL)
-    fprintf(f, "  %-10s print the version\n", "version");
+    fprintf(f, "  %-*s print the version\n", width, "version");
   fputs(p->outro, f);
 }
 

@@ -20,6 +20,8 @@ static const st__subcommand_t commands[] = {
      "ask the node to join a cluster through seed addresses"},
     {"keys", st__cmd_keys,
      "list, install, use or remove the node's cluster keys (live rotation)"},
+    {"force-leave", st__cmd_force_leave,
+     "make the node forget a member that failed and will not come back"},
     {"leave", st__cmd_leave, "tell the node to leave the cluster and stop"},
     {"train", st__cmd_train,
      "train a model on this machine (local SGD, CPU or GPU)"},

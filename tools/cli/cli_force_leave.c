@@ -1,0 +1,72 @@
+/* cli_force_leave.c: `starling force-leave ID`: asks the running node to
+ * forget a member that failed and will not come back
+ * (node/daemon/daemon_force_leave.c), like `serf force-leave`: it stops
+ * listing it and trying to reconnect to it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/cli/cli.h"
+
+static void usage(FILE* f, const char* cmd) {
+  (void) cmd;
+  fprintf(f,
+          "usage: starling force-leave [--data-dir DIR | --control PATH] "
+          "[--json] ID\n"
+          "\n"
+          "Makes the running node forget a member that failed and will not "
+          "come back\n"
+          "(a machine taken away): it stops listing it as dead and stops "
+          "trying to\n"
+          "reconnect to it, and takes it back only if it returns with a "
+          "newer start.\n"
+          "ID is the member's id or a unique prefix of it (4 or more hex "
+          "digits,\n"
+          "as `starling peers` prints them). A live member cannot be "
+          "forced out: it\n"
+          "leaves by itself (`starling leave` on its machine). The change "
+          "is this\n"
+          "node's alone: run it on each node that should forget the "
+          "member.\n"
+          "\n"
+          "  --data-dir DIR   the node's data directory (default: "
+          "./starling-data)\n"
+          "  --control PATH   its control socket (default: "
+          "DIR/control.sock)\n"
+          "  --json           one JSON document ({\"forgotten\": ID})\n"
+          "  -h, --help       this help\n"
+          "Exit status: 0 forgotten, 1 refused (the reason on stderr) or "
+          "no node, 2 bad usage.\n");
+}
+
+int st__cmd_force_leave(int argc, char** argv) {
+  const char* dir = "starling-data";
+  const char* control = NULL;
+  int json = 0;
+  int done = st__control_flags("force-leave", argc, argv, usage, true, &dir,
+                               &control, &json);
+  if (done >= 0)
+    return done;
+  if (optind + 1 != argc || strchr(argv[optind], ' ') != NULL ||
+      strchr(argv[optind], '\n') != NULL || strlen(argv[optind]) > 64) {
+    fprintf(stderr, "starling force-leave: give one member ID\n");
+    usage(stderr, "force-leave");
+    return 2;
+  }
+  char req[128];
+  snprintf(req, sizeof req, "force-leave %s%s\n", argv[optind],
+           json ? " json" : "");
+  char* out = NULL;
+  size_t len = 0;
+  char err[2048];
+  int rc = st__control_ask("force-leave", dir, control, req, &out, &len, err,
+                           sizeof err);
+  if (rc != 0) {
+    fputs(err, stderr);
+    return rc == -2 ? 2 : 1;
+  }
+  bool refused = len >= 9 && memcmp(out, "{\"error\":", 9) == 0;
+  fwrite(out, 1, len, stdout);
+  free(out);
+  return refused ? 1 : 0;
+}
