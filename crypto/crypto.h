@@ -178,7 +178,7 @@ typedef struct {
 } st_cluster_key_t;
 
 int st_cluster_key_generate(st_cluster_key_t* key);
-/* The key whose 32 bytes are `bytes` (as a cluster key request carries
+/* The key whose 32 bytes are `bytes` (as a cluster request carries
  * them), with its id derived as every key's is. */
 void st_cluster_key_from_bytes(st_cluster_key_t* key,
                                const uint8_t bytes[ST_KEY_BYTES]);

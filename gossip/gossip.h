@@ -73,8 +73,8 @@ extern "C" {
 #define ST_COLL_MAX_MEMBERS 4096u
 #define ST_COLL_MAX_COUNT (UINT64_C(1) << 37)
 #define ST_COLL_REASON_MAX 512u
-/* Cluster key requests (KEYS_REQ / KEYS_REPLY): the longest reason. */
-#define ST_KEYS_REASON_MAX 512u
+/* Cluster requests (ADMIN_REQ / ADMIN_REPLY): the longest reason. */
+#define ST_ADMIN_REASON_MAX 512u
 /* Nesting deeper than this is malformed (top-level array = depth 1; an
  * addr field sits at depth 3). PUSH_PULL alone may reach 5: its entries
  * hold addresses (wire_internal.h, ST__WIRE_PUSH_PULL_DEPTH). */
@@ -108,8 +108,8 @@ typedef enum {
   ST_MSG_COLL_HELLO = 48, /* gossip.h, "User collectives" */
   ST_MSG_COLL_SEG = 49,
   ST_MSG_COLL_ABORT = 50,
-  ST_MSG_KEYS_REQ = 52, /* gossip.h, "Cluster key requests" */
-  ST_MSG_KEYS_REPLY = 53
+  ST_MSG_ADMIN_REQ = 52, /* gossip.h, "Cluster requests" */
+  ST_MSG_ADMIN_REPLY = 53
 } st_msg_type_t;
 
 typedef struct {
@@ -328,36 +328,38 @@ typedef struct {
   uint32_t reason_len; /* <= ST_COLL_REASON_MAX */
 } st_msg_coll_abort_t;
 
-/* Cluster key requests: one member asks another to change its cluster
- * keys as `starling keys` would (`starling keys --cluster`; node/daemon/
- * daemon_keys_net.c decides). Over a TCP connection, after the handshake:
- * KEYS_REQ, answered by one KEYS_REPLY. */
+/* Cluster requests: one member asks another to do what an operator
+ * command does there (`starling keys --cluster`, `starling force-leave
+ * --cluster`; node/daemon/daemon_admin_net.c decides, by rules that let
+ * no member cut off or forget a live one). Over a TCP connection, after
+ * the handshake: ADMIN_REQ, answered by one ADMIN_REPLY. */
 typedef enum {
-  ST_KEYS_INSTALL = 1, /* key: the 32 bytes of the key; key_id its id */
-  ST_KEYS_USE = 2,     /* key_id: seal with it from now on */
-  ST_KEYS_REMOVE = 3   /* key_id: forget it */
-} st_keys_op_t;
+  ST_ADMIN_KEY_INSTALL = 1, /* subject: the key's 32 bytes; key_id its id */
+  ST_ADMIN_KEY_USE = 2,     /* key_id: seal with it from now on */
+  ST_ADMIN_KEY_REMOVE = 3,  /* key_id: forget it */
+  ST_ADMIN_FORCE_LEAVE = 4  /* subject: a failed member's 16-byte id */
+} st_admin_op_t;
 
 typedef struct {
-  uint8_t op;     /* st_keys_op_t */
-  uint8_t key_id; /* 0..255 */
-  bool has_key;   /* INSTALL carries the key, the others none */
-  uint8_t key[32];
-} st_msg_keys_req_t;
+  uint8_t op;          /* st_admin_op_t */
+  uint8_t key_id;      /* the key ops' id, 0..255; 0 for FORCE_LEAVE */
+  uint8_t subject_len; /* 32 for KEY_INSTALL, 16 for FORCE_LEAVE, else 0 */
+  uint8_t subject[32];
+} st_msg_admin_req_t;
 
 typedef enum {
-  ST_KEYS_DONE = 0,    /* changed as asked */
-  ST_KEYS_ALREADY = 1, /* it already was so: nothing changed */
-  ST_KEYS_REFUSED = 2  /* reason says why; nothing changed */
-} st_keys_result_t;
+  ST_ADMIN_DONE = 0,    /* changed as asked */
+  ST_ADMIN_ALREADY = 1, /* it already was so: nothing changed */
+  ST_ADMIN_REFUSED = 2  /* reason says why; nothing changed */
+} st_admin_result_t;
 
 typedef struct {
-  uint8_t result;      /* st_keys_result_t */
+  uint8_t result;      /* st_admin_result_t */
   uint8_t n_keys;      /* the responder's keys after the request, as in */
   uint8_t keys[2];     /* STATUS: keys[0] sends, keys[1] accepted only */
   const char* reason;  /* not NUL-terminated; borrowed when decoded */
-  uint32_t reason_len; /* <= ST_KEYS_REASON_MAX */
-} st_msg_keys_reply_t;
+  uint32_t reason_len; /* <= ST_ADMIN_REASON_MAX */
+} st_msg_admin_reply_t;
 
 /* Forming a ring round (gossip.h, "Ring formation"). A members list holds
  * at most ST_RING_FORM_MAX_MEMBERS ids, in ring order. */
@@ -414,8 +416,8 @@ typedef struct {
     st_msg_coll_hello_t coll_hello;
     st_msg_coll_seg_t coll_seg;
     st_msg_coll_abort_t coll_abort;
-    st_msg_keys_req_t keys_req;
-    st_msg_keys_reply_t keys_reply;
+    st_msg_admin_req_t admin_req;
+    st_msg_admin_reply_t admin_reply;
   } u;
 } st_msg_t;
 

@@ -124,9 +124,9 @@ static size_t field_count(uint64_t type) {
       return 5;
     case ST_MSG_COLL_ABORT:
       return 2;
-    case ST_MSG_KEYS_REQ:
+    case ST_MSG_ADMIN_REQ:
       return 3;
-    case ST_MSG_KEYS_REPLY:
+    case ST_MSG_ADMIN_REPLY:
       return 3;
     default:
       return 0;
@@ -241,21 +241,28 @@ static int coll_abort_check(const st_msg_coll_abort_t* a, st_wire_drop_t* why) {
   return 0;
 }
 
-/* A key request names a known op; INSTALL alone carries a key. */
-static int keys_req_check(const st_msg_keys_req_t* q) {
-  if (q->op < ST_KEYS_INSTALL || q->op > ST_KEYS_REMOVE)
+/* A cluster request names a known op, with the subject its op takes (a
+ * key for KEY_INSTALL, a member id for FORCE_LEAVE, none otherwise). */
+static int admin_req_check(const st_msg_admin_req_t* q) {
+  if (q->op < ST_ADMIN_KEY_INSTALL || q->op > ST_ADMIN_FORCE_LEAVE)
     return -1;
-  return q->has_key == (q->op == ST_KEYS_INSTALL) ? 0 : -1;
+  uint8_t want = q->op == ST_ADMIN_KEY_INSTALL   ? 32
+                 : q->op == ST_ADMIN_FORCE_LEAVE ? ST_NODE_ID_BYTES
+                                                 : 0;
+  if (q->op == ST_ADMIN_FORCE_LEAVE && q->key_id != 0)
+    return -1;
+  return q->subject_len == want ? 0 : -1;
 }
 
 /* A reply's result is known, its keys a keyring (as STATUS's), its
  * reason bounded. */
-static int keys_reply_check(const st_msg_keys_reply_t* r, st_wire_drop_t* why) {
-  if (r->reason_len > ST_KEYS_REASON_MAX) {
+static int admin_reply_check(const st_msg_admin_reply_t* r,
+                             st_wire_drop_t* why) {
+  if (r->reason_len > ST_ADMIN_REASON_MAX) {
     *why = ST_WIRE_DROP_LIMIT;
     return -1;
   }
-  if (r->result > ST_KEYS_REFUSED || r->n_keys > 2 ||
+  if (r->result > ST_ADMIN_REFUSED || r->n_keys > 2 ||
       (r->n_keys == 2 && r->keys[0] == r->keys[1])) {
     *why = ST_WIRE_DROP_FIELD;
     return -1;
@@ -462,14 +469,14 @@ static int encode_check(const st_msg_t* msg) {
            msg->u.coll_abort.reason_len > 0))
         return -EINVAL;
       break;
-    case ST_MSG_KEYS_REQ:
-      if (keys_req_check(&msg->u.keys_req) != 0)
+    case ST_MSG_ADMIN_REQ:
+      if (admin_req_check(&msg->u.admin_req) != 0)
         return -EINVAL;
       break;
-    case ST_MSG_KEYS_REPLY:
-      if (keys_reply_check(&msg->u.keys_reply, &why) != 0 ||
-          (msg->u.keys_reply.reason == NULL &&
-           msg->u.keys_reply.reason_len > 0))
+    case ST_MSG_ADMIN_REPLY:
+      if (admin_reply_check(&msg->u.admin_reply, &why) != 0 ||
+          (msg->u.admin_reply.reason == NULL &&
+           msg->u.admin_reply.reason_len > 0))
         return -EINVAL;
       break;
     default:
@@ -653,14 +660,15 @@ static int pack_ring(msgpack_packer* pk, const st_msg_t* msg) {
   return r;
 }
 
-/* The cluster key requests (gossip.h, "Cluster key requests"). */
-static int pack_keys(msgpack_packer* pk, const st_msg_t* msg) {
-  if (msg->type == ST_MSG_KEYS_REQ) {
-    const st_msg_keys_req_t* q = &msg->u.keys_req;
+/* The cluster requests (gossip.h, "Cluster requests"). */
+static int pack_admin(msgpack_packer* pk, const st_msg_t* msg) {
+  if (msg->type == ST_MSG_ADMIN_REQ) {
+    const st_msg_admin_req_t* q = &msg->u.admin_req;
     return msgpack_pack_uint8(pk, q->op) | msgpack_pack_uint8(pk, q->key_id) |
-           pack_bin(pk, q->key, q->has_key ? sizeof q->key : 0);
+           pack_bin(pk, q->subject,
+                    q->subject_len <= sizeof q->subject ? q->subject_len : 0);
   }
-  const st_msg_keys_reply_t* r = &msg->u.keys_reply;
+  const st_msg_admin_reply_t* r = &msg->u.admin_reply;
   return msgpack_pack_uint8(pk, r->result) | pack_bin(pk, r->keys, r->n_keys) |
          msgpack_pack_str(pk, r->reason_len) |
          msgpack_pack_str_body(pk, r->reason, r->reason_len);
@@ -736,9 +744,9 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
       return pack_coll(pk, msg);
-    case ST_MSG_KEYS_REQ:
-    case ST_MSG_KEYS_REPLY:
-      return pack_keys(pk, msg);
+    case ST_MSG_ADMIN_REQ:
+    case ST_MSG_ADMIN_REPLY:
+      return pack_admin(pk, msg);
   }
   return 0;
 }
@@ -1204,25 +1212,24 @@ static int get_coll(st_msg_type_t type, const msgpack_object* f,
   }
 }
 
-/* The cluster key requests' fields; a reply's reason borrows from the
+/* The cluster requests' fields; a reply's reason borrows from the
  * input, as COLL_ABORT's does. */
-static int get_keys_msg(st_msg_type_t type, const msgpack_object* f,
-                        st_msg_t* msg, st_wire_drop_t* why) {
-  if (type == ST_MSG_KEYS_REQ) {
-    st_msg_keys_req_t* q = &msg->u.keys_req;
+static int get_admin_msg(st_msg_type_t type, const msgpack_object* f,
+                         st_msg_t* msg, st_wire_drop_t* why) {
+  if (type == ST_MSG_ADMIN_REQ) {
+    st_msg_admin_req_t* q = &msg->u.admin_req;
     if (get_u8(&f[0], &q->op) != 0 || get_u8(&f[1], &q->key_id) != 0 ||
         f[2].type != MSGPACK_OBJECT_BIN)
       return -1;
     uint32_t n = f[2].via.bin.size;
-    if (n != 0 && n != sizeof q->key)
+    if (n > sizeof q->subject)
       return -1;
-    q->has_key = n != 0;
-    memset(q->key, 0, sizeof q->key);
-    if (q->has_key)
-      memcpy(q->key, f[2].via.bin.ptr, n);
-    return keys_req_check(q);
+    q->subject_len = (uint8_t) n;
+    memset(q->subject, 0, sizeof q->subject);
+    memcpy(q->subject, f[2].via.bin.ptr, n);
+    return admin_req_check(q);
   }
-  st_msg_keys_reply_t* r = &msg->u.keys_reply;
+  st_msg_admin_reply_t* r = &msg->u.admin_reply;
   if (get_u8(&f[0], &r->result) != 0 || f[1].type != MSGPACK_OBJECT_BIN ||
       f[1].via.bin.size > 2 || f[2].type != MSGPACK_OBJECT_STR)
     return -1;
@@ -1230,7 +1237,7 @@ static int get_keys_msg(st_msg_type_t type, const msgpack_object* f,
   memcpy(r->keys, f[1].via.bin.ptr, r->n_keys);
   r->reason = f[2].via.str.ptr;
   r->reason_len = f[2].via.str.size;
-  return keys_reply_check(r, why);
+  return admin_reply_check(r, why);
 }
 
 /* f: the fields after [type, version], as many as field_count(type) says.
@@ -1272,9 +1279,9 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
       return get_coll(type, f, buf, len, msg, why);
-    case ST_MSG_KEYS_REQ:
-    case ST_MSG_KEYS_REPLY:
-      return get_keys_msg(type, f, msg, why);
+    case ST_MSG_ADMIN_REQ:
+    case ST_MSG_ADMIN_REPLY:
+      return get_admin_msg(type, f, msg, why);
   }
   return -1;
 }

@@ -167,14 +167,14 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              (a->u.coll_abort.reason_len == 0 ||
               memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
                      a->u.coll_abort.reason_len) == 0);
-    case ST_MSG_KEYS_REQ: {
-      const st_msg_keys_req_t *x = &a->u.keys_req, *y = &b->u.keys_req;
+    case ST_MSG_ADMIN_REQ: {
+      const st_msg_admin_req_t *x = &a->u.admin_req, *y = &b->u.admin_req;
       return x->op == y->op && x->key_id == y->key_id &&
-             x->has_key == y->has_key &&
-             (!x->has_key || memcmp(x->key, y->key, sizeof x->key) == 0);
+             x->subject_len == y->subject_len &&
+             memcmp(x->subject, y->subject, x->subject_len) == 0;
     }
-    case ST_MSG_KEYS_REPLY: {
-      const st_msg_keys_reply_t *x = &a->u.keys_reply, *y = &b->u.keys_reply;
+    case ST_MSG_ADMIN_REPLY: {
+      const st_msg_admin_reply_t *x = &a->u.admin_reply, *y = &b->u.admin_reply;
       return x->result == y->result && x->n_keys == y->n_keys &&
              memcmp(x->keys, y->keys, x->n_keys) == 0 &&
              x->reason_len == y->reason_len &&

@@ -165,7 +165,7 @@ static void sweep_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   wait_tick(d);
   st__conn_sweep(d);
-  st__keys_sweep(d);
+  st__admin_sweep(d);
   st__xchg_sweep(d);
   st__xchg_sync_tick(d);
 }
@@ -337,8 +337,8 @@ static void leave_done_cb(uv_timer_t* t) {
     }
   }
   st__ring_close(d);
-  st__coll_close(d); /* before the connections: its ABORTs go out first */
-  st__keys_close(d); /* answers `starling keys --cluster` with what it has */
+  st__coll_close(d);  /* before the connections: its ABORTs go out first */
+  st__admin_close(d); /* answers `starling keys --cluster` with what it has */
   /* The trainer is gone: nothing borrows from the connections any more. */
   for (st__conn_t* c = d->conns; c != NULL; c = c->next)
     c->tt_pending = 0;

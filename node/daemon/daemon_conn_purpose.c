@@ -2,7 +2,7 @@
  * callbacks (st__conn_ops_t in daemon_internal.h): one const instance each
  * for push-pull (membership's full-state sync), an averaging exchange
  * (daemon_xchg.c), a ring lane (daemon_ring.c), user collectives
- * (daemon_coll.c) and a cluster key request (daemon_keys_net.c). The dialling
+ * (daemon_coll.c) and a cluster request (daemon_admin_net.c). The dialling
  * side names its purpose; the accepting side learns it from the type of the
  * first message (docs/protocol.md, "Connections, purposes and limits").
  * daemon_conn.c moves the bytes and calls these; nothing here touches a
@@ -108,22 +108,22 @@ static const st__conn_ops_t coll_ops = {
     .owns_deadline = coll_owns_deadline,
 };
 
-/* A cluster key request (daemon_keys_net.c): KEYS_REQ, one KEYS_REPLY,
+/* A cluster request (daemon_admin_net.c): ADMIN_REQ, one ADMIN_REPLY,
  * closed; the connection's deadline covers the whole conversation. */
 static const st__conn_ops_t keys_ops = {
-    .purpose = ST__CONN_KEYS,
+    .purpose = ST__CONN_ADMIN,
     .dial_deadline_ms = ST__HANDSHAKE_DEADLINE_MS,
-    .on_open = st__keys_on_open,
-    .on_frame = st__keys_on_frame,
-    .on_close = st__keys_on_closed,
-    .on_handle_closed = st__keys_on_closed,
+    .on_open = st__admin_on_open,
+    .on_frame = st__admin_on_frame,
+    .on_close = st__admin_on_closed,
+    .on_handle_closed = st__admin_on_closed,
 };
 
 /* The dialler's purpose, by name. */
-static const st__conn_ops_t* const ops_by_purpose[ST__CONN_KEYS + 1] = {
+static const st__conn_ops_t* const ops_by_purpose[ST__CONN_ADMIN + 1] = {
     [ST__CONN_UNKNOWN] = NULL,   [ST__CONN_PUSH_PULL] = &pp_ops,
     [ST__CONN_XCHG] = &xchg_ops, [ST__CONN_RING] = &ring_ops,
-    [ST__CONN_COLL] = &coll_ops, [ST__CONN_KEYS] = &keys_ops,
+    [ST__CONN_COLL] = &coll_ops, [ST__CONN_ADMIN] = &keys_ops,
 };
 
 /* The acceptor's purpose, by the type of the first message. */
@@ -134,11 +134,11 @@ static const struct {
     {ST_MSG_PUSH_PULL, &pp_ops},   {ST_MSG_XCHG_REQ, &xchg_ops},
     {ST_MSG_RING_LANE, &ring_ops}, {ST_MSG_COLL_HELLO, &coll_ops},
     {ST_MSG_COLL_SEG, &coll_ops},  {ST_MSG_COLL_ABORT, &coll_ops},
-    {ST_MSG_KEYS_REQ, &keys_ops},
+    {ST_MSG_ADMIN_REQ, &keys_ops},
 };
 
 const st__conn_ops_t* st__conn_ops_of(st__conn_purpose_t purpose) {
-  return purpose <= ST__CONN_KEYS ? ops_by_purpose[purpose] : NULL;
+  return purpose <= ST__CONN_ADMIN ? ops_by_purpose[purpose] : NULL;
 }
 
 st__conn_purpose_t st__conn_purpose(const st__conn_t* c) {

@@ -281,16 +281,16 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "control_evicted", d->ctl_evicted);
   kv_u64(b, &f2, "control_timed_out", d->ctl_timed_out);
   kv_u64(b, &f2, "control_over_limit", d->ctl_refused);
-  kv_u64(b, &f2, "keys_request", d->c.keys_rejected);
+  kv_u64(b, &f2, "cluster_request", d->c.admin_rejected);
 }
 
-/* Cluster key requests from members (daemon_keys_net.c), by answer. */
+/* Cluster requests from members (daemon_admin_net.c), by answer. */
 static void status_json_keys(st__daemon_t* d, st_json_buf_t* b, bool* first) {
-  put_key(b, first, "keys_requests");
+  put_key(b, first, "cluster_requests");
   bool f2 = true;
-  kv_u64(b, &f2, "granted", d->c.keys_granted);
-  kv_u64(b, &f2, "already", d->c.keys_already);
-  kv_u64(b, &f2, "refused", d->c.keys_refused);
+  kv_u64(b, &f2, "granted", d->c.admin_granted);
+  kv_u64(b, &f2, "already", d->c.admin_already);
+  kv_u64(b, &f2, "refused", d->c.admin_refused);
   st_json_buf_puts(b, "}");
 }
 
@@ -613,11 +613,12 @@ static void cwrite_cb(uv_write_t* req, int status) {
  * the module keeps a duplicate of its socket). more: bytes came after the
  * line (meant for a session that has not started). */
 static bool hand_over(client_t* cl, bool more, bool json) {
-  int to = strcmp(cl->req, "attach") == 0               ? 1
-           : strcmp(cl->req, "collectives") == 0        ? 2
-           : strncmp(cl->req, "monitor", 7) == 0        ? 3
-           : strncmp(cl->req, "keys cluster ", 13) == 0 ? 4
-                                                        : 0;
+  int to = strcmp(cl->req, "attach") == 0                      ? 1
+           : strcmp(cl->req, "collectives") == 0               ? 2
+           : strncmp(cl->req, "monitor", 7) == 0               ? 3
+           : strncmp(cl->req, "keys cluster ", 13) == 0        ? 4
+           : strncmp(cl->req, "force-leave cluster ", 20) == 0 ? 5
+                                                               : 0;
   if (to == 0)
     return false;
   uv_os_fd_t fd;
@@ -628,8 +629,10 @@ static bool hand_over(client_t* cl, bool more, bool json) {
       st__coll_takeover(cl->d, fd, more);
     else if (to == 3)
       st__events_takeover(cl->d, fd, json);
+    else if (to == 4)
+      st__admin_cluster_takeover(cl->d, fd, "keys", cl->req + 13, json);
     else
-      st__keys_cluster_takeover(cl->d, fd, cl->req + 13, json);
+      st__admin_cluster_takeover(cl->d, fd, "force-leave", cl->req + 20, json);
   }
   client_close(cl);
   return true;

@@ -5,9 +5,11 @@
  * gossip.h). The request is "force-leave ID [json]", ID a member id or a
  * unique prefix of one (4 to 32 hex digits, as `starling peers` prints
  * them), matched against the members this node holds and those it keeps
- * for reconnect attempts. Only a member that failed may be forced out: a
- * live one leaves by itself (`starling leave` on its machine). This
- * node's view only: no member can make another forget anyone.
+ * for reconnect attempts. "force-leave cluster ID" asks every live member
+ * too (daemon_admin_net.c). The rule, on every node and for every asker:
+ * only a member that failed here may be forgotten; one alive or suspect
+ * here is refused (it leaves by itself, `starling leave` on its
+ * machine), so no member can make another forget a live one.
  */
 #include "node/daemon/daemon_internal.h"
 
@@ -25,8 +27,9 @@ static bool id_matches(const st_node_id_t* id, const char* prefix) {
   return strncmp(hex, prefix, strlen(prefix)) == 0;
 }
 
-/* The one member (held or buried) whose id starts with prefix: 0, or
- * -ENOENT (none) or -EEXIST (several) with the sentence in err. */
+/* The one member (held or buried) whose id starts with prefix, or the
+ * whole id given when no member here has it: 0, or -ENOENT (none) or
+ * -EEXIST (several) with the sentence in err. */
 static int resolve(const st__daemon_t* d, const char* prefix, st_node_id_t* out,
                    char* err, size_t err_len) {
   int found = 0;
@@ -43,6 +46,16 @@ static int resolve(const st__daemon_t* d, const char* prefix, st_node_id_t* out,
       *out = graves[i];
   if (found == 1)
     return 0;
+  if (found == 0 && strlen(prefix) == 2 * sizeof out->b) {
+    /* A whole id this node does not know (forgotten already, say): named
+     * as given, for the members that may still know it. */
+    for (size_t i = 0; i < sizeof out->b; i++) {
+      unsigned v;
+      sscanf(prefix + 2 * i, "%2x", &v);
+      out->b[i] = (uint8_t) v;
+    }
+    return 0;
+  }
   snprintf(err, err_len,
            found == 0 ? "no member %s here (`starling peers` lists them)"
                       : "%s names several members; give more of the id",
@@ -69,32 +82,58 @@ static int parse(char* args, char* err, size_t err_len) {
   return -EINVAL;
 }
 
+int st__force_leave_resolve(st__daemon_t* d, char* args, st_node_id_t* out,
+                            char* err, size_t err_len) {
+  int rc = parse(args, err, err_len);
+  if (rc == 0 && d->m == NULL) {
+    snprintf(err, err_len, "the node is not on the network yet");
+    rc = -EAGAIN;
+  }
+  return rc == 0 ? resolve(d, args, out, err, err_len) : rc;
+}
+
+st_admin_result_t st__force_leave_grant(st__daemon_t* d, const st_node_id_t* id,
+                                        const char* asked_by, char* err,
+                                        size_t err_len) {
+  char hex[33];
+  st_node_id_format(id, hex);
+  int rc = st_membership_force_leave(d->m, st__dnow(d), id);
+  if (rc == 0) {
+    st__net_drain(d);
+    st__dlog(d, "member %.12s forgotten, asked by %s", hex, asked_by);
+    return ST_ADMIN_DONE;
+  }
+  if (rc == -ENOENT)
+    return ST_ADMIN_ALREADY; /* not known here: nothing to forget */
+  if (rc == -EBUSY)
+    snprintf(err, err_len,
+             "member %.12s is alive here: only it can leave (`starling "
+             "leave` on its machine); force-leave is for members that "
+             "failed",
+             hex);
+  else if (rc == -EINVAL)
+    snprintf(err, err_len, "%.12s is this node: use `starling leave`", hex);
+  else
+    snprintf(err, err_len, "cannot forget member %.12s: %s", hex,
+             strerror(-rc));
+  return ST_ADMIN_REFUSED;
+}
+
 void st__force_leave_request(st__daemon_t* d, char* args, bool json,
                              st_json_buf_t* b) {
   char err[300] = "";
   st_node_id_t id;
-  int rc = parse(args, err, sizeof err);
-  if (rc == 0 && d->m == NULL) {
-    snprintf(err, sizeof err, "the node is not on the network yet");
-    rc = -EAGAIN;
-  }
-  if (rc == 0)
-    rc = resolve(d, args, &id, err, sizeof err);
-  char hex[33] = "";
-  if (rc == 0) {
-    st_node_id_format(&id, hex);
-    rc = st_membership_force_leave(d->m, st__dnow(d), &id);
-    if (rc == -EBUSY)
-      snprintf(err, sizeof err,
-               "member %.12s is alive: only it can leave (`starling leave` "
-               "on its machine); force-leave is for members that failed",
-               hex);
-    else if (rc == -EINVAL)
-      snprintf(err, sizeof err, "%.12s is this node: use `starling leave`",
-               hex);
-    else if (rc != 0)
-      snprintf(err, sizeof err, "cannot forget member %.12s: %s", hex,
-               strerror(-rc));
+  int rc = st__force_leave_resolve(d, args, &id, err, sizeof err);
+  st_admin_result_t res =
+      rc == 0 ? st__force_leave_grant(d, &id, "`starling force-leave`", err,
+                                      sizeof err)
+              : ST_ADMIN_REFUSED;
+  if (rc == 0 && res == ST_ADMIN_ALREADY) {
+    snprintf(err, sizeof err, "no member %s here (`starling peers` lists them)",
+             args);
+    rc = -ENOENT;
+  } else if (rc == 0 && res == ST_ADMIN_REFUSED) {
+    rc = -EPERM;
   }
   if (rc != 0) {
     if (json) {
@@ -108,8 +147,8 @@ void st__force_leave_request(st__daemon_t* d, char* args, bool json,
     }
     return;
   }
-  st__net_drain(d);
-  st__dlog(d, "member %.12s forgotten, asked by `starling force-leave`", hex);
+  char hex[33];
+  st_node_id_format(&id, hex);
   st_json_buf_puts(b, json ? "{\"forgotten\":" : "forgotten: ");
   if (json)
     st_json_buf_string(b, hex);

@@ -45,7 +45,7 @@ typedef enum {
   ST__CONN_XCHG,
   ST__CONN_RING, /* a ring round's stream, previous member -> next */
   ST__CONN_COLL, /* user collectives' frames to one member (daemon_coll.c) */
-  ST__CONN_KEYS  /* one cluster key request (daemon_keys_net.c) */
+  ST__CONN_ADMIN /* one cluster request (daemon_admin_net.c) */
 } st__conn_purpose_t;
 
 /* A connection's deadline after connect or accept (the sweep closes it
@@ -144,8 +144,8 @@ struct st__conn_s {
   struct st__coll_out_s* coll_out_tail;
   /* KEYS (dialled): the cluster request it carries and which of its
    * members it asks; NULL once the request is answered or over. */
-  struct st__keys_op_s* keys_op;
-  uint32_t keys_target;
+  struct st__admin_op_s* admin_op;
+  uint32_t admin_target;
 };
 
 /* ---- User collectives (daemon_coll.c, daemon_coll_session.c) ---------- */
@@ -281,9 +281,9 @@ typedef struct {
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
   uint64_t anchors, xchg_coded;
   uint64_t codec_drops[ST_CODEC_DROP_COUNT];
-  /* Cluster key requests from members (daemon_keys_net.c), by answer;
+  /* Cluster requests from members (daemon_admin_net.c), by answer;
    * rejected: undecodable, or not from a live member (nothing answered). */
-  uint64_t keys_granted, keys_already, keys_refused, keys_rejected;
+  uint64_t admin_granted, admin_already, admin_refused, admin_rejected;
   st__hist_t exchange_s; /* successful averaging exchanges, connect to done */
   st__hist_t ring_s[2];  /* ring rounds: [0] ok, [1] aborted */
 } st__dcounters_t;
@@ -453,7 +453,7 @@ struct st__daemon_s {
   bool node_started;
 
   st__coll_t coll;
-  struct st__keys_op_s* keys_op; /* `starling keys --cluster` running */
+  struct st__admin_op_s* admin_op; /* `starling keys --cluster` running */
   st__dcounters_t c;
   st__heard_t heard[ST__HEARD_SLOTS];
   uint64_t started_ms;
@@ -585,28 +585,41 @@ void st__keys_request(st__daemon_t* d, char* args, bool json, st_json_buf_t* b);
 /* The request after "keys" (and after "keys cluster"): 1 for a listing,
  * 0 with *q filled (an install's key file read; wipe q after use), or a
  * negative errno with the sentence in err. Strips a trailing " json". */
-int st__keys_parse(char* args, st_msg_keys_req_t* q, char* err, size_t err_len);
+int st__keys_parse(char* args, st_msg_admin_req_t* q, char* err,
+                   size_t err_len);
 /* A cluster key request (from a member, or this node's own under
  * `starling keys --cluster`) under the cluster rule (daemon_keys.c's
  * header): applies it, or leaves everything as it was and says why in
  * err. asked_by names the asker in the log. */
-st_keys_result_t st__keys_grant(st__daemon_t* d, const st_msg_keys_req_t* q,
-                                const char* asked_by, char* err,
-                                size_t err_len);
+st_admin_result_t st__keys_grant(st__daemon_t* d, const st_msg_admin_req_t* q,
+                                 const char* asked_by, char* err,
+                                 size_t err_len);
 
 /* daemon_force_leave.c: "force-leave ID" from the control socket. */
 void st__force_leave_request(st__daemon_t* d, char* args, bool json,
                              st_json_buf_t* b);
+/* ID (4 to 32 hex digits; a trailing " json" stripped) to the one member
+ * it names, held or kept for reconnect attempts: 0, or a negative errno
+ * with the sentence in err. */
+int st__force_leave_resolve(st__daemon_t* d, char* args, st_node_id_t* out,
+                            char* err, size_t err_len);
+/* Forgets member id if it failed (the rule: never one alive or suspect
+ * here): DONE, ALREADY (not known here), or REFUSED with err. */
+st_admin_result_t st__force_leave_grant(st__daemon_t* d, const st_node_id_t* id,
+                                        const char* asked_by, char* err,
+                                        size_t err_len);
 
-/* daemon_keys_net.c: `starling keys --cluster`. The control client's fd
- * (dup'd here) gets the answer once every live member answered or the
- * deadline passed; args: "install /PATH", "use ID" or "remove ID". */
-void st__keys_cluster_takeover(st__daemon_t* d, int fd, char* args, bool json);
-int st__keys_on_open(st__conn_t* c);
-void st__keys_on_frame(st__conn_t* c, const uint8_t* msg, size_t len);
-void st__keys_on_closed(st__conn_t* c);
-void st__keys_sweep(st__daemon_t* d); /* the request's deadline */
-void st__keys_close(st__daemon_t* d); /* stopping: answer what we have */
+/* daemon_admin_net.c: cluster requests (`--cluster`). The control
+ * client's fd (dup'd here) gets the answer once every live member answered
+ * or the deadline passed. verb "keys" with args "install /PATH", "use ID"
+ * or "remove ID"; verb "force-leave" with args "ID". */
+void st__admin_cluster_takeover(st__daemon_t* d, int fd, const char* verb,
+                                char* args, bool json);
+int st__admin_on_open(st__conn_t* c);
+void st__admin_on_frame(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__admin_on_closed(st__conn_t* c);
+void st__admin_sweep(st__daemon_t* d); /* the request's deadline */
+void st__admin_close(st__daemon_t* d); /* stopping: answer what we have */
 
 /* daemon_compress.c: compressed averaging (--compress). */
 typedef struct st__anchor_s st__anchor_t;

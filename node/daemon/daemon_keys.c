@@ -21,7 +21,7 @@
  * STATUS (its keys field): which keys are accepted and sent with where.
  *
  * The cluster rule (st__keys_grant): a request from another member
- * (`starling keys --cluster` on its machine; daemon_keys_net.c), and this
+ * (`starling keys --cluster` on its machine; daemon_admin_net.c), and this
  * node's own part of one, is granted only when it cannot cut a live
  * member off, judged from what the members signed about themselves:
  *   install K  as `keys install` (the accepted place is free or holds K);
@@ -203,14 +203,14 @@ static int cluster_rule(const st__daemon_t* d, uint8_t op, uint8_t id,
                short_id(&m->id, hex));
       return -EPERM;
     }
-    if (op == ST_KEYS_USE && !member_accepts(m, id)) {
+    if (op == ST_ADMIN_KEY_USE && !member_accepts(m, id)) {
       snprintf(err, err_len,
                "member %s does not accept key %u: install it everywhere "
                "first (`starling keys --cluster install FILE`)",
                short_id(&m->id, hex), (unsigned) id);
       return -EPERM;
     }
-    if (op == ST_KEYS_REMOVE && m->status.keys[0] == id) {
+    if (op == ST_ADMIN_KEY_REMOVE && m->status.keys[0] == id) {
       snprintf(err, err_len,
                "member %s still sends with key %u: use the new key "
                "everywhere first (`starling keys --cluster use ID`)",
@@ -222,56 +222,56 @@ static int cluster_rule(const st__daemon_t* d, uint8_t op, uint8_t id,
 }
 
 /* Whether the ring already is as q asks. */
-static bool already(const st_keyring_t* r, const st_msg_keys_req_t* q,
+static bool already(const st_keyring_t* r, const st_msg_admin_req_t* q,
                     const st_cluster_key_t* k) {
   bool held_prev = r->has_previous && r->previous.id == q->key_id;
   switch (q->op) {
-    case ST_KEYS_INSTALL:
+    case ST_ADMIN_KEY_INSTALL:
       return st_keyring_holds(r, k);
-    case ST_KEYS_USE:
+    case ST_ADMIN_KEY_USE:
       return r->current.id == q->key_id;
     default:
       return r->current.id != q->key_id && !held_prev;
   }
 }
 
-st_keys_result_t st__keys_grant(st__daemon_t* d, const st_msg_keys_req_t* q,
-                                const char* asked_by, char* err,
-                                size_t err_len) {
+st_admin_result_t st__keys_grant(st__daemon_t* d, const st_msg_admin_req_t* q,
+                                 const char* asked_by, char* err,
+                                 size_t err_len) {
   static const char* const done[] = {"",
                                      "installed (accepted, not yet used "
                                      "to send)",
                                      "now sends", "removed"};
   st_cluster_key_t k;
   memset(&k, 0, sizeof k);
-  if (q->op == ST_KEYS_INSTALL) {
-    st_cluster_key_from_bytes(&k, q->key);
+  if (q->op == ST_ADMIN_KEY_INSTALL) {
+    st_cluster_key_from_bytes(&k, q->subject);
     if (k.id != q->key_id) {
       snprintf(err, err_len, "the key sent has id %u, not %u", (unsigned) k.id,
                (unsigned) q->key_id);
       st_cluster_key_wipe(&k);
-      return ST_KEYS_REFUSED;
+      return ST_ADMIN_REFUSED;
     }
   }
-  st_keys_result_t res = ST_KEYS_DONE;
+  st_admin_result_t res = ST_ADMIN_DONE;
   int rc = 0;
   bool held = d->keys.has_previous && d->keys.previous.id == q->key_id;
   if (already(&d->keys, q, &k))
-    res = ST_KEYS_ALREADY;
-  else if (q->op == ST_KEYS_USE && !held)
+    res = ST_ADMIN_ALREADY;
+  else if (q->op == ST_ADMIN_KEY_USE && !held)
     rc = st_keyring_use(&d->keys, q->key_id, err, err_len); /* says why */
-  else if (q->op != ST_KEYS_INSTALL)
+  else if (q->op != ST_ADMIN_KEY_INSTALL)
     rc = cluster_rule(d, q->op, q->key_id, err, err_len);
-  if (res == ST_KEYS_DONE && rc == 0)
-    rc = q->op == ST_KEYS_INSTALL
+  if (res == ST_ADMIN_DONE && rc == 0)
+    rc = q->op == ST_ADMIN_KEY_INSTALL
              ? st_keyring_install(&d->keys, &k, err, err_len)
-         : q->op == ST_KEYS_USE
+         : q->op == ST_ADMIN_KEY_USE
              ? st_keyring_use(&d->keys, q->key_id, err, err_len)
              : st_keyring_remove(&d->keys, q->key_id, err, err_len);
   st_cluster_key_wipe(&k);
   if (rc != 0)
-    return ST_KEYS_REFUSED;
-  if (res == ST_KEYS_DONE) {
+    return ST_ADMIN_REFUSED;
+  if (res == ST_ADMIN_DONE) {
     st__dlog(d, "cluster key %u %s, asked by %s", (unsigned) q->key_id,
              done[q->op], asked_by);
     st__status_publish(d);
@@ -306,7 +306,7 @@ static int parse_id(const char* text, uint8_t* id, char* err, size_t err_len) {
   return 0;
 }
 
-int st__keys_parse(char* args, st_msg_keys_req_t* q, char* err,
+int st__keys_parse(char* args, st_msg_admin_req_t* q, char* err,
                    size_t err_len) {
   size_t n = strlen(args);
   if (n >= 5 && strcmp(args + n - 5, " json") == 0)
@@ -323,19 +323,19 @@ int st__keys_parse(char* args, st_msg_keys_req_t* q, char* err,
     int rc = st_cluster_key_load(args + 8, &k, err, err_len);
     if (rc != 0)
       return rc;
-    q->op = ST_KEYS_INSTALL;
+    q->op = ST_ADMIN_KEY_INSTALL;
     q->key_id = k.id;
-    q->has_key = true;
-    memcpy(q->key, k.key, sizeof q->key);
+    q->subject_len = sizeof k.key;
+    memcpy(q->subject, k.key, sizeof k.key);
     st_cluster_key_wipe(&k);
     return 0;
   }
   if (strncmp(args, "use ", 4) == 0) {
-    q->op = ST_KEYS_USE;
+    q->op = ST_ADMIN_KEY_USE;
     return parse_id(args + 4, &q->key_id, err, err_len);
   }
   if (strncmp(args, "remove ", 7) == 0) {
-    q->op = ST_KEYS_REMOVE;
+    q->op = ST_ADMIN_KEY_REMOVE;
     return parse_id(args + 7, &q->key_id, err, err_len);
   }
   snprintf(err, err_len,
@@ -346,12 +346,12 @@ int st__keys_parse(char* args, st_msg_keys_req_t* q, char* err,
 
 /* A request on this node's own control socket: the operator's, not bound
  * by the cluster rule. */
-static int apply_local(st__daemon_t* d, const st_msg_keys_req_t* q, char* err,
+static int apply_local(st__daemon_t* d, const st_msg_admin_req_t* q, char* err,
                        size_t err_len) {
   int rc;
-  if (q->op == ST_KEYS_INSTALL) {
+  if (q->op == ST_ADMIN_KEY_INSTALL) {
     st_cluster_key_t k;
-    st_cluster_key_from_bytes(&k, q->key);
+    st_cluster_key_from_bytes(&k, q->subject);
     rc = st_keyring_install(&d->keys, &k, err, err_len);
     st_cluster_key_wipe(&k);
     if (rc == 0)
@@ -359,7 +359,7 @@ static int apply_local(st__daemon_t* d, const st_msg_keys_req_t* q, char* err,
                "cluster key %u installed (accepted; sends with %u), asked by "
                "`starling keys`",
                (unsigned) q->key_id, (unsigned) d->keys.current.id);
-  } else if (q->op == ST_KEYS_USE) {
+  } else if (q->op == ST_ADMIN_KEY_USE) {
     rc = st_keyring_use(&d->keys, q->key_id, err, err_len);
     if (rc == 0)
       st__dlog(d, "cluster key %u now sends, asked by `starling keys`",
@@ -376,7 +376,7 @@ static int apply_local(st__daemon_t* d, const st_msg_keys_req_t* q, char* err,
 void st__keys_request(st__daemon_t* d, char* args, bool json,
                       st_json_buf_t* b) {
   char err[400] = "";
-  st_msg_keys_req_t q;
+  st_msg_admin_req_t q;
   int rc = st__keys_parse(args, &q, err, sizeof err);
   if (rc == 1) {
     put_keys(d, json, b);

@@ -412,17 +412,18 @@ static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
           d->c.coll_sessions_refused);
 }
 
-/* Cluster key requests from members: status --json's "keys_requests". */
-static void render_keys(st__daemon_t* d, st_json_buf_t* b) {
-  family(b, "starling_keys_requests_total", "counter",
-         "Cluster key requests from members (`starling keys --cluster`), "
+/* Cluster requests from members: status --json's "cluster_requests". */
+static void render_cluster_requests(st__daemon_t* d, st_json_buf_t* b) {
+  family(b, "starling_cluster_requests_total", "counter",
+         "Cluster requests from members (`starling keys --cluster`, "
+         "`starling force-leave --cluster`), "
          "by answer.");
-  sample_u64(b, "starling_keys_requests_total", "result=\"granted\"",
-             d->c.keys_granted);
-  sample_u64(b, "starling_keys_requests_total", "result=\"already\"",
-             d->c.keys_already);
-  sample_u64(b, "starling_keys_requests_total", "result=\"refused\"",
-             d->c.keys_refused);
+  sample_u64(b, "starling_cluster_requests_total", "result=\"granted\"",
+             d->c.admin_granted);
+  sample_u64(b, "starling_cluster_requests_total", "result=\"already\"",
+             d->c.admin_already);
+  sample_u64(b, "starling_cluster_requests_total", "result=\"refused\"",
+             d->c.admin_refused);
 }
 
 /* Compressed averaging: status --json's "compression". */
@@ -503,7 +504,7 @@ static void render_rejected(st__daemon_t* d, st_json_buf_t* b) {
   rejected(b, "control_evicted", d->ctl_evicted);
   rejected(b, "control_timed_out", d->ctl_timed_out);
   rejected(b, "control_over_limit", d->ctl_refused);
-  rejected(b, "keys_request", d->c.keys_rejected);
+  rejected(b, "cluster_request", d->c.admin_rejected);
 }
 
 /* Renders the exposition and hands it to the HTTP thread. On a failed
@@ -517,7 +518,7 @@ static void render(st__daemon_t* d) {
   render_members(d, &b);
   render_collectives(d, &b);
   render_compression(d, &b);
-  render_keys(d, &b);
+  render_cluster_requests(d, &b);
   render_exchanges(d, &b);
   render_ring(d, &b);
   render_traffic(d, &b);

@@ -7,7 +7,7 @@
  *              --op install:KEYFILE | use:ID | remove:ID
  *
  * Opens a connection, runs the daemon's handshake with a fresh identity,
- * sends one KEYS_REQ and waits up to 5 s for a KEYS_REPLY. Prints one JSON
+ * sends one ADMIN_REQ and waits up to 5 s for a ADMIN_REPLY. Prints one JSON
  * object: {"answered":false} when the node closed the connection without
  * answering (what it does for a non-member), else {"answered":true,
  * "result":N,"keys":[...],"reason":"..."}. Exit status: 0 done, 1 the
@@ -31,7 +31,7 @@ static int usage(const char* why) {
 }
 
 /* --op into *q (an install's key read from its file). */
-static int parse_op(const char* v, st_msg_keys_req_t* q) {
+static int parse_op(const char* v, st_msg_admin_req_t* q) {
   memset(q, 0, sizeof *q);
   if (strncmp(v, "install:", 8) == 0) {
     st_cluster_key_t k;
@@ -40,15 +40,15 @@ static int parse_op(const char* v, st_msg_keys_req_t* q) {
       fprintf(stderr, "keys_probe: %s\n", err);
       return -1;
     }
-    q->op = ST_KEYS_INSTALL;
+    q->op = ST_ADMIN_KEY_INSTALL;
     q->key_id = k.id;
-    q->has_key = true;
-    memcpy(q->key, k.key, sizeof q->key);
+    q->subject_len = sizeof k.key;
+    memcpy(q->subject, k.key, sizeof k.key);
     st_cluster_key_wipe(&k);
     return 0;
   }
-  q->op = strncmp(v, "use:", 4) == 0      ? ST_KEYS_USE
-          : strncmp(v, "remove:", 7) == 0 ? ST_KEYS_REMOVE
+  q->op = strncmp(v, "use:", 4) == 0      ? ST_ADMIN_KEY_USE
+          : strncmp(v, "remove:", 7) == 0 ? ST_ADMIN_KEY_REMOVE
                                           : 0;
   if (q->op == 0)
     return -1;
@@ -77,14 +77,14 @@ static int report(int fd, st_stream_t* rx) {
     rc = st_stream_open_frame(rx, NULL, ct, ct_len, msg, ct_len, &len, &final);
   if (rc == 0)
     rc = st_wire_decode(msg, len, &m, NULL);
-  if (rc == 0 && m.type != ST_MSG_KEYS_REPLY)
+  if (rc == 0 && m.type != ST_MSG_ADMIN_REPLY)
     rc = -EPROTO;
   if (rc == 0) {
-    const st_msg_keys_reply_t* r = &m.u.keys_reply;
+    const st_msg_admin_reply_t* r = &m.u.admin_reply;
     printf("{\"answered\":true,\"result\":%u,\"keys\":[", r->result);
     for (int i = 0; i < r->n_keys; i++)
       printf("%s%u", i ? "," : "", r->keys[i]);
-    char reason[ST_KEYS_REASON_MAX + 1];
+    char reason[ST_ADMIN_REASON_MAX + 1];
     memcpy(reason, r->reason, r->reason_len);
     reason[r->reason_len] = '\0';
     printf("],\"reason\":");
@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
     return 1;
   st_msg_t m;
   memset(&m, 0, sizeof m);
-  m.type = ST_MSG_KEYS_REQ;
-  if (parse_op(op, &m.u.keys_req) != 0)
+  m.type = ST_MSG_ADMIN_REQ;
+  if (parse_op(op, &m.u.admin_req) != 0)
     return usage("--op is install:KEYFILE, use:ID or remove:ID");
   st_identity_t me;
   st_stream_t tx, rx;

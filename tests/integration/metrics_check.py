@@ -101,7 +101,7 @@ COMPRESSION = {
     "anchors": ("starling_compression_anchors_total", {}),
     "exchanges_compressed": ("starling_exchanges_compressed_total", {}),
 }
-KEYS_REQUESTS = ("granted", "already", "refused")
+ADMIN_REQUESTS = ("granted", "already", "refused")
 ENUMS = {"state": "starling_node_state", "ring_state": "starling_ring_state"}
 INFO = ("id", "address", "model")  # labels of starling_node_info
 # Identifiers, not figures: the endpoint's own address and round ids.
@@ -229,13 +229,13 @@ def check(starling, data_dir, out_path):
                 else:
                     sys.exit(f"status key compression.{k} has no metric")
             checked += len(value) - 1
-        elif key == "keys_requests":
+        elif key == "cluster_requests":
             for k, v in value.items():
-                if k not in KEYS_REQUESTS:
-                    sys.exit(f"status key keys_requests.{k} has no metric")
-                if need(series, "starling_keys_requests_total",
+                if k not in ADMIN_REQUESTS:
+                    sys.exit(f"status key cluster_requests.{k} has no metric")
+                if need(series, "starling_cluster_requests_total",
                         {"result": k}) != v:
-                    sys.exit(f"keys_requests.{k}: status {v}")
+                    sys.exit(f"cluster_requests.{k}: status {v}")
             checked += len(value) - 1
         elif key not in NOT_FIGURES:
             sys.exit(f"status --json key {key!r} has no metric: add it to "

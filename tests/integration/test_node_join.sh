@@ -14,7 +14,10 @@
 #   (e) `starling force-leave`: node 2 killed (kill -9) and held dead by
 #       node 0 is forgotten there at once (given by a 12-digit prefix),
 #       while node 1, not asked, still lists it dead; an alive member,
-#       a member not known, a malformed id and no node are refused.
+#       a member not known, a malformed id and no node are refused; then
+#       `--cluster` from node 0 (which forgot it already: "already")
+#       makes node 1 forget it too ("done"), and `--cluster` on an alive
+#       member is refused before anything is sent.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -98,7 +101,7 @@ pass "(d) a node without a test set logs 'test acc -'"
 peer_dead() { [ "$(member_state "$1" "$2")" = dead ]; }
 wait_for 30 "node 0 to hold node 2 dead" peer_dead 0 "$id2"
 wait_for 30 "node 1 to hold node 2 dead" peer_dead 1 "$id2"
-expect_fail "(e) an alive member" 1 "is alive: only it can leave" -- \
+expect_fail "(e) an alive member" 1 "is alive here: only it can leave" -- \
   "$STARLING" force-leave --data-dir "$(node_dir 0)" "${id1:0:12}"
 expect_fail "(e) a member not known" 1 "no member 0123abcd here" -- \
   "$STARLING" force-leave --data-dir "$(node_dir 0)" 0123abcd
@@ -117,4 +120,18 @@ grep -q "member ${id2:0:12} forgotten, asked by \`starling force-leave\`" "$(nod
   node_fail "(e) node 0 did not log the force-leave"
 sleep 3 # node 1's rumours of node 2's death do not bring it back to node 0
 [ "$(member_state 0 "$id2")" = "" ] || node_fail "(e) node 2 came back to node 0: $(member_state 0 "$id2")"
-pass "(e) force-leave forgot the failed node 2 on node 0 only; refusals name the cause"
+expect_fail "(e) --cluster on an alive member" 1 "is alive here: only it can leave" -- \
+  "$STARLING" force-leave --cluster --data-dir "$(node_dir 0)" "${id1:0:12}"
+[ "$(member_state 1 "$id2")" = dead ] || node_fail "(e) node 1 lost node 2 before --cluster"
+"$STARLING" force-leave --cluster --json --data-dir "$(node_dir 0)" "$id2" >"$SCRATCH/fl.json" ||
+  node_fail "(e) force-leave --cluster: $(cat "$SCRATCH/fl.json")"
+"$NUMPY_PY" - "$SCRATCH/fl.json" "$id0" "$id1" <<'PY' || node_fail "(e) force-leave --cluster said: $(cat "$SCRATCH/fl.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+got = {m["id"]: m["result"] for m in d["members"]}
+assert d["op"] == "force-leave" and got == {sys.argv[2]: "already", sys.argv[3]: "done"}, d
+PY
+[ "$(member_state 1 "$id2")" = "" ] || node_fail "(e) node 1 still lists node 2 after --cluster"
+grep -q "member ${id2:0:12} forgotten, asked by member ${id0:0:12}" "$(node_log 1)" ||
+  node_fail "(e) node 1 did not log who asked"
+pass "(e) force-leave forgot the failed node 2 on node 0 alone, then with --cluster on node 1; refusals name the cause"

@@ -167,7 +167,7 @@ PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/keys_probe
 "$PROBE" --cluster-key "$KEY_B" --connect "$seed" --op "install:$KEY_C" \
   >"$SCRATCH/probe.json" 2>"$SCRATCH/probe.err" || node_fail "keys_probe: $(cat "$SCRATCH/probe.err")"
 grep -q '"answered":false' "$SCRATCH/probe.json" || node_fail "a non-member was answered: $(cat "$SCRATCH/probe.json")"
-[ "$(node_field 0 rejected.keys_request)" -ge 1 ] || node_fail "the non-member's request was not counted"
+[ "$(node_field 0 rejected.cluster_request)" -ge 1 ] || node_fail "the non-member's request was not counted"
 [ "$(census 0)" = "$B:3/3" ] || node_fail "a non-member changed the keys: $(census 0)"
 
 keys 2 install "$KEY_C" >/dev/null || node_fail "keys install on node 2 alone"
@@ -201,6 +201,6 @@ import json, sys
 c = int(sys.argv[1])
 for m in json.load(sys.stdin):
     assert m["keys"] == {"sends": c, "accepts": [c]}, m' "$C" || node_fail "peers --json keys"
-[ "$(node_field 1 keys_requests.granted)" -ge 2 ] || node_fail "node 1 counted no granted requests"
+[ "$(node_field 1 cluster_requests.granted)" -ge 2 ] || node_fail "node 1 counted no granted requests"
 grep -q "cluster key $C now sends, asked by member" "$(node_log 1)" || node_fail "node 1 did not log who asked"
 pass "(e) --cluster: install, use, remove reach all three from one node; refusals name the member; a non-member is not answered"

@@ -472,8 +472,8 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_COLL_HELLO:
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
-    case ST_MSG_KEYS_REQ: /* test_keys_messages */
-    case ST_MSG_KEYS_REPLY:
+    case ST_MSG_ADMIN_REQ: /* test_keys_messages */
+    case ST_MSG_ADMIN_REPLY:
       break;
   }
 }
@@ -607,51 +607,61 @@ START_TEST(test_wide_integers) {
 }
 END_TEST
 
-/* KEYS_REQ and KEYS_REPLY (gossip.h, "Cluster key requests"): each op and
+/* ADMIN_REQ and ADMIN_REPLY (gossip.h, "Cluster requests"): each op and
  * result round-trips and survives truncation; what is not a request or a
  * reply is refused as a field (or limit) drop. */
-START_TEST(test_keys_messages) {
+START_TEST(test_admin_messages) {
   static uint8_t buf[BUF_CAP];
   st_msg_t m, d;
   memset(&m, 0, sizeof m);
-  m.type = ST_MSG_KEYS_REQ;
-  for (uint8_t op = ST_KEYS_INSTALL; op <= ST_KEYS_REMOVE; op++) {
-    m.u.keys_req = (st_msg_keys_req_t){.op = op, .key_id = (uint8_t) (op * 80)};
-    m.u.keys_req.has_key = op == ST_KEYS_INSTALL;
-    if (m.u.keys_req.has_key)
-      tw_rand_bytes(&rng, m.u.keys_req.key, sizeof m.u.keys_req.key);
+  m.type = ST_MSG_ADMIN_REQ;
+  for (uint8_t op = ST_ADMIN_KEY_INSTALL; op <= ST_ADMIN_FORCE_LEAVE; op++) {
+    m.u.admin_req =
+        (st_msg_admin_req_t){.op = op, .key_id = (uint8_t) (op * 80)};
+    m.u.admin_req.subject_len = op == ST_ADMIN_KEY_INSTALL   ? 32
+                                : op == ST_ADMIN_FORCE_LEAVE ? 16
+                                                             : 0;
+    if (op == ST_ADMIN_FORCE_LEAVE)
+      m.u.admin_req.key_id = 0;
+    tw_rand_bytes(&rng, m.u.admin_req.subject, m.u.admin_req.subject_len);
     size_t len = tw_round_trip(&m, buf, sizeof buf - 1, &d);
     tw_expect_truncations(buf, len);
   }
-  tw_fuzz_seed(&m, "keys_req"); /* the fuzz seeds are these messages */
+  memset(m.u.admin_req.subject, 0x5c, 16); /* the seed: a fixed force-leave */
+  tw_fuzz_seed(&m, "admin_req"); /* the fuzz seeds are these messages */
   static const char why[] = "member 7cc3: key 9 is not accepted by all";
-  m.type = ST_MSG_KEYS_REPLY;
-  m.u.keys_reply = (st_msg_keys_reply_t){
-      ST_KEYS_REFUSED, 2, {9, 4}, why, (uint32_t) strlen(why)};
+  m.type = ST_MSG_ADMIN_REPLY;
+  m.u.admin_reply = (st_msg_admin_reply_t){
+      ST_ADMIN_REFUSED, 2, {9, 4}, why, (uint32_t) strlen(why)};
   size_t len = tw_round_trip(&m, buf, sizeof buf - 1, &d);
   tw_expect_truncations(buf, len);
-  tw_fuzz_seed(&m, "keys_reply");
-  m.u.keys_reply = (st_msg_keys_reply_t){ST_KEYS_DONE, 1, {9, 0}, NULL, 0};
+  tw_fuzz_seed(&m, "admin_reply");
+  m.u.admin_reply = (st_msg_admin_reply_t){ST_ADMIN_DONE, 1, {9, 0}, NULL, 0};
   tw_round_trip(&m, buf, sizeof buf, &d);
 
-  /* Refused: unknown ops, a key where none belongs or none where one
-   * does, a key of the wrong length, an unknown result, a keyring of one
-   * id twice or of three, a reason beyond ST_KEYS_REASON_MAX. */
+  /* Refused: unknown ops, a subject where none belongs or none where one
+   * does, a subject of the wrong length, a force-leave naming a key id,
+   * an unknown result, a keyring of one id twice or of three, a reason
+   * beyond ST_ADMIN_REASON_MAX. */
   w_t* w = w_new(W_CAP);
   static const struct {
-    uint8_t op;
-    uint32_t key_len;
-  } bad_req[] = {{0, 0},
-                 {4, 0},
-                 {ST_KEYS_USE, 32},
-                 {ST_KEYS_INSTALL, 0},
-                 {ST_KEYS_INSTALL, 31},
-                 {ST_KEYS_REMOVE, 1}};
+    uint8_t op, key_id;
+    uint32_t subject_len;
+  } bad_req[] = {{0, 7, 0},
+                 {5, 7, 0},
+                 {ST_ADMIN_KEY_USE, 7, 32},
+                 {ST_ADMIN_KEY_INSTALL, 7, 0},
+                 {ST_ADMIN_KEY_INSTALL, 7, 31},
+                 {ST_ADMIN_KEY_REMOVE, 7, 1},
+                 {ST_ADMIN_FORCE_LEAVE, 0, 32},
+                 {ST_ADMIN_FORCE_LEAVE, 0, 0},
+                 {ST_ADMIN_FORCE_LEAVE, 7, 16}};
   for (size_t i = 0; i < sizeof bad_req / sizeof bad_req[0]; i++) {
     w->n = 0;
-    w_array(w, 5), w_uint(w, ST_MSG_KEYS_REQ), w_uint(w, ST_WIRE_VERSION);
-    w_uint(w, bad_req[i].op), w_uint(w, 7), w_bin(w, NULL, bad_req[i].key_len);
-    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "keys_req");
+    w_array(w, 5), w_uint(w, ST_MSG_ADMIN_REQ), w_uint(w, ST_WIRE_VERSION);
+    w_uint(w, bad_req[i].op), w_uint(w, bad_req[i].key_id);
+    w_bin(w, NULL, bad_req[i].subject_len);
+    tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "admin_req");
   }
   static const struct {
     uint8_t result;
@@ -661,16 +671,16 @@ START_TEST(test_keys_messages) {
   } bad_reply[] = {{3, {1}, 1, 0, ST_WIRE_DROP_FIELD},
                    {0, {5, 5}, 2, 0, ST_WIRE_DROP_FIELD},
                    {0, {1, 2, 3}, 3, 0, ST_WIRE_DROP_FIELD},
-                   {2, {1}, 1, ST_KEYS_REASON_MAX + 1, ST_WIRE_DROP_LIMIT}};
-  static char reason[ST_KEYS_REASON_MAX + 1];
+                   {2, {1}, 1, ST_ADMIN_REASON_MAX + 1, ST_WIRE_DROP_LIMIT}};
+  static char reason[ST_ADMIN_REASON_MAX + 1];
   memset(reason, 'x', sizeof reason);
   for (size_t i = 0; i < sizeof bad_reply / sizeof bad_reply[0]; i++) {
     w->n = 0;
-    w_array(w, 5), w_uint(w, ST_MSG_KEYS_REPLY), w_uint(w, ST_WIRE_VERSION);
+    w_array(w, 5), w_uint(w, ST_MSG_ADMIN_REPLY), w_uint(w, ST_WIRE_VERSION);
     w_uint(w, bad_reply[i].result);
     w_bin(w, bad_reply[i].keys, bad_reply[i].n_keys);
     w_str(w, reason, bad_reply[i].reason_len);
-    tw_expect_drop(w->b, w->n, -EBADMSG, bad_reply[i].why, "keys_reply");
+    tw_expect_drop(w->b, w->n, -EBADMSG, bad_reply[i].why, "admin_reply");
   }
   w_free(w);
 }
@@ -1362,7 +1372,7 @@ static Suite* wire_suite(void) {
   tcase_add_test(tr, test_peek_type);
   tcase_add_test(tr, test_drop_names);
   tcase_add_test(tr, test_fuzz_corpus);
-  tcase_add_test(tr, test_keys_messages);
+  tcase_add_test(tr, test_admin_messages);
   suite_add_tcase(s, tr);
   TCase* te = tcase_create("encode");
   tcase_add_checked_fixture(te, setup, NULL);

@@ -57,6 +57,10 @@ int st__control_ask(const char* cmd, const char* dir, const char* control,
                     const char* req, char** out, size_t* out_len, char* err,
                     size_t err_len);
 
+/* Takes a flag without a value (such as --cluster) out of argv, before
+ * any "--", so that st__control_flags parses the rest; whether it was
+ * there. */
+bool st__take_flag(int* argc, char** argv, const char* flag);
 /* The flags of every command that talks to a node: --data-dir DIR,
  * --control PATH, --json and --help (help(stdout, cmd), then 0). With
  * args, the arguments after the flags are left from optind for the

@@ -95,6 +95,25 @@ int st__control_flags(const char* cmd, int argc, char** argv,
   return -1;
 }
 
+bool st__take_flag(int* argc, char** argv, const char* flag) {
+  bool found = false;
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      while (i < *argc)
+        argv[out++] = argv[i++];
+      break;
+    }
+    if (strcmp(argv[i], flag) == 0)
+      found = true;
+    else
+      argv[out++] = argv[i];
+  }
+  *argc = out;
+  argv[out] = NULL;
+  return found;
+}
+
 int st__control_connect(const char* cmd, const char* dir, const char* control,
                         char* path, size_t path_len, char* err,
                         size_t err_len) {

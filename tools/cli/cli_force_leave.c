@@ -12,7 +12,7 @@ static void usage(FILE* f, const char* cmd) {
   (void) cmd;
   fprintf(f,
           "usage: starling force-leave [--data-dir DIR | --control PATH] "
-          "[--json] ID\n"
+          "[--cluster] [--json] ID\n"
           "\n"
           "Makes the running node forget a member that failed and will not "
           "come back\n"
@@ -24,22 +24,28 @@ static void usage(FILE* f, const char* cmd) {
           "digits,\n"
           "as `starling peers` prints them). A live member cannot be "
           "forced out: it\n"
-          "leaves by itself (`starling leave` on its machine). The change "
-          "is this\n"
-          "node's alone: run it on each node that should forget the "
-          "member.\n"
+          "leaves by itself (`starling leave` on its machine). Without "
+          "--cluster\n"
+          "the change is this node's alone.\n"
           "\n"
+          "  --cluster        ask every live member too (each refuses if "
+          "the member\n"
+          "                   is alive there); the answer lists each: "
+          "done, already\n"
+          "                   (not known there), refused: why, no answer: "
+          "why\n"
           "  --data-dir DIR   the node's data directory (default: "
           "./starling-data)\n"
           "  --control PATH   its control socket (default: "
           "DIR/control.sock)\n"
           "  --json           one JSON document ({\"forgotten\": ID})\n"
           "  -h, --help       this help\n"
-          "Exit status: 0 forgotten, 1 refused (the reason on stderr) or "
-          "no node, 2 bad usage.\n");
+          "Exit status: 0 forgotten, 1 refused (the reason on stderr), a "
+          "member\nrefused or did not answer, or no node; 2 bad usage.\n");
 }
 
 int st__cmd_force_leave(int argc, char** argv) {
+  bool cluster = st__take_flag(&argc, argv, "--cluster");
   const char* dir = "starling-data";
   const char* control = NULL;
   int json = 0;
@@ -54,8 +60,8 @@ int st__cmd_force_leave(int argc, char** argv) {
     return 2;
   }
   char req[128];
-  snprintf(req, sizeof req, "force-leave %s%s\n", argv[optind],
-           json ? " json" : "");
+  snprintf(req, sizeof req, "force-leave %s%s%s\n", cluster ? "cluster " : "",
+           argv[optind], json ? " json" : "");
   char* out = NULL;
   size_t len = 0;
   char err[2048];

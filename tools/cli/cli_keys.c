@@ -2,7 +2,7 @@
  * (node/daemon/daemon_keys.c), like `serf keys`: list them (with which
  * members accept and send with each), install a new one, use it, remove
  * the old one; on this node, or with --cluster on every live member
- * (node/daemon/daemon_keys_net.c). Step by step, it rotates the cluster
+ * (node/daemon/daemon_admin_net.c). Step by step, it rotates the cluster
  * key without a restart (docs/security.md, "Rotating the cluster key"). */
 #include <limits.h>
 #include <stdio.h>
@@ -93,29 +93,8 @@ static int request(int argc, char** argv, int json, bool cluster, char* req,
   return 0;
 }
 
-/* Takes --cluster out of argv (before any "--"); the flags the other
- * control commands share parse the rest. */
-static bool take_cluster_flag(int* argc, char** argv) {
-  bool found = false;
-  int out = 1;
-  for (int i = 1; i < *argc; i++) {
-    if (strcmp(argv[i], "--") == 0) {
-      while (i < *argc)
-        argv[out++] = argv[i++];
-      break;
-    }
-    if (strcmp(argv[i], "--cluster") == 0)
-      found = true;
-    else
-      argv[out++] = argv[i];
-  }
-  *argc = out;
-  argv[out] = NULL;
-  return found;
-}
-
 int st__cmd_keys(int argc, char** argv) {
-  bool cluster = take_cluster_flag(&argc, argv);
+  bool cluster = st__take_flag(&argc, argv, "--cluster");
   const char* dir = "starling-data";
   const char* control = NULL;
   int json = 0;

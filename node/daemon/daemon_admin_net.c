@@ -1,23 +1,26 @@
-/* daemon_keys_net.c: `starling keys --cluster`: this node changes its own
- * cluster keys and asks every live member to do the same, over the
- * authenticated TCP transport (KEYS_REQ, answered by one KEYS_REPLY;
- * gossip.h, "Cluster key requests"; docs/protocol.md); and the answer to
- * a member that asks. Every node decides by the cluster rule of
- * daemon_keys.c, the asking one included: nobody grants a change that
- * would cut a live member off, whoever asks.
+/* daemon_admin_net.c: cluster requests: `starling keys --cluster` and
+ * `starling force-leave --cluster`. This node does what was asked itself,
+ * then asks every live member to do the same over the authenticated TCP
+ * transport (ADMIN_REQ, answered by one ADMIN_REPLY; gossip.h, "Cluster
+ * requests"; docs/protocol.md); and this node's answer to a member that
+ * asks. Every node decides by the same rules, the asking one included,
+ * from what it sees itself: a key change that would cut a live member off
+ * is refused (daemon_keys.c), and so is forgetting a member that is alive
+ * here (daemon_force_leave.c). Whoever asks, no member can make another
+ * shut out or forget a live one.
  *
  * Asking: one request at a time on a node. The change is made here first
  * (nothing is sent when this node refuses it); then every other member
  * this node holds alive or suspect is dialled, and the control client is
- * answered once each has answered or KEYS_DEADLINE_MS has passed: one
+ * answered once each has answered or ADMIN_DEADLINE_MS has passed: one
  * line (or JSON entry) per member, "done", "already", "refused: WHY" or
  * "no answer: WHY". A member that joins meanwhile is not asked: run the
  * command again (a repeat is answered "already" where it was done).
  *
- * Asked: a KEYS_REQ on an authenticated connection from a member this
- * node holds alive or suspect gets one KEYS_REPLY (the result, this
+ * Asked: an ADMIN_REQ on an authenticated connection from a member this
+ * node holds alive or suspect gets one ADMIN_REPLY (the result, this
  * node's keys after it, the reason); anything else is closed unanswered
- * and counted (rejected.keys_request in status --json).
+ * and counted (rejected.cluster_request in status --json).
  */
 #include "node/daemon/daemon_internal.h"
 
@@ -31,7 +34,7 @@
 
 /* Longer than a connection's own deadline (ST__HANDSHAKE_DEADLINE_MS, the
  * whole conversation), shorter than the CLI's 10 s wait for an answer. */
-#define KEYS_DEADLINE_MS 7000u
+#define ADMIN_DEADLINE_MS 7000u
 #define REASON_KEPT 200
 
 typedef enum { T_WAITING, T_DONE, T_ALREADY, T_REFUSED, T_NO_ANSWER } tstate_t;
@@ -45,18 +48,44 @@ typedef struct {
   char reason[REASON_KEPT];
 } target_t;
 
-struct st__keys_op_s {
+struct st__admin_op_s {
   st__daemon_t* d;
   int fd; /* the control client's, dup'd */
   bool json;
-  st_msg_keys_req_t req; /* holds an install's key: wiped at the end */
-  uint8_t local;         /* this node's own result: st_keys_result_t */
+  st_msg_admin_req_t req; /* holds an install's key: wiped at the end */
+  uint8_t local;          /* this node's own result: st_admin_result_t */
   target_t* t;
   uint32_t n, waiting;
   uint64_t deadline_ms;
 };
 
-static const char* const kOpName[] = {"", "install", "use", "remove"};
+static const char* const kOpName[] = {"", "install", "use", "remove",
+                                      "force-leave"};
+
+/* What the request is about, for the answer and the log: "key 167" or
+ * "member 7cc3a1b2c4d5". */
+static void subject_name(const st_msg_admin_req_t* q, char* out, size_t len) {
+  if (q->op == ST_ADMIN_FORCE_LEAVE) {
+    st_node_id_t id;
+    memcpy(id.b, q->subject, sizeof id.b);
+    char hex[33];
+    st_node_id_format(&id, hex);
+    snprintf(out, len, "member %.12s", hex);
+  } else {
+    snprintf(out, len, "key %u", (unsigned) q->key_id);
+  }
+}
+
+/* One request, under the rules of its kind. */
+static st_admin_result_t grant(st__daemon_t* d, const st_msg_admin_req_t* q,
+                               const char* asked_by, char* err,
+                               size_t err_len) {
+  if (q->op != ST_ADMIN_FORCE_LEAVE)
+    return st__keys_grant(d, q, asked_by, err, err_len);
+  st_node_id_t id;
+  memcpy(id.b, q->subject, sizeof id.b);
+  return st__force_leave_grant(d, &id, asked_by, err, err_len);
+}
 
 /* ---- Answering the control client -------------------------------------- */
 
@@ -108,14 +137,15 @@ static void put_member(st_json_buf_t* b, bool json, bool first,
 
 /* The answer: a summary (an error when any member refused or did not
  * answer), then every member, this node first. */
-static void answer(struct st__keys_op_s* op) {
+static void answer(struct st__admin_op_s* op) {
   uint32_t failed = 0;
   for (uint32_t i = 0; i < op->n; i++)
     failed += op->t[i].state == T_REFUSED || op->t[i].state == T_NO_ANSWER;
-  char summary[200];
+  char summary[200], what[40];
+  subject_name(&op->req, what, sizeof what);
   snprintf(summary, sizeof summary,
-           "key %u %s on %u members: %u refused or did not answer%s",
-           (unsigned) op->req.key_id, kOpName[op->req.op], op->n + 1, failed,
+           "%s %s on %u members: %u refused or did not answer%s",
+           kOpName[op->req.op], what, op->n + 1, failed,
            failed ? " (run it again once the cause is fixed)" : "");
   st_json_buf_t b;
   st_json_buf_init(&b);
@@ -123,8 +153,18 @@ static void answer(struct st__keys_op_s* op) {
     st_json_buf_puts(&b, failed ? "{\"error\":" : "{\"summary\":");
     st_json_buf_string(&b, summary);
     char head[96];
-    snprintf(head, sizeof head, ",\"op\":\"%s\",\"key\":%u,\"members\":[",
-             kOpName[op->req.op], (unsigned) op->req.key_id);
+    snprintf(head, sizeof head, ",\"op\":\"%s\",", kOpName[op->req.op]);
+    st_json_buf_puts(&b, head);
+    if (op->req.op == ST_ADMIN_FORCE_LEAVE) {
+      st_node_id_t id;
+      char hex[33];
+      memcpy(id.b, op->req.subject, sizeof id.b);
+      st_node_id_format(&id, hex);
+      snprintf(head, sizeof head, "\"member\":\"%s\",\"members\":[", hex);
+    } else {
+      snprintf(head, sizeof head, "\"key\":%u,\"members\":[",
+               (unsigned) op->req.key_id);
+    }
     st_json_buf_puts(&b, head);
   } else {
     st_json_buf_puts(&b, failed ? "error: " : "");
@@ -132,7 +172,7 @@ static void answer(struct st__keys_op_s* op) {
     st_json_buf_puts(&b, "\n");
   }
   put_member(&b, op->json, true, &op->d->ident.id, true,
-             op->local == ST_KEYS_DONE ? T_DONE : T_ALREADY, "");
+             op->local == ST_ADMIN_DONE ? T_DONE : T_ALREADY, "");
   for (uint32_t i = 0; i < op->n; i++)
     put_member(&b, op->json, false, &op->t[i].id, false, op->t[i].state,
                op->t[i].reason);
@@ -145,17 +185,17 @@ static void answer(struct st__keys_op_s* op) {
 
 /* Answers the client and ends the request; connections still asking let
  * go of it (their own deadline closes them). */
-static void finish(struct st__keys_op_s* op) {
+static void finish(struct st__admin_op_s* op) {
   st__daemon_t* d = op->d;
   for (st__conn_t* c = d->conns; c != NULL; c = c->next)
-    if (c->keys_op == op)
-      c->keys_op = NULL;
+    if (c->admin_op == op)
+      c->admin_op = NULL;
   answer(op);
   close(op->fd);
   st_crypto_wipe(&op->req, sizeof op->req);
   free(op->t);
   free(op);
-  d->keys_op = NULL;
+  d->admin_op = NULL;
 }
 
 static void settle(target_t* t, tstate_t state, const char* reason,
@@ -171,7 +211,7 @@ static void settle(target_t* t, tstate_t state, const char* reason,
 }
 
 /* A member answered or will not: the request ends with the last. */
-static void target_done(struct st__keys_op_s* op, uint32_t i, tstate_t state,
+static void target_done(struct st__admin_op_s* op, uint32_t i, tstate_t state,
                         const char* reason, size_t reason_len) {
   if (i >= op->n || op->t[i].state != T_WAITING)
     return;
@@ -184,7 +224,7 @@ static void target_done(struct st__keys_op_s* op, uint32_t i, tstate_t state,
 
 /* Dials every other live member; a member that cannot be dialled is
  * settled at once. */
-static void ask_members(struct st__keys_op_s* op) {
+static void ask_members(struct st__admin_op_s* op) {
   st__daemon_t* d = op->d;
   size_t count = st_membership_count(d->m);
   op->t = calloc(count > 0 ? count : 1, sizeof *op->t);
@@ -202,7 +242,7 @@ static void ask_members(struct st__keys_op_s* op) {
     t->state = T_WAITING;
     op->n++;
     op->waiting++;
-    st__conn_t* c = st__conn_dial(d, &m.addr, &m.id, ST__CONN_KEYS);
+    st__conn_t* c = st__conn_dial(d, &m.addr, &m.id, ST__CONN_ADMIN);
     if (c == NULL) { /* settled here: the caller finishes when none wait */
       static const char why[] = "cannot connect";
       settle(t, T_NO_ANSWER, why, sizeof why - 1);
@@ -210,41 +250,64 @@ static void ask_members(struct st__keys_op_s* op) {
       continue;
     }
     c->peer = m.id;
-    c->keys_op = op;
-    c->keys_target = op->n - 1;
+    c->admin_op = op;
+    c->admin_target = op->n - 1;
   }
 }
 
-void st__keys_cluster_takeover(st__daemon_t* d, int fd, char* args, bool json) {
-  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (own < 0)
-    return;
-  char err[400] = "";
-  st_msg_keys_req_t q;
-  memset(&q, 0, sizeof q);
-  int rc = 0;
-  if (d->keys_op != NULL) {
-    snprintf(err, sizeof err,
-             "another `starling keys --cluster` is running on this node; "
-             "wait for its answer");
-    rc = -EBUSY;
-  } else if (d->m == NULL) {
-    snprintf(err, sizeof err, "the node has not joined a cluster yet");
-    rc = -EAGAIN;
-  } else if ((rc = st__keys_parse(args, &q, err, sizeof err)) == 1) {
-    snprintf(err, sizeof err,
+/* The request on the control line: "keys ..." (daemon_keys.c parses it)
+ * or "force-leave ID". 0, or a negative errno with the sentence in err. */
+static int parse(st__daemon_t* d, const char* verb, char* args,
+                 st_msg_admin_req_t* q, char* err, size_t err_len) {
+  if (strcmp(verb, "force-leave") == 0) {
+    st_node_id_t id;
+    int rc = st__force_leave_resolve(d, args, &id, err, err_len);
+    if (rc == 0) {
+      q->op = ST_ADMIN_FORCE_LEAVE;
+      q->subject_len = sizeof id.b;
+      memcpy(q->subject, id.b, sizeof id.b);
+    }
+    return rc;
+  }
+  int rc = st__keys_parse(args, q, err, err_len);
+  if (rc == 1) {
+    snprintf(err, err_len,
              "--cluster needs install FILE, use ID or remove ID (the "
              "listing shows the cluster already)");
     rc = -EINVAL;
   }
-  struct st__keys_op_s* op = NULL;
+  return rc;
+}
+
+void st__admin_cluster_takeover(st__daemon_t* d, int fd, const char* verb,
+                                char* args, bool json) {
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0)
+    return;
+  char err[400] = "";
+  st_msg_admin_req_t q;
+  memset(&q, 0, sizeof q);
+  int rc = 0;
+  char who[48];
+  snprintf(who, sizeof who, "`starling %s --cluster`", verb);
+  if (d->admin_op != NULL) {
+    snprintf(err, sizeof err,
+             "another cluster request (`--cluster`) is running on this "
+             "node; wait for its answer");
+    rc = -EBUSY;
+  } else if (d->m == NULL) {
+    snprintf(err, sizeof err, "the node has not joined a cluster yet");
+    rc = -EAGAIN;
+  } else {
+    rc = parse(d, verb, args, &q, err, sizeof err);
+  }
+  struct st__admin_op_s* op = NULL;
   if (rc == 0) {
-    st_keys_result_t local =
-        st__keys_grant(d, &q, "`starling keys --cluster`", err, sizeof err);
-    op = local == ST_KEYS_REFUSED ? NULL : calloc(1, sizeof *op);
+    st_admin_result_t local = grant(d, &q, who, err, sizeof err);
+    op = local == ST_ADMIN_REFUSED ? NULL : calloc(1, sizeof *op);
     if (op != NULL) {
       op->local = (uint8_t) local;
-    } else if (local != ST_KEYS_REFUSED) {
+    } else if (local != ST_ADMIN_REFUSED) {
       snprintf(err, sizeof err, "out of memory");
     }
   }
@@ -259,15 +322,15 @@ void st__keys_cluster_takeover(st__daemon_t* d, int fd, char* args, bool json) {
   op->json = json;
   op->req = q;
   st_crypto_wipe(&q, sizeof q);
-  op->deadline_ms = st__dnow(d) + KEYS_DEADLINE_MS;
-  d->keys_op = op;
+  op->deadline_ms = st__dnow(d) + ADMIN_DEADLINE_MS;
+  d->admin_op = op;
   ask_members(op);
   if (op->waiting == 0)
     finish(op);
 }
 
-void st__keys_sweep(st__daemon_t* d) {
-  struct st__keys_op_s* op = d->keys_op;
+void st__admin_sweep(st__daemon_t* d) {
+  struct st__admin_op_s* op = d->admin_op;
   if (op == NULL || st__dnow(d) < op->deadline_ms)
     return;
   static const char why[] = "no answer within 7 s";
@@ -277,8 +340,8 @@ void st__keys_sweep(st__daemon_t* d) {
   finish(op);
 }
 
-void st__keys_close(st__daemon_t* d) {
-  struct st__keys_op_s* op = d->keys_op;
+void st__admin_close(st__daemon_t* d) {
+  struct st__admin_op_s* op = d->admin_op;
   if (op == NULL)
     return;
   static const char why[] = "this node is stopping";
@@ -291,7 +354,7 @@ void st__keys_close(st__daemon_t* d) {
 /* ---- The connection ---------------------------------------------------- */
 
 static int send_msg(st__conn_t* c, const st_msg_t* m) {
-  uint8_t buf[ST_KEYS_REASON_MAX + 64];
+  uint8_t buf[ST_ADMIN_REASON_MAX + 64];
   size_t len = 0;
   int rc = st_wire_encode(m, buf, sizeof buf, &len);
   if (rc == 0)
@@ -300,97 +363,101 @@ static int send_msg(st__conn_t* c, const st_msg_t* m) {
   return rc;
 }
 
-int st__keys_on_open(st__conn_t* c) {
-  if (c->keys_op == NULL)
+int st__admin_on_open(st__conn_t* c) {
+  if (c->admin_op == NULL)
     return -ECANCELED; /* the request ended while this one dialled */
   st_msg_t m;
   memset(&m, 0, sizeof m);
-  m.type = ST_MSG_KEYS_REQ;
-  m.u.keys_req = c->keys_op->req;
+  m.type = ST_MSG_ADMIN_REQ;
+  m.u.admin_req = c->admin_op->req;
   int rc = send_msg(c, &m);
   st_crypto_wipe(&m, sizeof m);
   return rc;
 }
 
 /* A member asks: it must be one this node holds alive or suspect. */
-static void serve(st__conn_t* c, const st_msg_keys_req_t* q) {
+static void serve(st__conn_t* c, const st_msg_admin_req_t* q) {
   st__daemon_t* d = c->d;
   const st_member_t* mb =
       d->m != NULL ? st_membership_find(d->m, &c->peer) : NULL;
   if (mb == NULL ||
       (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT)) {
-    d->c.keys_rejected++;
+    d->c.admin_rejected++;
     st__conn_close(c);
     return;
   }
-  char hex[33], who[64], err[ST_KEYS_REASON_MAX] = "";
+  char hex[33], who[64], err[ST_ADMIN_REASON_MAX] = "";
   st_node_id_format(&c->peer, hex);
-  snprintf(who, sizeof who, "member %.12s (`starling keys --cluster`)", hex);
-  st_keys_result_t res = st__keys_grant(d, q, who, err, sizeof err);
-  if (res == ST_KEYS_DONE)
-    d->c.keys_granted++;
-  else if (res == ST_KEYS_ALREADY)
-    d->c.keys_already++;
+  snprintf(who, sizeof who, "member %.12s (`--cluster`)", hex);
+  st_admin_result_t res = grant(d, q, who, err, sizeof err);
+  if (res == ST_ADMIN_DONE)
+    d->c.admin_granted++;
+  else if (res == ST_ADMIN_ALREADY)
+    d->c.admin_already++;
   else
-    d->c.keys_refused++;
-  if (res == ST_KEYS_REFUSED)
-    st__dlog(d, "refused %s's request to %s cluster key %u: %s", who,
-             kOpName[q->op], (unsigned) q->key_id, err);
+    d->c.admin_refused++;
+  if (res == ST_ADMIN_REFUSED) {
+    char what[40];
+    subject_name(q, what, sizeof what);
+    st__dlog(d, "refused %s's request to %s %s: %s", who, kOpName[q->op], what,
+             err);
+  }
   st_msg_t m;
   memset(&m, 0, sizeof m);
-  m.type = ST_MSG_KEYS_REPLY;
-  st_msg_keys_reply_t* r = &m.u.keys_reply;
+  m.type = ST_MSG_ADMIN_REPLY;
+  st_msg_admin_reply_t* r = &m.u.admin_reply;
   r->result = (uint8_t) res;
   r->n_keys = d->keys.has_previous ? 2 : 1;
   r->keys[0] = d->keys.current.id;
   r->keys[1] = d->keys.previous.id;
   r->reason = err;
-  r->reason_len = res == ST_KEYS_REFUSED ? (uint32_t) strlen(err) : 0;
+  r->reason_len = res == ST_ADMIN_REFUSED ? (uint32_t) strlen(err) : 0;
   (void) send_msg(c, &m);
   st__conn_close(c);
 }
 
-void st__keys_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
+void st__admin_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
   st__daemon_t* d = c->d;
   st_msg_t m;
   int rc = st_wire_decode(msg, len, &m, &d->wc);
-  st_msg_type_t want = c->initiator ? ST_MSG_KEYS_REPLY : ST_MSG_KEYS_REQ;
+  st_msg_type_t want = c->initiator ? ST_MSG_ADMIN_REPLY : ST_MSG_ADMIN_REQ;
   if (rc != 0 || m.type != want) {
     if (rc == 0)
       st_wire_msg_free(&m);
     if (!c->initiator)
-      d->c.keys_rejected++;
-    else if (c->keys_op != NULL) {
+      d->c.admin_rejected++;
+    else if (c->admin_op != NULL) {
       static const char why[] = "it answered with something else";
-      target_done(c->keys_op, c->keys_target, T_NO_ANSWER, why, sizeof why - 1);
+      target_done(c->admin_op, c->admin_target, T_NO_ANSWER, why,
+                  sizeof why - 1);
     }
-    c->keys_op = NULL;
+    c->admin_op = NULL;
     st__conn_close(c);
     return;
   }
   if (!c->initiator) {
-    serve(c, &m.u.keys_req);
+    serve(c, &m.u.admin_req);
     st_crypto_wipe(&m, sizeof m);
     return;
   }
-  struct st__keys_op_s* op = c->keys_op;
-  c->keys_op = NULL;
-  const st_msg_keys_reply_t* r = &m.u.keys_reply;
+  struct st__admin_op_s* op = c->admin_op;
+  c->admin_op = NULL;
+  const st_msg_admin_reply_t* r = &m.u.admin_reply;
   if (op != NULL)
-    target_done(op, c->keys_target,
-                r->result == ST_KEYS_DONE      ? T_DONE
-                : r->result == ST_KEYS_ALREADY ? T_ALREADY
-                                               : T_REFUSED,
+    target_done(op, c->admin_target,
+                r->result == ST_ADMIN_DONE      ? T_DONE
+                : r->result == ST_ADMIN_ALREADY ? T_ALREADY
+                                                : T_REFUSED,
                 r->reason, r->reason_len);
   st_wire_msg_free(&m);
   st__conn_close(c);
 }
 
-void st__keys_on_closed(st__conn_t* c) {
-  struct st__keys_op_s* op = c->keys_op;
+void st__admin_on_closed(st__conn_t* c) {
+  struct st__admin_op_s* op = c->admin_op;
   if (op == NULL)
     return;
-  c->keys_op = NULL;
+  c->admin_op = NULL;
   static const char why[] = "the connection ended before an answer";
-  target_done(op, c->keys_target, T_NO_ANSWER, why, sizeof why - 1);
+  target_done(op, c->admin_target, T_NO_ANSWER, why, sizeof why - 1);
 }
