@@ -36,6 +36,10 @@
  * whole conversation), shorter than the CLI's 10 s wait for an answer. */
 #define ADMIN_DEADLINE_MS 7000u
 #define REASON_KEPT 200
+/* A member that refuses is asked once more this much later: it judges
+ * from its own view of the members' status, which may lag this node's by
+ * a gossip round or two (a member's new keys not heard there yet). */
+#define RETRY_AFTER_MS 1500u
 
 typedef enum { T_WAITING, T_DONE, T_ALREADY, T_REFUSED, T_NO_ANSWER } tstate_t;
 
@@ -45,6 +49,8 @@ static const char* const kResult[] = {"waiting", "done", "already", "refused",
 typedef struct {
   st_node_id_t id;
   uint8_t state; /* tstate_t */
+  bool retried;
+  uint64_t retry_at_ms; /* a refused member is asked again then; 0: not */
   char reason[REASON_KEPT];
 } target_t;
 
@@ -210,17 +216,40 @@ static void settle(target_t* t, tstate_t state, const char* reason,
       *c = '?';
 }
 
-/* A member answered or will not: the request ends with the last. */
-static void target_done(struct st__admin_op_s* op, uint32_t i, tstate_t state,
+/* A member answered or will not: the request ends with the last (true:
+ * it ended, op is gone). A refusal is kept waiting for one retry. */
+static bool target_done(struct st__admin_op_s* op, uint32_t i, tstate_t state,
                         const char* reason, size_t reason_len) {
   if (i >= op->n || op->t[i].state != T_WAITING)
-    return;
+    return false;
+  uint64_t retry_at = st__dnow(op->d) + RETRY_AFTER_MS;
+  if (state == T_REFUSED && !op->t[i].retried &&
+      retry_at + ST__HANDSHAKE_DEADLINE_MS <= op->deadline_ms) {
+    op->t[i].retried = true;
+    op->t[i].retry_at_ms = retry_at;
+    return false; /* still waiting: the sweep asks again */
+  }
   settle(&op->t[i], state, reason, reason_len);
-  if (--op->waiting == 0)
-    finish(op);
+  if (--op->waiting > 0)
+    return false;
+  finish(op);
+  return true;
 }
 
 /* ---- Asking ------------------------------------------------------------ */
+
+/* Dials target i; false when that cannot start (then it is the caller's
+ * to settle). */
+static bool dial(struct st__admin_op_s* op, uint32_t i,
+                 const st_wire_addr_t* addr) {
+  st__conn_t* c = st__conn_dial(op->d, addr, &op->t[i].id, ST__CONN_ADMIN);
+  if (c == NULL)
+    return false;
+  c->peer = op->t[i].id;
+  c->admin_op = op;
+  c->admin_target = i;
+  return true;
+}
 
 /* Dials every other live member; a member that cannot be dialled is
  * settled at once. */
@@ -242,16 +271,29 @@ static void ask_members(struct st__admin_op_s* op) {
     t->state = T_WAITING;
     op->n++;
     op->waiting++;
-    st__conn_t* c = st__conn_dial(d, &m.addr, &m.id, ST__CONN_ADMIN);
-    if (c == NULL) { /* settled here: the caller finishes when none wait */
+    if (!dial(op, op->n - 1, &m.addr)) { /* the caller finishes if none wait */
       static const char why[] = "cannot connect";
       settle(t, T_NO_ANSWER, why, sizeof why - 1);
       op->waiting--;
-      continue;
     }
-    c->peer = m.id;
-    c->admin_op = op;
-    c->admin_target = op->n - 1;
+  }
+}
+
+/* The refused members due to be asked again. */
+static void retry_due(struct st__admin_op_s* op, uint64_t now) {
+  for (uint32_t i = 0; i < op->n && op->waiting > 0; i++) {
+    target_t* t = &op->t[i];
+    if (t->state != T_WAITING || t->retry_at_ms == 0 || now < t->retry_at_ms)
+      continue;
+    t->retry_at_ms = 0;
+    const st_member_t* mb = st_membership_find(op->d->m, &t->id);
+    st_wire_addr_t addr;
+    if (mb != NULL)
+      addr = mb->addr;
+    static const char why[] = "gone before it could be asked again";
+    if ((mb == NULL || !dial(op, i, &addr)) &&
+        target_done(op, i, T_NO_ANSWER, why, sizeof why - 1))
+      return;
   }
 }
 
@@ -331,8 +373,12 @@ void st__admin_cluster_takeover(st__daemon_t* d, int fd, const char* verb,
 
 void st__admin_sweep(st__daemon_t* d) {
   struct st__admin_op_s* op = d->admin_op;
-  if (op == NULL || st__dnow(d) < op->deadline_ms)
+  if (op == NULL)
     return;
+  if (st__dnow(d) < op->deadline_ms) {
+    retry_due(op, st__dnow(d));
+    return;
+  }
   static const char why[] = "no answer within 7 s";
   for (uint32_t i = 0; i < op->n; i++)
     if (op->t[i].state == T_WAITING)
