@@ -99,6 +99,7 @@ typedef enum {
   /* TCP handshake */
   ST_DROP_HS_MALFORMED,   /* wrong version, sizes, or order */
   ST_DROP_HS_KEY_ID,      /* unknown cluster key id */
+  ST_DROP_HS_MAC,         /* HS1's mac1 is not the cluster key's */
   ST_DROP_HS_AUTH,        /* decryption failed (e.g. wrong cluster key) */
   ST_DROP_HS_SIGNATURE,   /* transcript signature invalid */
   ST_DROP_HS_NOT_ALLOWED, /* peer key not on the allow-list */
@@ -352,11 +353,16 @@ int st_packet_open(const st_keyring_t* keys, const st_node_id_t* self,
  * and its signature of the transcript, plus the AEAD tag. */
 #define ST_HS_SEALED_BYTES (ST_PUBLIC_KEY_BYTES + ST_SIGNATURE_BYTES + 16)
 
-/* Message 1, initiator -> responder: "-> e" */
+/* Message 1, initiator -> responder: "-> e", and mac1: BLAKE2b-128 of
+ * the first 34 bytes (version, key id, e) under a key derived from the
+ * cluster key the key id names (WireGuard's mac1). The responder checks
+ * it before any public-key work. */
+#define ST_HS_MAC_BYTES 16
 typedef struct {
   uint8_t version;
   uint8_t key_id;
   uint8_t ephemeral[32];
+  uint8_t mac[ST_HS_MAC_BYTES];
 } st_hs_msg1_t;
 
 /* Message 2, responder -> initiator: "<- e, ee, psk, s, sig" */
@@ -409,6 +415,11 @@ int st_handshake_init(st_handshake_t* hs, st_hs_role_t role,
  * and writes 2. A call out of order returns -EPROTO. Any failure wipes the
  * state: the connection must be dropped. */
 int st_handshake_write_msg1(st_handshake_t* hs, st_hs_msg1_t* out);
+/* The mac1 of m (its first 34 bytes) under cluster key psk, into out: what
+ * write_msg1 puts in m->mac and read_msg1 checks (for tests and tools
+ * that build a message 1 themselves). */
+void st_handshake_msg1_mac(const st_cluster_key_t* psk, const st_hs_msg1_t* m,
+                           uint8_t out[ST_HS_MAC_BYTES]);
 int st_handshake_read_msg1(st_handshake_t* hs, const st_hs_msg1_t* in);
 int st_handshake_write_msg2(st_handshake_t* hs, st_hs_msg2_t* out);
 int st_handshake_read_msg2(st_handshake_t* hs, const st_hs_msg2_t* in);

@@ -70,6 +70,7 @@
  * whole state, so later calls answer -EPROTO. */
 #include <errno.h>
 #include <sodium.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "crypto/constants.h"
@@ -206,6 +207,23 @@ void st_session_wipe(st_session_t* s) {
 /* ---- msg1: -> e -------------------------------------------------------------
  */
 
+/* HS1's first 34 bytes: version, key id, e (the transcript's part). */
+#define HS1_SIGNED_BYTES offsetof(st_hs_msg1_t, mac)
+
+/* mac1 = BLAKE2b-128(key = BLAKE2b-256(key = psk, "starling-hs-v1 mac1"),
+ * version || key_id || e): anyone holding the cluster key can make it,
+ * nobody else; checking it costs two BLAKE2b. */
+void st_handshake_msg1_mac(const st_cluster_key_t* psk, const st_hs_msg1_t* m,
+                           uint8_t out[ST_HS_MAC_BYTES]) {
+  static const char label[] = "starling-hs-v1 mac1";
+  uint8_t k[32];
+  crypto_generichash(k, sizeof(k), (const uint8_t*) label, sizeof(label) - 1,
+                     psk->key, sizeof(psk->key));
+  crypto_generichash(out, ST_HS_MAC_BYTES, (const uint8_t*) m, HS1_SIGNED_BYTES,
+                     k, sizeof(k));
+  sodium_memzero(k, sizeof(k));
+}
+
 int st_handshake_write_msg1(st_handshake_t* hs, st_hs_msg1_t* out) {
   if (hs == NULL || out == NULL)
     return bad_args(hs);
@@ -219,13 +237,16 @@ int st_handshake_write_msg1(st_handshake_t* hs, st_hs_msg1_t* out) {
   out->version = ST_HS_VERSION;
   out->key_id = hs->key_id;
   memcpy(out->ephemeral, hs->e_public, sizeof(out->ephemeral));
-  /* h = H(h || version || key_id || e_i) */
-  mix_hash(hs->hash, (const uint8_t*) out, sizeof(*out));
+  st_handshake_msg1_mac(&hs->keys->current, out, out->mac);
+  /* h = H(h || version || key_id || e_i): mac1 is not in the transcript */
+  mix_hash(hs->hash, (const uint8_t*) out, HS1_SIGNED_BYTES);
   hs->step = STEP_MSG1;
   return 0;
 }
 
-_Static_assert(sizeof(st_hs_msg1_t) == 34, "msg1 is version, key id, e");
+_Static_assert(offsetof(st_hs_msg1_t, mac) == 34 &&
+                   sizeof(st_hs_msg1_t) == 34 + ST_HS_MAC_BYTES,
+               "msg1 is version, key id, e, then mac1");
 
 int st_handshake_read_msg1(st_handshake_t* hs, const st_hs_msg1_t* in) {
   if (hs == NULL || in == NULL)
@@ -235,11 +256,18 @@ int st_handshake_read_msg1(st_handshake_t* hs, const st_hs_msg1_t* in) {
     return rc;
   if (in->version != ST_HS_VERSION)
     return fail(hs, ST_DROP_HS_MALFORMED, -EBADMSG);
-  if (st__keyring_find(hs->keys, in->key_id, NULL) == NULL)
+  const st_cluster_key_t* psk = st__keyring_find(hs->keys, in->key_id, NULL);
+  if (psk == NULL)
     return fail(hs, ST_DROP_HS_KEY_ID, -ENOKEY);
+  uint8_t mac[ST_HS_MAC_BYTES];
+  st_handshake_msg1_mac(psk, in, mac);
+  bool mac_ok = crypto_verify_16(mac, in->mac) == 0;
+  sodium_memzero(mac, sizeof(mac));
+  if (!mac_ok)
+    return fail(hs, ST_DROP_HS_MAC, -EBADMSG);
   hs->key_id = in->key_id;
   memcpy(hs->peer_e, in->ephemeral, sizeof(hs->peer_e));
-  mix_hash(hs->hash, (const uint8_t*) in, sizeof(*in));
+  mix_hash(hs->hash, (const uint8_t*) in, HS1_SIGNED_BYTES);
   hs->step = STEP_MSG1;
   return 0;
 }
@@ -337,6 +365,13 @@ static int open_identity(st_handshake_t* hs, const uint8_t k[ST_KEY_BYTES],
     goto out;
   const uint8_t* pk = payload;
   const uint8_t* sig = payload + ST_PUBLIC_KEY_BYTES;
+  /* The allow-list first: a key not on it costs a lookup, not an Ed25519
+   * verification. */
+  if (hs->allow != NULL && !st_allowlist_contains(hs->allow, pk)) {
+    reason = ST_DROP_HS_NOT_ALLOWED;
+    rc = -EACCES;
+    goto out;
+  }
   if (!verify_transcript(sig, pk, label, h)) {
     reason = ST_DROP_HS_SIGNATURE;
     goto out;
@@ -344,11 +379,6 @@ static int open_identity(st_handshake_t* hs, const uint8_t k[ST_KEY_BYTES],
   if (sodium_memcmp(pk, hs->self->public_key, ST_PUBLIC_KEY_BYTES) == 0) {
     reason = ST_DROP_HS_SELF;
     rc = -ELOOP;
-    goto out;
-  }
-  if (hs->allow != NULL && !st_allowlist_contains(hs->allow, pk)) {
-    reason = ST_DROP_HS_NOT_ALLOWED;
-    rc = -EACCES;
     goto out;
   }
   memcpy(peer_pk, pk, ST_PUBLIC_KEY_BYTES);

@@ -30,6 +30,7 @@ static const char* const drop_names[ST_CRYPTO_DROP_COUNT] = {
     [ST_DROP_PACKET_NOT_ALLOWED] = "packet_not_allowed",
     [ST_DROP_HS_MALFORMED] = "handshake_malformed",
     [ST_DROP_HS_KEY_ID] = "handshake_key_id",
+    [ST_DROP_HS_MAC] = "handshake_mac",
     [ST_DROP_HS_AUTH] = "handshake_auth",
     [ST_DROP_HS_SIGNATURE] = "handshake_signature",
     [ST_DROP_HS_NOT_ALLOWED] = "handshake_not_allowed",

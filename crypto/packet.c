@@ -214,7 +214,18 @@ static int open_and_verify(const st_keyring_t* keys, int slot,
     return -EBADMSG;
   }
 
-  /* 8. The sender's signature: a cluster-key holder cannot sign for
+  /* 8. A sender key not on the allow-list is dropped before its
+   * signature is verified (a hash lookup, not an Ed25519 verification),
+   * and before it can take a place in the replay table (bounded: a key
+   * holder minting identities must not fill it). */
+  if (allow != NULL &&
+      !st_allowlist_contains(allow, in + ST__PKT_OFF_SENDER_KEY)) {
+    sodium_memzero(plain, (size_t) *got);
+    st__crypto_count(c, ST_DROP_PACKET_NOT_ALLOWED);
+    return -EACCES;
+  }
+
+  /* 9. The sender's signature: a cluster-key holder cannot sign for
    * another member. */
   uint8_t m[SIGNED_MAX];
   size_t slen = signed_message(m, in, body, ad);
@@ -223,16 +234,6 @@ static int open_and_verify(const st_keyring_t* keys, int slot,
     sodium_memzero(plain, (size_t) *got);
     st__crypto_count(c, ST_DROP_PACKET_SIGNATURE);
     return -EBADMSG;
-  }
-
-  /* 9. A signer not on the allow-list is dropped before it can take a
-   * place in the replay table (bounded: a key holder minting identities
-   * must not fill it). */
-  if (allow != NULL &&
-      !st_allowlist_contains(allow, in + ST__PKT_OFF_SENDER_KEY)) {
-    sodium_memzero(plain, (size_t) *got);
-    st__crypto_count(c, ST_DROP_PACKET_NOT_ALLOWED);
-    return -EACCES;
   }
 
   return 0;

@@ -75,7 +75,7 @@ const char* st_wire_drop_name(st_wire_drop_t reason) {
 static size_t field_count(uint64_t type) {
   switch (type) {
     case ST_MSG_HS1:
-      return 2;
+      return 3;
     case ST_MSG_HS2:
       return 2;
     case ST_MSG_HS3:
@@ -492,7 +492,8 @@ static int pack_session(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_HS1: {
       const st_hs_msg1_t* m = &msg->u.hs1;
       r |= msgpack_pack_uint8(pk, m->key_id) |
-           pack_bin(pk, m->ephemeral, sizeof m->ephemeral);
+           pack_bin(pk, m->ephemeral, sizeof m->ephemeral) |
+           pack_bin(pk, m->mac, sizeof m->mac);
       break;
     }
     case ST_MSG_HS2: {
@@ -973,7 +974,8 @@ static int get_session(st_msg_type_t type, const msgpack_object* f,
       st_hs_msg1_t* m = &msg->u.hs1;
       m->version = ST_WIRE_VERSION;
       return get_u8(&f[0], &m->key_id) |
-             get_bin(&f[1], m->ephemeral, sizeof m->ephemeral);
+             get_bin(&f[1], m->ephemeral, sizeof m->ephemeral) |
+             get_bin(&f[2], m->mac, sizeof m->mac);
     }
     case ST_MSG_HS2: {
       st_hs_msg2_t* m = &msg->u.hs2;

@@ -196,9 +196,36 @@ static void check_dead(side_t* s) {
   ck_assert_int_eq(st_handshake_finish(&s->hs, &s->sess), -EPROTO);
 }
 
+/* mac1 of docs/protocol.md's worked example (cluster key 00..1f, key id
+ * 42, its e_i.pub), computed independently with libsodium there. */
+START_TEST(test_mac1_known_answer) {
+  static const uint8_t e[32] = {0x49, 0x3e, 0x82, 0xfc, 0x74, 0x46, 0x4a, 0x59,
+                                0x26, 0x88, 0x17, 0x62, 0x3d, 0x20, 0x53, 0xc5,
+                                0xeb, 0x8e, 0x2c, 0xc4, 0xa9, 0x88, 0xb4, 0xfe,
+                                0xe1, 0x79, 0xec, 0x6b, 0x01, 0x0d, 0x53, 0x1d};
+  static const uint8_t want[ST_HS_MAC_BYTES] = {
+      0x2e, 0x88, 0x8d, 0x53, 0x1a, 0x41, 0x38, 0xbd,
+      0xd4, 0xde, 0xf1, 0x4e, 0x47, 0x26, 0x70, 0xbe};
+  uint8_t bytes[ST_KEY_BYTES];
+  for (int i = 0; i < ST_KEY_BYTES; i++)
+    bytes[i] = (uint8_t) i;
+  st_cluster_key_t k;
+  st_cluster_key_from_bytes(&k, bytes);
+  st_hs_msg1_t m = {.version = 1, .key_id = 42};
+  memcpy(m.ephemeral, e, sizeof e);
+  uint8_t mac[ST_HS_MAC_BYTES];
+  st_handshake_msg1_mac(&k, &m, mac);
+  ck_assert_mem_eq(mac, want, sizeof want);
+  m.mac[0] = 0xff; /* mac1 covers the first 34 bytes only */
+  st_handshake_msg1_mac(&k, &m, mac);
+  ck_assert_mem_eq(mac, want, sizeof want);
+}
+END_TEST
+
 START_TEST(test_wrong_cluster_key) {
-  /* _i == 0: another key id, refused at msg1; 1: the same key id (forced),
-   * so the responder answers and the initiator cannot open msg2. */
+  /* _i == 0: another key id, refused at msg1; 1: the same key id (forced):
+   * mac1 does not verify under the responder's key, so it is refused at
+   * msg1 too, before any public-key work. */
   st_cluster_key_t other = key_b;
   if (_i == 1)
     other.id = key_a.id;
@@ -216,9 +243,9 @@ START_TEST(test_wrong_cluster_key) {
     check_dead(&r);
   } else {
     ck_assert_int_eq(rc, -EBADMSG);
-    ck_assert_int_eq(step, R2);
-    ck_assert_uint_eq(i.c.drops[ST_DROP_HS_AUTH], 1);
-    check_dead(&i);
+    ck_assert_int_eq(step, R1);
+    ck_assert_uint_eq(r.c.drops[ST_DROP_HS_MAC], 1);
+    check_dead(&r);
   }
   ck_assert_uint_eq(total(&i.c) + total(&r.c), 1);
   st_handshake_wipe(&i.hs);
@@ -265,6 +292,8 @@ START_TEST(test_flip_every_byte) {
         want_step = R1, counted = &r, reason = ST_DROP_HS_MALFORMED;
       } else if (msg == 1 && pos == 1) {
         want_step = R1, counted = &r, reason = ST_DROP_HS_KEY_ID;
+      } else if (msg == 1) { /* e or mac1 itself: mac1 fails */
+        want_step = R1, counted = &r, reason = ST_DROP_HS_MAC;
       } else if (msg == 3) {
         want_step = R3, counted = &r;
       }
@@ -439,8 +468,11 @@ static const uint8_t low_order[3][32] = {
 
 static void low_order_e(int msg, uint8_t* bytes, size_t n, void* ctx) {
   const int* which = ctx;
-  if (msg == 1 && *which < 3)
-    memcpy(bytes + 2, low_order[*which], 32); /* after version, key id */
+  if (msg == 1 && *which < 3) {
+    st_hs_msg1_t* m = (st_hs_msg1_t*) bytes; /* an initiator with the key */
+    memcpy(m->ephemeral, low_order[*which], 32);
+    st_handshake_msg1_mac(&key_a, m, m->mac);
+  }
   if (msg == 2 && *which >= 3)
     memcpy(bytes, low_order[*which - 3], 32);
 }
@@ -627,6 +659,7 @@ static Suite* handshake_suite(void) {
   tcase_add_loop_test(tc, test_complete, 0,
                       (int) (sizeof(ok_cases) / sizeof(ok_cases[0])));
   tcase_add_loop_test(tc, test_wrong_cluster_key, 0, 2);
+  tcase_add_test(tc, test_mac1_known_answer);
   tcase_add_loop_test(tc, test_flip_every_byte, 0, 3);
   tcase_add_test(tc, test_replayed_messages);
   tcase_add_loop_test(tc, test_mitm, 0, 5);

@@ -334,7 +334,9 @@ END_TEST
 
 /* An allow-list: a packet signed by a key not on it is dropped as
  * packet_not_allowed, after authentication and before its sender takes a
- * place in the replay table; a listed key's packet opens. */
+ * place in the replay table, and before its signature is verified (a bad
+ * signature from an unlisted key is counted not_allowed, not signature);
+ * a listed key's packet opens. */
 START_TEST(test_allow_list) {
   fixture_t f;
   fixture_init(&f, 4);
@@ -361,6 +363,13 @@ START_TEST(test_allow_list) {
   ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_NOT_ALLOWED], 1);
   ck_assert_uint_eq(total_drops(&f.c), 1);
   ck_assert_uint_eq(st__replay_count(f.table), 0);
+  n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt);
+  pkt[n - 1] ^= 0x01; /* the signature's last byte */
+  ck_assert_int_eq(st_packet_open(&f.ring, &f.to, allow, f.table, &f.c, pkt, n,
+                                  plain, sizeof(plain), &plen, &hdr),
+                   -EACCES);
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_NOT_ALLOWED], 2);
+  ck_assert_uint_eq(f.c.drops[ST_DROP_PACKET_SIGNATURE], 0);
   f.sealer.identity = &listed;
   n = seal_at(&f, 1, 0, msg, sizeof(msg), pkt);
   ck_assert_int_eq(st_packet_open(&f.ring, &f.to, allow, f.table, &f.c, pkt, n,

@@ -53,7 +53,7 @@ typedef struct {
 } mspec_t;
 
 static const mspec_t specs[] = {
-    {ST_MSG_HS1, "hs1", 2, {{F_U8, 0, 3}, {F_BIN, 32, 0}}},
+    {ST_MSG_HS1, "hs1", 3, {{F_U8, 0, 3}, {F_BIN, 32, 0}, {F_BIN, 16, 0}}},
     {ST_MSG_HS2, "hs2", 2, {{F_BIN, 32, 0}, {F_BIN, 112, 0}}},
     {ST_MSG_HS3, "hs3", 1, {{F_BIN, 112, 0}}},
     {ST_MSG_PING, "ping", 2, {{F_U32, 0, 7}, {F_BIN, 16, 0}}},
@@ -393,6 +393,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
       m->u.hs1.version = ST_WIRE_VERSION;
       m->u.hs1.key_id = (uint8_t) rand_uint(UINT8_MAX);
       tw_rand_bytes(&rng, m->u.hs1.ephemeral, sizeof m->u.hs1.ephemeral);
+      tw_rand_bytes(&rng, m->u.hs1.mac, sizeof m->u.hs1.mac);
       break;
     case ST_MSG_HS2:
       tw_rand_bytes(&rng, (uint8_t*) &m->u.hs2, sizeof m->u.hs2);
