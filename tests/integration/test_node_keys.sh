@@ -14,7 +14,8 @@
 # (e) `--cluster` from one node, three nodes on B: the listing shows B
 #     accepted and sent by all three; a non-member (keys_probe, a
 #     cluster-key holder with a fresh identity) asking to install a key is
-#     closed unanswered and counted; using a key not every member accepts
+#     closed unanswered and counted; an outsider whose key has the
+#     cluster key's id is refused at HS1 (handshake_mac); using a key not every member accepts
 #     is refused naming the member; install C, use C, remove B from single
 #     nodes reach all three (answers listed per member; a repeat is
 #     "already"); no member is ever suspected or dead; every member's
@@ -169,6 +170,24 @@ PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/keys_probe
 grep -q '"answered":false' "$SCRATCH/probe.json" || node_fail "a non-member was answered: $(cat "$SCRATCH/probe.json")"
 [ "$(node_field 0 rejected.cluster_request)" -ge 1 ] || node_fail "the non-member's request was not counted"
 [ "$(census 0)" = "$B:3/3" ] || node_fail "a non-member changed the keys: $(census 0)"
+# An outsider with a key of the cluster's key id (drawn until the ids
+# match) is refused at its first handshake message, before any public-key
+# work: mac1 does not verify (handshake_mac).
+FORGED=$SCRATCH/forged.key
+(umask 077 && "$NUMPY_PY" - "$FORGED" "$B" <<'PY') || fail "forging a key of id $B"
+import base64, hashlib, os, sys
+while True:  # the key id: the first byte of BLAKE2b-128(key), personalized
+    key = os.urandom(32)
+    if hashlib.blake2b(key, digest_size=16, person=b"starling-keyid").digest()[0] == int(sys.argv[2]):
+        break
+text = base64.urlsafe_b64encode(key).decode().rstrip("=")
+open(sys.argv[1], "w").write("starling-cluster-key-v1 " + text + "\n")
+PY
+[ "$("$STARLING" keygen --show "$FORGED" | sed -n 's/^key id *//p')" = "$B" ] || fail "the forged key's id is not $B"
+macs=$(node_field 0 rejected.handshake_mac)
+! "$PROBE" --cluster-key "$FORGED" --connect "$seed" --op "use:$B" >/dev/null 2>&1 ||
+  node_fail "a handshake under a forged key of the same id succeeded"
+[ "$(node_field 0 rejected.handshake_mac)" -gt "$macs" ] || node_fail "the forged HS1 was not counted as handshake_mac"
 
 keys 2 install "$KEY_C" >/dev/null || node_fail "keys install on node 2 alone"
 expect_fail "--cluster use of a key two members lack" 1 "does not accept key $C" -- keys 2 --cluster use "$C"
