@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define REQUEST_MAX 128
+/* The longest request line: "keys cluster install /PATH json" with a path
+ * of up to PATH_MAX bytes (the CLI sends realpath's answer). */
+#define REQUEST_MAX (PATH_MAX + 64)
 
 /* A client sends one short line and gets one document, so a few at a time
  * suffice; the cap bounds what idle connections (a stuck script, a runaway
