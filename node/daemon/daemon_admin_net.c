@@ -102,15 +102,7 @@ static void say(int fd, const char* text, size_t len) {
 static void say_error(int fd, bool json, const char* err) {
   st_json_buf_t b;
   st_json_buf_init(&b);
-  if (json) {
-    st_json_buf_puts(&b, "{\"error\":");
-    st_json_buf_string(&b, err);
-    st_json_buf_puts(&b, "}\n");
-  } else {
-    st_json_buf_puts(&b, "error: ");
-    st_json_buf_puts(&b, err);
-    st_json_buf_puts(&b, "\n");
-  }
+  st__put_error(&b, json, err);
   if (!b.failed)
     say(fd, b.p, b.len);
   st_json_buf_free(&b);

@@ -136,15 +136,7 @@ void st__force_leave_request(st__daemon_t* d, char* args, bool json,
     rc = -EPERM;
   }
   if (rc != 0) {
-    if (json) {
-      st_json_buf_puts(b, "{\"error\":");
-      st_json_buf_string(b, err);
-      st_json_buf_puts(b, "}\n");
-    } else {
-      st_json_buf_puts(b, "error: ");
-      st_json_buf_puts(b, err);
-      st_json_buf_puts(b, "\n");
-    }
+    st__put_error(b, json, err);
     return;
   }
   char hex[33];

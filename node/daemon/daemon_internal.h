@@ -579,6 +579,10 @@ void st__coll_sessions_close(st__daemon_t* d);
  * each period. */
 void st__status_publish(st__daemon_t* d);
 
+/* A refusal answered on the control socket: "error: SENTENCE\n", or
+ * {"error":"SENTENCE"} with json (what the CLI takes for exit status 1). */
+void st__put_error(st_json_buf_t* b, bool json, const char* err);
+
 /* daemon_keys.c: "keys [install /PATH | use ID | remove ID]" from the
  * control socket (args: the request after "keys"); the answer into b. */
 void st__keys_request(st__daemon_t* d, char* args, bool json, st_json_buf_t* b);

@@ -279,7 +279,7 @@ st_admin_result_t st__keys_grant(st__daemon_t* d, const st_msg_admin_req_t* q,
   return res;
 }
 
-static void put_error(bool json, const char* err, st_json_buf_t* b) {
+void st__put_error(st_json_buf_t* b, bool json, const char* err) {
   if (json) {
     st_json_buf_puts(b, "{\"error\":");
     st_json_buf_string(b, err);
@@ -386,7 +386,7 @@ void st__keys_request(st__daemon_t* d, char* args, bool json,
     rc = apply_local(d, &q, err, sizeof err);
   st_crypto_wipe(&q, sizeof q);
   if (rc != 0) {
-    put_error(json, err, b);
+    st__put_error(b, json, err);
     return;
   }
   st__status_publish(d); /* the cluster hears of it now */

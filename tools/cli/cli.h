@@ -57,6 +57,12 @@ int st__control_ask(const char* cmd, const char* dir, const char* control,
                     const char* req, char** out, size_t* out_len, char* err,
                     size_t err_len);
 
+/* Sends req (one request line) to the node, prints its answer on stdout
+ * and returns the exit status: 0, 1 when the node refused (a text error,
+ * said on stderr, or a JSON {"error": ...}, printed) or is not there, 2
+ * for a bad --data-dir/--control. */
+int st__control_relay(const char* cmd, const char* dir, const char* control,
+                      const char* req);
 /* Takes a flag without a value (such as --cluster) out of argv, before
  * any "--", so that st__control_flags parses the rest; whether it was
  * there. */

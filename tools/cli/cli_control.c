@@ -114,6 +114,24 @@ bool st__take_flag(int* argc, char** argv, const char* flag) {
   return found;
 }
 
+int st__control_relay(const char* cmd, const char* dir, const char* control,
+                      const char* req) {
+  char* out = NULL;
+  size_t len = 0;
+  char err[2048];
+  int rc = st__control_ask(cmd, dir, control, req, &out, &len, err, sizeof err);
+  if (rc != 0) {
+    fputs(err, stderr);
+    return rc == -2 ? 2 : 1;
+  }
+  /* A refusal in text is "error: ...", which st__control_ask returns as
+   * its error; in JSON it is {"error": ...}, printed as it is. */
+  bool refused = len >= 9 && memcmp(out, "{\"error\":", 9) == 0;
+  fwrite(out, 1, len, stdout);
+  free(out);
+  return refused ? 1 : 0;
+}
+
 int st__control_connect(const char* cmd, const char* dir, const char* control,
                         char* path, size_t path_len, char* err,
                         size_t err_len) {

@@ -62,17 +62,5 @@ int st__cmd_force_leave(int argc, char** argv) {
   char req[128];
   snprintf(req, sizeof req, "force-leave %s%s%s\n", cluster ? "cluster " : "",
            argv[optind], json ? " json" : "");
-  char* out = NULL;
-  size_t len = 0;
-  char err[2048];
-  int rc = st__control_ask("force-leave", dir, control, req, &out, &len, err,
-                           sizeof err);
-  if (rc != 0) {
-    fputs(err, stderr);
-    return rc == -2 ? 2 : 1;
-  }
-  bool refused = len >= 9 && memcmp(out, "{\"error\":", 9) == 0;
-  fwrite(out, 1, len, stdout);
-  free(out);
-  return refused ? 1 : 0;
+  return st__control_relay("force-leave", dir, control, req);
 }

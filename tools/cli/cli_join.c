@@ -51,16 +51,5 @@ int st__cmd_join(int argc, char** argv) {
     at += (size_t) snprintf(req + at, sizeof req - at, " %s", argv[i]);
   }
   snprintf(req + at, sizeof req - at, "%s\n", json ? " json" : "");
-  char* out = NULL;
-  size_t len = 0;
-  char err[2048];
-  int rc =
-      st__control_ask("join", dir, control, req, &out, &len, err, sizeof err);
-  if (rc != 0) {
-    fputs(err, stderr);
-    return rc == -2 ? 2 : 1;
-  }
-  fwrite(out, 1, len, stdout);
-  free(out);
-  return 0;
+  return st__control_relay("join", dir, control, req);
 }

@@ -106,19 +106,5 @@ int st__cmd_keys(int argc, char** argv) {
   int bad = request(argc, argv, json, cluster, req, sizeof req);
   if (bad != 0)
     return bad;
-  char* out = NULL;
-  size_t len = 0;
-  char err[2048];
-  int rc =
-      st__control_ask("keys", dir, control, req, &out, &len, err, sizeof err);
-  if (rc != 0) {
-    fputs(err, stderr);
-    return rc == -2 ? 2 : 1;
-  }
-  /* A refusal in text is "error: ...", which st__control_ask returns as
-   * its error; in JSON it is {"error": ...}, printed as it is. */
-  bool refused = len >= 9 && memcmp(out, "{\"error\":", 9) == 0;
-  fwrite(out, 1, len, stdout);
-  free(out);
-  return refused ? 1 : 0;
+  return st__control_relay("keys", dir, control, req);
 }
