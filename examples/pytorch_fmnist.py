@@ -15,6 +15,8 @@ i with i % N == K).
     STARLING_LIB=build/libstarling.so PYTHONPATH=client/python \\
         python3 examples/pytorch_fmnist.py --socket state/control.sock --shard 0/2
 
+--device cuda trains on the GPU (the data is moved there once); the node
+still gets the parameters through pinned host copies at step boundaries.
 --no-starling runs the same loop alone (for comparisons and overhead
 measurements). Data: the Debian package dataset-fashion-mnist, or
 --data-dir (or $STARLING_FASHION_MNIST_DIR) holding the four IDX .gz files.
@@ -28,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Optional, Tuple
@@ -158,6 +161,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model trains: cpu, cuda or cuda:N (the node gets the "
+        "parameters through pinned host copies at step boundaries)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--target", type=float, default=None, help="stop at this test accuracy"
@@ -198,6 +207,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     except (ValueError, AssertionError):
         p.error(f"--shard: '{a.shard}' is not K/N with 0 <= K < N")
     a.shard = (k, n)
+    if not (a.device == "cpu" or re.fullmatch(r"cuda(:[0-9]+)?", a.device)):
+        p.error(f"--device: '{a.device}' is not cpu, cuda or cuda:N")
     return a
 
 
@@ -228,7 +239,7 @@ def train(
         epoch, b = divmod(step, per_epoch)
         sel = torch.from_numpy(
             epoch_order(a.seed, epoch, len(xtr))[b * a.batch :][: a.batch]
-        )
+        ).to(xtr.device)
         lr = a.lr
         if a.schedule == "cosine":
             lr = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
@@ -286,8 +297,11 @@ def main(argv: Optional[list] = None) -> int:
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    data = load_data(a.data_dir, a.shard)
-    model = Net()
+    if a.device != "cpu" and not torch.cuda.is_available():
+        sys.exit(f"pytorch_fmnist: --device {a.device}: PyTorch sees no CUDA device")
+    device = torch.device(a.device)
+    data = tuple(t.to(device) for t in load_data(a.data_dir, a.shard))
+    model = Net().to(device)
     node = None
     if not a.no_starling:
         # starling: the model now holds the cluster's parameters.

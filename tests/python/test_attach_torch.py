@@ -10,6 +10,8 @@ PyTorch models and real `starling node --attach` processes on 127.0.0.1.
   - (c) a model that differs from the node's or the cluster's is refused,
     naming the first differing tensor; a second program is refused while
     one is attached;
+  - the same with models on a GPU (pinned host copies; skipped without
+    CUDA);
   - (d) NodeUnavailable with no node, and when the node dies mid-run;
     reconnect=True takes the parameters of a node that comes back;
   - (f) a NaN in the parameters fails the step that would have shared it,
@@ -69,7 +71,7 @@ def flat(model: nn.Module) -> np.ndarray:
     """The registered tensors, concatenated (a copy)."""
     return np.concatenate(
         [
-            t.detach().reshape(-1).numpy().copy()
+            t.detach().reshape(-1).cpu().numpy().copy()
             for _, t in starling.model_tensors(model)
         ]
     )
@@ -78,8 +80,9 @@ def flat(model: nn.Module) -> np.ndarray:
 def train_step(
     model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator
 ) -> None:
-    x = torch.randn(32, 8, generator=gen)
-    y = torch.randint(0, 4, (32,), generator=gen)
+    dev = next(model.parameters()).device
+    x = torch.randn(32, 8, generator=gen).to(dev)
+    y = torch.randint(0, 4, (32,), generator=gen).to(dev)
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     opt.step()
@@ -355,6 +358,67 @@ def test_tensors_not_in_place_follow_through_host_copies(cluster: Cluster) -> No
     assert applied and gap < 0.01 * gap0, (applied, gap, gap0)
     assert np.linalg.norm(w(ma) - pa) > 0.1 * gap0  # A got B's training
     assert mb.fc1.weight is weight and not weight.is_contiguous()
+    b.detach()
+    a.detach()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_model_follows_through_pinned_host_copies(cluster: Cluster) -> None:
+    """Models on the GPU (the path for every CUDA tensor: a pinned host
+    copy each): the joiner's GPU tensors get the cluster's parameters and
+    buffers at attach, both programs train on the GPU and averaging brings
+    them together at steps, in the same CUDA tensors; num_batches_tracked
+    stays each program's own."""
+    n0 = cluster.node()
+    torch.manual_seed(0)
+    ma = Small().cuda()
+    a = starling.attach(ma, socket=n0.sock, timeout=30 * SLOW)
+    n1 = cluster.node(join=n0.address())
+    torch.manual_seed(5)
+    mb = Small().cuda()
+    before = {n: t for n, t in mb.state_dict(keep_vars=True).items()}
+    stop = threading.Event()
+
+    def serve_a() -> None:
+        while not stop.is_set():
+            a.step()
+            time.sleep(0.01)
+
+    ta = threading.Thread(target=serve_a)
+    ta.start()
+    try:
+        b = starling.attach(mb, socket=n1.sock, timeout=30 * SLOW)
+    finally:
+        stop.set()
+        ta.join()
+    assert np.array_equal(flat(mb), flat(ma))  # the cluster's, on the GPU
+    assert all(t.is_cuda for _, t in starling.model_tensors(mb))
+
+    opt_a = torch.optim.SGD(ma.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(mb.parameters(), lr=0.1)
+    gen_a = torch.Generator().manual_seed(1)
+    gen_b = torch.Generator().manual_seed(2)
+    for _ in range(30):
+        train_step(ma, opt_a, gen_a)
+        train_step(mb, opt_b, gen_b)
+        a.step()
+        b.step()
+    gap0 = np.linalg.norm(flat(ma) - flat(mb))
+    assert gap0 > 0
+    applied, deadline = 0, time.monotonic() + 20 * SLOW
+    while time.monotonic() < deadline:
+        applied += bool(a.step() & starling.DID_APPLY)
+        applied += bool(b.step() & starling.DID_APPLY)
+        if applied and np.linalg.norm(flat(ma) - flat(mb)) < 0.01 * gap0:
+            break
+        time.sleep(0.01)
+    gap = np.linalg.norm(flat(ma) - flat(mb))
+    assert applied and gap < 0.01 * gap0, (applied, gap, gap0)
+    after = mb.state_dict(keep_vars=True)
+    assert all(after[n] is t and t.is_cuda for n, t in before.items())
+    # Each program's own count of BatchNorm batches (30 + attach's none).
+    assert int(mb.bn.num_batches_tracked) == 30
+    assert np.isfinite(flat(mb)).all()
     b.detach()
     a.detach()
 

@@ -19,6 +19,7 @@ thread per member, each with its own Comm on its own node:
     all-reduce of every step started while backward was still running (a
     layer whose backward sleeps keeps backward going after the first
     buckets are complete), and every member ends with the same bits;
+  - the same with the models on a GPU (skipped without CUDA);
   - a member whose program stops (closes its Comm) mid-training, of four:
     the survivors' next step times out on it, is dropped, and training
     goes on in a group of three, the survivors' parameters the same bits;
@@ -366,6 +367,46 @@ def test_equivalence_with_one_process(nodes: Nodes) -> None:
         rel = ((v["params"] - want).norm() / want.norm()).item()
         assert rel <= 1e-5, f"node{k}: relative difference {rel:.3g}"
         torch.testing.assert_close(v["params"], want, rtol=1e-5, atol=1e-6)
+        assert torch.equal(v["params"], first), f"node{k} differs from rank 0"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_equivalence_on_cuda(nodes: Nodes) -> None:
+    """The same on GPU models (each bucket through a pinned host buffer):
+    the members end where one process ends on the whole batch, and the
+    parameters and gradients stay on the GPU."""
+    batches = [(x.cuda(), y.cuda()) for x, y in data(STEPS, N)]
+    models = [mlp(200 + k).cuda() for k in range(N)]
+    starts = [copy.deepcopy(m).cpu() for m in models]
+
+    def member(k: int) -> Dict[str, Any]:
+        model = models[k]
+        with starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30) as comm:
+            sync = starling.SyncDataParallel(model, comm, bucket_bytes=600, timeout=30)
+            ok = train_steps(model, sync, batches, lambda: sync.rank)
+            sync.close()
+            on_gpu = all(p.is_cuda and p.grad.is_cuda for p in model.parameters())
+            return {"ok": ok, "rank": sync.rank, "params": flat(model).cpu(), "gpu": on_gpu}
+
+    out = nodes.run(member, list(range(N)))
+    ranks = {v["rank"]: k for k, v in out.items()}
+    assert sorted(ranks) == list(range(N))
+    ref = starts[ranks[0]]
+    init = flat(ref).clone()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x.cpu()), y.cpu()).backward()
+        opt.step()
+    want = flat(ref)
+    first = out[ranks[0]]["params"]
+    assert (want - init).norm() > 1e-2 * init.norm()  # it trained
+    for k, v in out.items():
+        assert v["ok"] == [True] * STEPS, v["ok"]
+        assert v["gpu"], f"node{k}: a parameter or gradient left the GPU"
+        # The GPU's float32 kernels sum in another order than the CPU's.
+        rel = ((v["params"] - want).norm() / want.norm()).item()
+        assert rel <= 1e-4, f"node{k}: relative difference {rel:.3g}"
         assert torch.equal(v["params"], first), f"node{k} differs from rank 0"
 
 

@@ -31,6 +31,7 @@
 #   NETNS=0 tools/bench/bench_attach_ddp.sh               loopback only
 #   LOOPBACK=0 RATE=100mbit tools/bench/bench_attach_ddp.sh   shaped links only
 #   SETUP=0 EPOCHS=1 TARGET=0.8 tools/bench/bench_attach_ddp.sh   a quick check
+#   DEVICE=cuda PY=python3 tools/bench/bench_attach_ddp.sh   every process on the GPU
 #
 # NODE_ARGS (default "--gossip-every 0.2 --ring-every 1") go to every
 # `starling node --attach`. Installs what is missing (python3-torch,
@@ -52,7 +53,8 @@ MTU=${MTU:-1500}
 LOOPBACK=${LOOPBACK:-1}
 SETUP=${SETUP:-1}
 NODE_ARGS=${NODE_ARGS:-"--gossip-every 0.2 --ring-every 1"}
-PY=/usr/bin/python3
+DEVICE=${DEVICE:-cpu}
+PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 S=$build/starling
 LIB=$build/libstarling.so
@@ -102,7 +104,7 @@ done
 "$S" keygen --cluster --out "$work/ck" >/dev/null
 
 TRAIN=(--epochs "$EPOCHS" --batch "$BATCH" --lr "$LR" --momentum 0.9
-       --schedule cosine --threads 1 --seed 1)
+       --schedule cosine --threads 1 --seed 1 --device "$DEVICE")
 now() { date +%s.%N; }
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.2f", a - b }'; }
 # ns_prefix LINK R: sets NSP to the words that run a command in rank R's

@@ -55,7 +55,7 @@ TIMEOUT=${TIMEOUT:-300}
 SETUP=${SETUP:-1}
 JSON=${JSON:-0}
 CPU_REPS=${CPU_REPS:-3}
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 
 case "$N" in '' | *[!0-9]* | 0 | 1) echo "bench_collectives: N=$N: a member count of 2 or more" >&2; exit 2 ;; esac

@@ -45,7 +45,7 @@ MAX_ITER=${MAX_ITER:-20}
 REPEATS=${REPEATS:-3}
 TIMEOUT=${TIMEOUT:-600}
 SETUP=${SETUP:-1}
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 for v in N POINTS DIM K MAX_ITER REPEATS TIMEOUT; do
   case "${!v}" in '' | *[!0-9]* | 0) echo "bench_kmeans: $v=${!v}: a positive integer" >&2; exit 2 ;; esac

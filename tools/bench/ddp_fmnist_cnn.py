@@ -10,7 +10,8 @@ Everything but the averaging is the example's, imported from it: the CNN
 i % WORLD == K, standardized the same way), the order of each epoch
 (epoch_order(seed, epoch, n)), the per-rank batch, SGD with momentum, the
 cosine schedule over --epochs of the shard, and the evaluation on the whole
-test set at every epoch end. What differs is what DDP is: the gradients are
+test set at every epoch end, the device (--device cuda: gloo all-reduces
+the CUDA gradients through host copies). What differs is what DDP is: the gradients are
 averaged over the ranks at every step (an all-reduce), the model is one,
 and rank 0 evaluates it while the others wait at the next collective.
 
@@ -60,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--target", type=float, default=0.90)
     p.add_argument("--t0", type=float, default=None, help="launch time (time.time())")
     p.add_argument(
@@ -92,9 +94,10 @@ def epoch_end(
 def train(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    data = load_data(a.data_dir, (a.rank, a.world))
+    device = torch.device(a.device)
+    data = tuple(t.to(device) for t in load_data(a.data_dir, (a.rank, a.world)))
     xtr, ytr = data[0], data[1]
-    net = Net()
+    net = Net().to(device)
     model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     # Every rank takes the same number of steps (the smallest shard's), or
@@ -110,7 +113,7 @@ def train(a: argparse.Namespace) -> dict:
         epoch, b = divmod(step, per_epoch)
         sel = torch.from_numpy(
             epoch_order(a.seed, epoch, len(xtr))[b * a.batch :][: a.batch]
-        )
+        ).to(device)
         lr = a.lr
         if a.schedule == "cosine":
             lr = a.lr * 0.5 * (1 + math.cos(math.pi * step / total))
