@@ -74,6 +74,10 @@ int st__client_send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
                         double deadline_s);
 int st__client_recv_all(int sock, uint8_t* p, size_t n, double deadline_s);
 int st__client_recv_line(int sock, char* line, size_t cap, double deadline_s);
+/* recv_line, and the descriptor that came with the line's bytes in
+ * SCM_RIGHTS into *fd (-1: none; the caller closes it). */
+int st__client_recv_line_fd(int sock, char* line, size_t cap, int* fd,
+                            double deadline_s);
 
 /* Unmaps c's segment and closes its socket. */
 void st__client_session_close(st_client_t* c);

@@ -174,22 +174,75 @@ int st__client_recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
   return 0;
 }
 
-/* One line without its '\n', byte by byte: nothing after it is consumed. */
-int st__client_recv_line(int sock, char* line, size_t cap, double deadline_s) {
+/* One byte, with the descriptor that rides on it in SCM_RIGHTS, if any,
+ * into *fd (which must be -1 on entry; a second one is closed). */
+static int recv_byte_fd(int sock, uint8_t* ch, int* fd, double deadline_s) {
+  for (;;) {
+    struct iovec iov = {.iov_base = ch, .iov_len = 1};
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int rc = st__client_wait_fd(sock, POLLIN, deadline_s);
+      if (rc != 0)
+        return rc;
+      continue;
+    }
+    if (r < 0)
+      return -errno;
+    for (struct cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != NULL;
+         cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+        continue;
+      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int got;
+        memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        if (*fd < 0)
+          *fd = got;
+        else
+          close(got);
+      }
+    }
+    return r == 0 ? -ECONNRESET : 0;
+  }
+}
+
+int st__client_recv_line_fd(int sock, char* line, size_t cap, int* fd,
+                            double deadline_s) {
   size_t n = 0;
+  int got = -1;
   for (;;) {
     uint8_t ch;
-    int rc = st__client_recv_all(sock, &ch, 1, deadline_s);
-    if (rc != 0)
+    int rc = fd != NULL ? recv_byte_fd(sock, &ch, &got, deadline_s)
+                        : st__client_recv_all(sock, &ch, 1, deadline_s);
+    if (rc == 0 && ch != '\n' && n + 1 >= cap)
+      rc = -EMSGSIZE;
+    if (rc != 0) {
+      if (got >= 0)
+        close(got);
       return rc;
+    }
     if (ch == '\n')
       break;
-    if (n + 1 >= cap)
-      return -EMSGSIZE;
     line[n++] = ch == '\0' || ch < 0x20 ? '?' : (char) ch;
   }
   line[n] = '\0';
+  if (fd != NULL)
+    *fd = got;
   return 0;
+}
+
+int st__client_recv_line(int sock, char* line, size_t cap, double deadline_s) {
+  return st__client_recv_line_fd(sock, line, cap, NULL, deadline_s);
 }
 
 /* ---- The conversation ------------------------------------------------------

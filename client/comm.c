@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -26,10 +28,16 @@
 #define REPLY_GRACE_S 10.0
 #define REPLY_JSON_MAX (64u * 1024u)
 
+/* Operands of this many bytes or more go through the session's shared
+ * segment (when it has one); smaller ones ride in the request frame. */
+#define SHM_MIN_BYTES (32u * 1024u)
+
 struct st_comm_s {
   int sock;
   bool gone;
   uint32_t rank, size;
+  uint8_t* shm; /* the session's shared segment, mapped; NULL: none */
+  uint64_t shm_bytes;
   char err[768];
 };
 
@@ -44,52 +52,97 @@ static int fail(st_comm_t* c, int rc, const char* fmt, ...) {
   return rc;
 }
 
+/* Connects to the node at path and opens a session with first (its first
+ * line): *sock, the answer line, and the descriptor that came with it
+ * (*fd, -1: none). 0, or -errno with err said. */
+static int open_session(const char* path, const char* first, int* sock,
+                        char* line, size_t cap, int* fd, char* err,
+                        size_t err_len) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return -errno;
+  if (connect(s, (struct sockaddr*) &sa, sizeof sa) != 0) {
+    int e = errno;
+    close(s);
+    st_set_err(err, err_len,
+               "no starling node at %s (%s): is `starling node` running "
+               "with that data directory?",
+               path, strerror(e));
+    return -e;
+  }
+  double deadline = st_now_s() + OPEN_TIMEOUT_S;
+  int rc = st__client_send_all(s, (const uint8_t*) first, strlen(first), -1,
+                               deadline);
+  if (rc == 0)
+    rc = st__client_recv_line_fd(s, line, cap, fd, deadline);
+  if (rc != 0) {
+    close(s);
+    st_set_err(err, err_len, "the node at %s did not answer (%s)", path,
+               strerror(-rc));
+    return rc;
+  }
+  *sock = s;
+  return 0;
+}
+
+/* Maps the session's shared segment (the node's memfd); without it the
+ * session moves every operand over the socket. */
+static void map_segment(st_comm_t* c, int fd) {
+  struct stat st;
+  if (fd < 0)
+    return;
+  if (fstat(fd, &st) == 0 && st.st_size > 0) {
+    void* p = mmap(NULL, (size_t) st.st_size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p != MAP_FAILED) {
+      c->shm = p;
+      c->shm_bytes = (uint64_t) st.st_size;
+    }
+  }
+  close(fd);
+}
+
 int st_comm_open(const char* socket_path, st_comm_t** out, char* err,
                  size_t err_len) {
   if (out == NULL)
     return -EINVAL;
   *out = NULL;
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (socket_path == NULL || strlen(socket_path) >= sizeof sa.sun_path) {
+  if (socket_path == NULL ||
+      strlen(socket_path) >= sizeof(((struct sockaddr_un*) 0)->sun_path)) {
     st_set_err(err, err_len, "the socket path is missing or too long");
     return -ENAMETOOLONG;
   }
-  memcpy(sa.sun_path, socket_path, strlen(socket_path) + 1);
-  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0)
-    return -errno;
-  if (connect(sock, (struct sockaddr*) &sa, sizeof sa) != 0) {
-    int e = errno;
-    close(sock);
-    st_set_err(err, err_len,
-               "no starling node at %s (%s): is `starling node` running "
-               "with that data directory?",
-               socket_path, strerror(e));
-    return -e;
-  }
-  double deadline = st_now_s() + OPEN_TIMEOUT_S;
   char line[600];
-  int rc = st__client_send_all(sock, (const uint8_t*) "collectives\n", 12, -1,
-                               deadline);
-  if (rc == 0)
-    rc = st__client_recv_line(sock, line, sizeof line, deadline);
-  if (rc != 0 || strcmp(line, "ready") != 0) {
+  int sock = -1, fd = -1;
+  int rc = open_session(socket_path, "collectives shm\n", &sock, line,
+                        sizeof line, &fd, err, err_len);
+  if (rc == 0 && strncmp(line, "error: unknown request", 22) == 0) {
+    /* A node from before the shared segment: the plain session. */
     close(sock);
-    if (rc == 0) {
-      st_set_err(err, err_len, "the node at %s refused: %s", socket_path,
-                 strncmp(line, "error ", 6) == 0 ? line + 6 : line);
-      return -EBUSY;
-    }
-    st_set_err(err, err_len, "the node at %s did not answer (%s)", socket_path,
-               strerror(-rc));
+    rc = open_session(socket_path, "collectives\n", &sock, line, sizeof line,
+                      &fd, err, err_len);
+  }
+  if (rc != 0)
     return rc;
+  if (strcmp(line, "ready") != 0) {
+    if (fd >= 0)
+      close(fd);
+    close(sock);
+    st_set_err(err, err_len, "the node at %s refused: %s", socket_path,
+               strncmp(line, "error ", 6) == 0 ? line + 6 : line);
+    return -EBUSY;
   }
   st_comm_t* c = calloc(1, sizeof(*c));
   if (c == NULL) {
+    if (fd >= 0)
+      close(fd);
     close(sock);
     return -ENOMEM;
   }
   c->sock = sock;
+  map_segment(c, fd);
   *out = c;
   return 0;
 }
@@ -99,6 +152,8 @@ void st_comm_close(st_comm_t* c) {
     return;
   if (c->sock >= 0)
     close(c->sock);
+  if (c->shm != NULL)
+    munmap(c->shm, (size_t) c->shm_bytes);
   free(c);
 }
 
@@ -252,6 +307,43 @@ static int put_group(st_comm_t* c, st_json_buf_t* b, const char* group) {
   return 0;
 }
 
+/* Where an operand of bytes travels: its offset in the shared segment
+ * (copied there unless it already lies in it, or copy_in is false), or -1:
+ * in the request frame. */
+static int64_t shm_place(st_comm_t* c, const void* data, uint64_t bytes,
+                         bool copy_in) {
+  if (c->shm == NULL || bytes < SHM_MIN_BYTES || bytes > c->shm_bytes)
+    return -1;
+  uintptr_t p = (uintptr_t) data, base = (uintptr_t) c->shm;
+  if (p >= base && p - base <= c->shm_bytes - bytes)
+    return (int64_t) (p - base);
+  if (copy_in)
+    memcpy(c->shm, data, bytes);
+  return 0;
+}
+
+/* After an ok reply to a request that had "shm": off: the result the node
+ * wrote there ("shm": its bytes, at most cap) into data. */
+static int shm_take(st_comm_t* c, const st_json_t* root, int64_t off,
+                    void* data, uint64_t cap, uint64_t* got) {
+  const st_json_t* v = st_json_get(root, "shm");
+  if (v == NULL || !v->is_int || v->integer < 0 || (uint64_t) v->integer > cap)
+    return fail(c, -EPROTO, "the node's answer lacks the result's size");
+  uint8_t* at = c->shm + off;
+  if (v->integer > 0 && (uint8_t*) data != at)
+    memcpy(data, at, (size_t) v->integer);
+  *got = (uint64_t) v->integer;
+  return 0;
+}
+
+/* ",\"shm\":OFF" into the request when the operand is in the segment. */
+static void put_shm(st_json_buf_t* b, int64_t off) {
+  if (off < 0)
+    return;
+  st_json_buf_puts(b, ",\"shm\":");
+  st_json_buf_u64(b, (uint64_t) off);
+}
+
 static const char* const kind_names[] = {"all_reduce", "reduce", "broadcast",
                                          "barrier"};
 static const char* const op_names[] = {"sum", "mean", "min", "max"};
@@ -269,17 +361,20 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
                 ") or timeout",
                 count);
   uint64_t bytes = kind == 3 ? 0 : count * (dtype == ST_COMM_F64 ? 8 : 4);
+  int64_t off = shm_place(c, data, bytes, true);
+  uint64_t wire = off >= 0 ? 0 : bytes; /* the operand's bytes on the socket */
   st_json_buf_t b;
   st_json_buf_init(&b);
   char head[512];
   snprintf(head, sizeof head,
            "{\"op\":\"%s\",\"rop\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
-           ",\"root\":%u,\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64
-           ",\"group\":",
+           ",\"root\":%u,\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
            kind_names[kind], op_names[op],
            dtype == ST_COMM_F64 ? "float64" : "float32", kind == 3 ? 1 : count,
-           root, (uint64_t) llround(timeout_s * 1000), bytes);
+           root, (uint64_t) llround(timeout_s * 1000), wire);
   st_json_buf_puts(&b, head);
+  put_shm(&b, off);
+  st_json_buf_puts(&b, ",\"group\":");
   int rc = put_group(c, &b, group);
   st_json_buf_puts(&b, "}");
   if (rc == 0 && b.failed)
@@ -287,12 +382,14 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
   st_json_doc_t* doc = NULL;
   uint64_t got = 0;
   if (rc == 0)
-    rc = roundtrip(c, b.p, data, bytes, timeout_s, &doc, data, bytes, &got);
+    rc = roundtrip(c, b.p, data, wire, timeout_s, &doc, data, wire, &got);
   st_json_buf_free(&b);
   if (rc != 0)
     return rc;
   const st_json_t* root_v = st_json_root(doc);
   rc = verdict(c, root_v);
+  if (rc == 0 && off >= 0)
+    rc = shm_take(c, root_v, off, data, bytes, &got);
   if (rc == 0) {
     const st_json_t* r = st_json_get(root_v, "rank");
     const st_json_t* n = st_json_get(root_v, "n");
@@ -326,16 +423,20 @@ static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
                 ") or timeout",
                 count);
   uint64_t bytes = moves ? count * (dtype == ST_COMM_F64 ? 8 : 4) : 0;
+  int64_t off = shm_place(c, data, bytes, which == 0);
+  uint64_t wire = off >= 0 ? 0 : bytes; /* the operand's bytes on the socket */
   st_json_buf_t b;
   st_json_buf_init(&b);
   char head[256];
   snprintf(head, sizeof head,
            "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
-           ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"peer\":\"",
+           ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
            p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
            moves ? count : 0, (uint64_t) llround(timeout_s * 1000),
-           which == 0 ? bytes : 0);
+           which == 0 ? wire : 0);
   st_json_buf_puts(&b, head);
+  put_shm(&b, off);
+  st_json_buf_puts(&b, ",\"peer\":\"");
   for (int k = 0; k < 32; k++) {
     char ch[2] = {(char) tolower((unsigned char) peer[k]), '\0'};
     st_json_buf_puts(&b, ch);
@@ -347,12 +448,15 @@ static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
   st_json_doc_t* doc = NULL;
   uint64_t got = 0;
   if (rc == 0)
-    rc = roundtrip(c, b.p, data, which == 0 ? bytes : 0, timeout_s, &doc,
-                   which == 1 ? data : NULL, which == 1 ? bytes : 0, &got);
+    rc = roundtrip(c, b.p, data, which == 0 ? wire : 0, timeout_s, &doc,
+                   which == 1 ? data : NULL, which == 1 ? wire : 0, &got);
   st_json_buf_free(&b);
   if (rc != 0)
     return rc;
   rc = verdict(c, st_json_root(doc));
+  if (rc == 0 && off >= 0)
+    rc = shm_take(c, st_json_root(doc), off, which == 1 ? data : NULL,
+                  which == 1 ? bytes : 0, &got);
   if (rc == 0 && which == 1 && got != bytes)
     rc = fail(c, -EPROTO,
               "the node sent %" PRIu64 " bytes for a pull of %" PRIu64, got,

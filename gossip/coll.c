@@ -42,6 +42,7 @@ struct st_coll_s {
   size_t esz;       /* element bytes */
   bool small;       /* the one-round path */
   uint8_t* buf;     /* count elements: own input, then the result */
+  bool borrowed;    /* buf is the caller's (st_coll_new_in): not freed */
   uint8_t** got;    /* small path: each rank's contribution, or NULL */
   uint32_t got_n;   /* contributions (HELLOs) received */
   uint32_t need_n;  /* HELLOs this member waits for */
@@ -336,7 +337,9 @@ static bool spec_ok(const st_coll_spec_t* s) {
          s->segment_bytes <= ST_WIRE_CHUNK_MAX_BYTES;
 }
 
-int st_coll_new(const st_coll_spec_t* spec, const void* input,
+/* st_coll_new and st_coll_new_in: work (borrowed) or a buffer of its own
+ * holding a copy of input. */
+static int make(const st_coll_spec_t* spec, void* work, const void* input,
                 st_coll_t** out) {
   if (spec == NULL || out == NULL || !spec_ok(spec))
     return -EINVAL;
@@ -351,10 +354,11 @@ int st_coll_new(const st_coll_spec_t* spec, const void* input,
              (bytes <= spec->small_bytes && spec->n <= ST_COLL_SMALL_MEMBERS);
   x->seg = spec->segment_bytes / x->esz;
   x->prev = x->next = spec->n;
-  x->buf = calloc(bytes > 0 ? bytes : 1, 1);
+  x->borrowed = work != NULL;
+  x->buf = work != NULL ? work : calloc(bytes > 0 ? bytes : 1, 1);
   x->hello_from = calloc(spec->n, sizeof(bool));
   int rc = x->buf != NULL && x->hello_from != NULL ? 0 : -ENOMEM;
-  if (rc == 0 && input != NULL && spec->kind != ST_COLL_BARRIER)
+  if (rc == 0 && work == NULL && input != NULL && spec->kind != ST_COLL_BARRIER)
     memcpy(x->buf, input, bytes);
   if (rc == 0 && spec->n == 1)
     complete(x); /* alone: the input is the result (a mean of one) */
@@ -368,6 +372,19 @@ int st_coll_new(const st_coll_spec_t* spec, const void* input,
   return 0;
 }
 
+int st_coll_new(const st_coll_spec_t* spec, const void* input,
+                st_coll_t** out) {
+  return make(spec, NULL, input, out);
+}
+
+int st_coll_new_in(const st_coll_spec_t* spec, void* buf, st_coll_t** out) {
+  if (spec == NULL || out == NULL)
+    return -EINVAL;
+  if (spec->kind == ST_COLL_BARRIER || spec->count == 0 || buf == NULL)
+    return make(spec, NULL, buf, out); /* nothing to work in */
+  return make(spec, buf, NULL, out);
+}
+
 void st_coll_free(st_coll_t* x) {
   if (x == NULL)
     return;
@@ -376,7 +393,8 @@ void st_coll_free(st_coll_t* x) {
       free(x->got[i]);
   free(x->got);
   free(x->hello_from);
-  free(x->buf);
+  if (!x->borrowed)
+    free(x->buf);
   free(x->q);
   free(x->out);
   free(x);
@@ -425,8 +443,13 @@ static void reduce_small(st_coll_t* x) {
       combine(x, acc, x->got[i], s->count);
     finish_mean(x, acc, s->count);
     x->got[s->rank] = NULL;
-    free(x->buf);
-    x->buf = acc;
+    if (x->borrowed) {
+      memcpy(x->buf, acc, bytes);
+      free(acc);
+    } else {
+      free(x->buf);
+      x->buf = acc;
+    }
   } else if (s->kind == ST_COLL_BROADCAST && s->rank != s->root) {
     memcpy(x->buf, x->got[s->root], bytes);
   }

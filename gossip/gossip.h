@@ -1672,6 +1672,14 @@ typedef struct st_coll_s st_coll_t;
  * ST_COLL_MAX_MEMBERS, rank or root >= n, count beyond ST_COLL_MAX_COUNT,
  * a barrier's count other than 1, segment_bytes), -ENOMEM. */
 int st_coll_new(const st_coll_spec_t* spec, const void* input, st_coll_t** out);
+/* st_coll_new working in the caller's buf instead of a copy: buf holds the
+ * count elements of input (ignored for a broadcast's non-root members),
+ * is read and written by the machine until st_coll_free (the segments it
+ * sends are encoded from it), and afterwards holds the result where
+ * st_coll_result has one (then st_coll_result == buf); a reduce's
+ * non-root members are left with partial sums in it. Nothing else may
+ * write buf meanwhile. A barrier, or a count of 0, works as st_coll_new. */
+int st_coll_new_in(const st_coll_spec_t* spec, void* buf, st_coll_t** out);
 void st_coll_free(st_coll_t* x);
 
 /* A message of this operation (msg->u.*.op_id == op_id; -EINVAL

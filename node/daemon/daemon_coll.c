@@ -363,7 +363,8 @@ int st__coll_start(st__daemon_t* d, st__coll_op_t* op, const void* input) {
   spec.n = op->g.n;
   spec.rank = op->g.rank;
   spec.members_hash = op->g.members_hash;
-  int rc = st_coll_new(&spec, input, &op->m);
+  int rc = op->work != NULL ? st_coll_new_in(&spec, op->work, &op->m)
+                            : st_coll_new(&spec, input, &op->m);
   if (rc != 0)
     return rc;
   op->started_ms = st__dnow(d);

@@ -10,7 +10,16 @@
  * them), and "push", "pull", "notify", "wait", run as broadcasts over
  * two members. The program going away fails its operation
  * everywhere.
+ *
+ * A session opened with "collectives shm" gets a shared segment: the node
+ * creates a memfd of ST__COLL_DATA_MAX bytes (sparse: pages exist once
+ * written), seals its size and sends the descriptor with "ready". A
+ * request whose JSON has "shm": OFFSET carries its operand in the segment
+ * at that offset instead of on the socket; the operation works there in
+ * place (st_coll_new_in) and leaves its result there: a large operand
+ * crosses no socket and is not copied by the node at all.
  */
+#define _GNU_SOURCE /* memfd_create, F_ADD_SEALS */
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -19,10 +28,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "node/daemon/daemon_internal.h"
+
+#ifndef F_ADD_SEALS
+#define F_ADD_SEALS 1033
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#endif
 
 #define HEADER_MAX (64u * 1024u)
 #define READ_CHUNK (256u * 1024u)
@@ -37,6 +54,8 @@ typedef struct st__coll_session_s {
   size_t want; /* the whole request's bytes once its header is known */
   size_t hlen;
   st__coll_op_t* op; /* the running operation, or NULL */
+  uint8_t* shm;      /* the shared segment, mapped; NULL: none */
+  size_t shm_bytes;
 } session_t;
 
 typedef struct {
@@ -127,11 +146,22 @@ void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
   if (result == ST_COLL_OK) {
     const void* res = op->no_result ? NULL : st_coll_result(op->m);
     size_t bytes = res != NULL ? op->count * st_coll_elem_bytes(op->dtype) : 0;
-    char json[160];
-    snprintf(json, sizeof json,
-             "{\"ok\":true,\"bytes\":%zu,\"rank\":%u,\"n\":%u}", bytes,
-             op->g.rank, op->g.n);
-    reply(s, json, res, bytes);
+    char json[200];
+    if (op->shm_off >= 0 && !s->closing) {
+      /* In range: checked against the segment when the request came; the
+       * machine worked there, so the result is usually there already. */
+      if (bytes > 0 && res != (const void*) (s->shm + op->shm_off))
+        memcpy(s->shm + op->shm_off, res, bytes);
+      snprintf(json, sizeof json,
+               "{\"ok\":true,\"bytes\":0,\"shm\":%zu,\"rank\":%u,\"n\":%u}",
+               bytes, op->g.rank, op->g.n);
+      reply(s, json, NULL, 0);
+    } else {
+      snprintf(json, sizeof json,
+               "{\"ok\":true,\"bytes\":%zu,\"rank\":%u,\"n\":%u}", bytes,
+               op->g.rank, op->g.n);
+      reply(s, json, res, bytes);
+    }
   } else {
     reply_error(s, st_coll_result_name(result), "%s", msg);
   }
@@ -355,10 +385,62 @@ static int p2p_group(session_t* s, const st_json_t* root, int p2p,
   return 0;
 }
 
+/* A request's "shm": OFFSET, when there is one: the operand (or, for a
+ * pull, the room for the result) lies in the segment at OFFSET, and the
+ * frame carries no bytes. Sets *off (-1: no "shm"), and *data and *bytes to
+ * the operand as the socket path would have them. err names what is bad. */
+static int shm_operand(session_t* s, const st_json_t* root, int kind, int p2p,
+                       int64_t* off, const uint8_t** data, uint64_t* bytes,
+                       char* err, size_t len) {
+  *off = -1;
+  if (st_json_get(root, "shm") == NULL)
+    return 0;
+  int64_t o = int_of(root, "shm", -1);
+  int64_t count = int_of(root, "count", kind == ST_COLL_BARRIER ? 1 : -1);
+  int dt = pick(str_of(root, "dtype") ? str_of(root, "dtype") : "float32",
+                dtypes, 2);
+  if (s->shm == NULL)
+    return st_set_err(err, len,
+                      "\"shm\" in a session without a shared segment (open "
+                      "it with \"collectives shm\")"),
+           -EINVAL;
+  if (*bytes != 0)
+    return st_set_err(err, len,
+                      "a request with \"shm\" carries no bytes on the "
+                      "socket (%" PRIu64 " came)",
+                      *bytes),
+           -EINVAL;
+  if (o < 0 || count < 0 || (uint64_t) count > ST_COLL_MAX_COUNT || dt < 0)
+    return st_set_err(err, len,
+                      "\"shm\" is an offset in bytes, with a \"count\" of 0 "
+                      "to 2^37 and a \"dtype\""),
+           -EINVAL;
+  bool moves = kind != ST_COLL_BARRIER && p2p != P2P_NOTIFY && p2p != P2P_WAIT;
+  uint64_t want =
+      moves ? (uint64_t) count * st_coll_elem_bytes((st_coll_dtype_t) dt) : 0;
+  if ((uint64_t) o > s->shm_bytes || want > s->shm_bytes - (uint64_t) o)
+    return st_set_err(err, len,
+                      "%" PRIu64 " bytes at offset %" PRId64
+                      " end past the shared segment (%zu bytes)",
+                      want, o, s->shm_bytes),
+           -EINVAL;
+  *off = o;
+  s->d->c.coll_shm_ops++;
+  *data = s->shm + o;
+  *bytes = p2p == P2P_PULL ? 0 : want;
+  return 0;
+}
+
 static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
                      const uint8_t* data, uint64_t bytes) {
   st__daemon_t* d = s->d;
   char err[400];
+  int64_t shm_off = -1;
+  if (shm_operand(s, root, kind, p2p, &shm_off, &data, &bytes, err,
+                  sizeof err) != 0) {
+    reply_error(s, "invalid", "%s", err);
+    return;
+  }
   if (!d->net_started || d->state == ST__D_LEAVING) {
     reply_error(s, "invalid",
                 d->net_started ? "the node is leaving"
@@ -373,6 +455,8 @@ static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
     return;
   }
   op->session = s;
+  op->shm_off = shm_off;
+  op->work = shm_off >= 0 ? s->shm + shm_off : NULL;
   if (op_fields(root, op, kind, bytes, err, sizeof err) != 0 ||
       (p2p == P2P_NONE
            ? group_of(s, root, &op->g, err, sizeof err)
@@ -549,6 +633,8 @@ static void read_cb(uv_stream_t* st, ssize_t nread, const uv_buf_t* buf) {
 
 static void close_cb(uv_handle_t* h) {
   session_t* s = h->data;
+  if (s->shm != NULL)
+    munmap(s->shm, s->shm_bytes);
   free(s->rbuf);
   free(s);
 }
@@ -580,7 +666,52 @@ static void say(int fd, const char* line) {
   (void) !send(fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes) {
+/* The session's shared segment: a sealed memfd of ST__COLL_DATA_MAX bytes,
+ * mapped; its descriptor into *fd (the caller sends and closes it). -errno
+ * when the system has none (the session then works without). */
+static int shm_create(session_t* s, int* fd) {
+  int m = memfd_create("starling-collectives", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (m < 0)
+    return -errno;
+  size_t n = (size_t) ST__COLL_DATA_MAX;
+  void* p = MAP_FAILED;
+  if (ftruncate(m, (off_t) n) == 0 &&
+      fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+    p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, m, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(m);
+    return -e;
+  }
+  s->shm = p;
+  s->shm_bytes = n;
+  *fd = m;
+  return 0;
+}
+
+/* "ready\n", with fd (>= 0) in SCM_RIGHTS. */
+static void say_ready(int sock, int fd) {
+  char line[] = "ready\n";
+  struct iovec iov = {.iov_base = line, .iov_len = 6};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  if (fd >= 0) {
+    memset(&ctl, 0, sizeof ctl);
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  }
+  (void) !sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes, bool shm) {
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0)
     return;
@@ -612,7 +743,12 @@ void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes) {
   s->next = d->coll.sessions;
   d->coll.sessions = s;
   d->coll.n_sessions++;
-  say(own, "ready\n");
+  int seg = -1;
+  if (shm && shm_create(s, &seg) != 0)
+    d->c.coll_shm_failed++; /* the program goes on over the socket */
+  say_ready(own, seg);
+  if (seg >= 0)
+    close(seg);
   if (uv_read_start((uv_stream_t*) &s->pipe, alloc_cb, read_cb) != 0)
     session_close(s);
 }

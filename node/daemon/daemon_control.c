@@ -334,6 +334,8 @@ static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "bytes_out", d->c.coll_bytes_out);
   kv_u64(b, &f2, "sessions", d->coll.n_sessions);
   kv_u64(b, &f2, "sessions_refused", d->c.coll_sessions_refused);
+  kv_u64(b, &f2, "shm_ops", d->c.coll_shm_ops);
+  kv_u64(b, &f2, "shm_failed", d->c.coll_shm_failed);
   st_json_buf_puts(b, "}");
 }
 
@@ -610,14 +612,15 @@ static void cwrite_cb(uv_write_t* req, int status) {
 }
 
 /* The requests after which another module takes the connection over:
- * "attach" (its session, daemon_attach.c), "collectives" (a collectives
- * session, daemon_coll_session.c) and "monitor" (the event stream,
- * daemon_events.c). true when cl's request was one of them (cl is closed:
- * the module keeps a duplicate of its socket). more: bytes came after the
- * line (meant for a session that has not started). */
+ * "attach" (its session, daemon_attach.c), "collectives" or "collectives
+ * shm" (a collectives session, daemon_coll_session.c) and "monitor" (the event
+ * stream, daemon_events.c). true when cl's request was one of them (cl is
+ * closed: the module keeps a duplicate of its socket). more: bytes came after
+ * the line (meant for a session that has not started). */
 static bool hand_over(client_t* cl, bool more, bool json) {
   int to = strcmp(cl->req, "attach") == 0                      ? 1
            : strcmp(cl->req, "collectives") == 0               ? 2
+           : strcmp(cl->req, "collectives shm") == 0           ? 6
            : strncmp(cl->req, "monitor", 7) == 0               ? 3
            : strncmp(cl->req, "keys cluster ", 13) == 0        ? 4
            : strncmp(cl->req, "force-leave cluster ", 20) == 0 ? 5
@@ -628,8 +631,8 @@ static bool hand_over(client_t* cl, bool more, bool json) {
   if (uv_fileno((uv_handle_t*) &cl->pipe, &fd) == 0) {
     if (to == 1)
       st__attach_takeover(cl->d, fd, more);
-    else if (to == 2)
-      st__coll_takeover(cl->d, fd, more);
+    else if (to == 2 || to == 6)
+      st__coll_takeover(cl->d, fd, more, to == 6);
     else if (to == 3)
       st__events_takeover(cl->d, fd, json);
     else if (to == 4)

@@ -194,8 +194,11 @@ typedef struct st__coll_op_s {
   uint64_t count;
   st_coll_t* m;
   uint64_t started_ms, deadline_ms; /* deadline 0: none */
-  bool withdrawn; /* timed out having met nobody: its number given back */
-  bool no_result; /* a push: the program gets no data back */
+  bool withdrawn;  /* timed out having met nobody: its number given back */
+  bool no_result;  /* a push: the program gets no data back */
+  int64_t shm_off; /* the operand and result in the session's segment at
+                      this offset; -1: on the socket */
+  void* work;      /* with shm_off: the machine works there, in place */
 } st__coll_op_t;
 
 typedef struct {
@@ -272,10 +275,13 @@ typedef struct {
   uint64_t fetches_refused;
   /* User collectives: operations that succeeded and failed here, frames
    * dropped (undecodable, from outside the group, kept too long or past
-   * the bound), bytes of their messages, sessions refused. */
+   * the bound), bytes of their messages, sessions refused; operations
+   * whose operand came through a session's shared segment, and sessions
+   * that asked for one and were given none (the system refused). */
   uint64_t coll_ok, coll_failed, coll_dropped;
   uint64_t coll_bytes_in, coll_bytes_out;
   uint64_t coll_sessions_refused;
+  uint64_t coll_shm_ops, coll_shm_failed;
   /* Compressed averaging (daemon_compress.c): anchors taken from ring
    * rounds, averaging exchanges that went compressed, and compressed
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
@@ -565,9 +571,10 @@ void st__coll_on_member_gone(st__daemon_t* d, const st_node_id_t* id,
                              bool left);
 
 /* daemon_coll_session.c: the programs' side. */
-/* The control connection fd said "collectives": a session takes it over
- * (a dup; the caller closes its own handle). */
-void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes);
+/* The control connection fd said "collectives" (shm: "collectives shm",
+ * which asks for the shared segment): a session takes it over (a dup; the
+ * caller closes its own handle). */
+void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes, bool shm);
 /* op ended (removed from the running list): its session answers the
  * program and frees op. msg: "" on success, else the sentence. */
 void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,

@@ -410,6 +410,14 @@ static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_collectives_sessions_refused_total",
           "Collectives sessions refused (too many, node leaving).",
           d->c.coll_sessions_refused);
+  counter(b, "starling_collectives_shm_operations_total",
+          "Collective operations whose operand came through the program's "
+          "shared segment.",
+          d->c.coll_shm_ops);
+  counter(b, "starling_collectives_shm_failed_total",
+          "Collectives sessions that asked for a shared segment and got none "
+          "(the system refused the memfd; they use the socket).",
+          d->c.coll_shm_failed);
 }
 
 /* Cluster requests from members: status --json's "cluster_requests". */

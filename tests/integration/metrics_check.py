@@ -95,6 +95,8 @@ COLLECTIVES = {
     "bytes_out": ("starling_collectives_transmit_bytes_total", {}),
     "sessions": ("starling_collectives_sessions", {}),
     "sessions_refused": ("starling_collectives_sessions_refused_total", {}),
+    "shm_ops": ("starling_collectives_shm_operations_total", {}),
+    "shm_failed": ("starling_collectives_shm_failed_total", {}),
 }
 COMPRESSION = {
     "coded_bytes": ("starling_compression_coded_bytes", {}),

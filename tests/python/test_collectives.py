@@ -14,6 +14,10 @@ values computed here.
     (small and > 64 KiB), barrier, an explicit group of two members;
   - refusals before the node is asked (dtype, op, root, timeout,
     read-only array, a malformed group);
+  - the shared segment ("collectives shm"): sealed, operands in it at an
+    offset, the socket path beside it, out-of-range requests refused; the
+    library's large operands use it, and it falls back to the socket with
+    a node from before the segment;
   - a count mismatch: every member raises CollectiveMismatch, naming both
     calls;
   - a member that never comes: the others' barrier raises
@@ -26,7 +30,10 @@ values computed here.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
+import mmap
+import os
 import socket
 import struct
 import threading
@@ -401,6 +408,92 @@ def test_p2p_requests_checked_by_the_node(members: Members) -> None:
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
+def shm_session(path: str) -> Any:
+    """A raw session that asks for the shared segment: the socket, and the
+    segment's descriptor that came with "ready"."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10 * SLOW)
+    s.connect(path)
+    s.sendall(b"collectives shm\n")
+    msg, fds, _, _ = socket.recv_fds(s, 6, 1)
+    assert msg == b"ready\n" and len(fds) == 1, (msg, fds)
+    return s, fds[0]
+
+
+def test_shared_segment(members: Members) -> None:
+    """"collectives shm" hands the program a sealed segment; an operand
+    placed in it at an offset comes back reduced at that offset, the frame
+    carrying no bytes; the same operand on the socket of a plain session
+    (what a client from before the segment sends) gives the same result;
+    requests that point outside the segment, or use one that the session
+    does not have, are refused naming it, and the session goes on. The
+    library's own large operations go through the segment (status counts
+    them)."""
+    k0 = members.ranks.index(0)
+    node = members.cluster.nodes[k0]
+    me = members.ids[0]
+    n = 40000  # 160 KB of float32: the ring's size class
+    x = (np.arange(n, dtype=np.float32) * 0.5 - 7.0).astype(np.float32)
+    req = {"op": "all_reduce", "rop": "sum", "dtype": "float32", "count": n,
+           "timeout_ms": 10000, "bytes": 0, "group": [me]}
+    before = node.status()["collectives"]["shm_ops"]
+    s, fd = shm_session(node.sock)
+    try:
+        size = os.fstat(fd).st_size
+        assert size == 1 << 30, size
+        seals = fcntl.fcntl(fd, 1034)  # F_GET_SEALS
+        assert seals & 0x7 == 0x7, seals  # SEAL, SHRINK, GROW
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 4096)
+        seg = mmap.mmap(fd, size)
+        off = 3 * 4096 + 8
+        view = np.frombuffer(seg, dtype=np.float32, count=n, offset=off)
+        view[:] = x
+        reply = raw_request(s, {**req, "shm": off})
+        assert reply["ok"] is True and reply["bytes"] == 0, reply
+        assert reply["shm"] == 4 * n and reply["n"] == 1, reply
+        assert np.array_equal(view, x)  # a group of one: the sum is x
+        cases = [
+            ({"shm": size - 4 * n + 4}, "end past the shared segment"),
+            ({"shm": -8}, "an offset in bytes"),
+            ({"shm": 0, "bytes": 4 * n}, "carries no bytes on the socket"),
+        ]
+        for extra, word in cases:
+            payload = b"\0" * extra.get("bytes", 0)
+            reply = raw_request(s, {**req, **extra}, payload)
+            assert reply["ok"] is False and word in reply["error"], (extra, reply)
+        reply = raw_request(s, {**req, "shm": off})
+        assert reply["ok"] is True, reply
+        del view
+        seg.close()
+    finally:
+        s.close()
+        os.close(fd)
+    with raw_session(node.sock) as s:
+        reply = raw_request(s, {**req, "shm": 0})
+        assert reply["ok"] is False and "without a shared segment" in reply["error"]
+        head = json.dumps({**req, "bytes": 4 * n}).encode()
+        s.sendall(struct.pack("<I", len(head)) + head + x.tobytes())
+        m = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
+        reply = json.loads(s.recv(m, socket.MSG_WAITALL))
+        assert reply["ok"] is True and reply["bytes"] == 4 * n, reply
+        got = np.frombuffer(s.recv(4 * n, socket.MSG_WAITALL), dtype=np.float32)
+        assert np.array_equal(got, x)
+    assert node.status()["collectives"]["shm_ops"] == before + 2
+
+    # The library: 1 MiB through the segment, 4 KiB in the frame.
+    counts = [st.status()["collectives"]["shm_ops"] for st in members.cluster.nodes]
+    out = members.ok(lambda comm, rank: (
+        comm.all_reduce(value(rank, 1 << 18).astype(np.float32), op="sum"),
+        comm.all_reduce(value(rank, 1024).astype(np.float32), op="sum"),
+    ))
+    for r in range(N):
+        np.testing.assert_allclose(out[r][0], expect("sum", np.float32, 1 << 18),
+                                   rtol=1e-6, atol=1e-5)
+    after = [st.status()["collectives"]["shm_ops"] for st in members.cluster.nodes]
+    assert [a - b for a, b in zip(after, counts)] == [1] * N, (counts, after)
+
+
 def test_refusals(members: Members) -> None:
     """Bad operands and arguments are refused, naming them, before the
     node is asked (a malformed group by the library); nothing changes."""
@@ -532,6 +625,58 @@ def test_error_kinds() -> None:
 def test_no_node(tmp_path: Path, built: None) -> None:
     with pytest.raises(starling.NodeUnavailable, match="no starling node"):
         starling.open_comm(str(tmp_path / "control.sock"))
+
+
+def test_library_falls_back_to_a_node_without_the_segment(
+    tmp_path: Path, built: None
+) -> None:
+    """A node from before the shared segment refuses "collectives shm" as
+    an unknown request: the library opens a plain session instead and
+    sends a large operand on the socket. (A stand-in node in a thread,
+    speaking the old protocol: it doubles the operand.)"""
+    path = str(tmp_path / "old.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(2)
+    srv.settimeout(10)
+    seen: Dict[str, Any] = {}
+
+    def line(c: socket.socket) -> bytes:
+        out = b""
+        while not out.endswith(b"\n"):
+            out += c.recv(1)
+        return out
+
+    def old_node() -> None:
+        c, _ = srv.accept()
+        seen["first"] = line(c)
+        c.sendall(b"error: unknown request; expected status, ... or collectives\n")
+        c.close()
+        c, _ = srv.accept()
+        c.settimeout(10)
+        seen["second"] = line(c)
+        c.sendall(b"ready\n")
+        n = struct.unpack("<I", c.recv(4, socket.MSG_WAITALL))[0]
+        req = json.loads(c.recv(n, socket.MSG_WAITALL))
+        seen["req"] = req
+        data = np.frombuffer(c.recv(req["bytes"], socket.MSG_WAITALL), np.float32)
+        head = json.dumps({"ok": True, "bytes": req["bytes"], "rank": 0, "n": 1})
+        c.sendall(struct.pack("<I", len(head)) + head.encode() + (2 * data).tobytes())
+        c.close()
+
+    t = threading.Thread(target=old_node, daemon=True)
+    t.start()
+    try:
+        x = np.full(20000, 1.5, dtype=np.float32)  # 80 KB: the segment's size class
+        with starling.open_comm(path, timeout=10) as comm:
+            comm.all_reduce(x)
+        t.join(10)
+        assert seen["first"] == b"collectives shm\n", seen
+        assert seen["second"] == b"collectives\n", seen
+        assert seen["req"]["bytes"] == 80000 and "shm" not in seen["req"], seen
+        assert np.all(x == 3.0)
+    finally:
+        srv.close()
 
 
 def test_node_went_away(cluster: Cluster) -> None:

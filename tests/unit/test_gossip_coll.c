@@ -52,6 +52,8 @@ typedef struct {
   int n;
   st_coll_spec_t spec[MAXN];
   void* input[MAXN];
+  bool in_place; /* st_coll_new_in on a copy of the input in work[] */
+  void* work[MAXN];
   st_coll_t* m[MAXN];
   bool created[MAXN], held[MAXN], done[MAXN];
   st_coll_result_t result[MAXN];
@@ -89,7 +91,15 @@ static void drain(net_t* w, int r) {
 }
 
 static void create(net_t* w, int r) {
-  ck_assert_int_eq(st_coll_new(&w->spec[r], w->input[r], &w->m[r]), 0);
+  if (w->in_place) {
+    size_t bytes = w->spec[r].count * st_coll_elem_bytes(w->spec[r].dtype);
+    w->work[r] = malloc(bytes + 1);
+    if (w->input[r] != NULL)
+      memcpy(w->work[r], w->input[r], bytes);
+    ck_assert_int_eq(st_coll_new_in(&w->spec[r], w->work[r], &w->m[r]), 0);
+  } else {
+    ck_assert_int_eq(st_coll_new(&w->spec[r], w->input[r], &w->m[r]), 0);
+  }
   w->created[r] = true;
   w->created_n++;
   drain(w, r);
@@ -139,6 +149,7 @@ static void net_free(net_t* w) {
   for (int a = 0; a < w->n; a++) {
     st_coll_free(w->m[a]);
     free(w->input[a]);
+    free(w->work[a]);
     for (int b = 0; b < w->n; b++)
       for (frame_t* f = w->link[a][b].head; f != NULL;) {
         frame_t* nx = f->next;
@@ -291,6 +302,39 @@ START_TEST(test_broadcast) {
       }
       net_free(&w);
     }
+}
+END_TEST
+
+/* st_coll_new_in: the same results, worked out in the caller's buffer
+ * (the result is that buffer); small and ring paths, every kind. */
+START_TEST(test_in_place) {
+  const uint64_t counts[] = {0, 1, 1000, 20011};
+  const st_coll_kind_t kinds[] = {ST_COLL_ALL_REDUCE, ST_COLL_REDUCE,
+                                  ST_COLL_BROADCAST};
+  for (int n = 1; n <= MAXN; n += (n < 3 ? 1 : 5))
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+      for (size_t k = 0; k < 3; k++)
+        for (int rop = 0; rop < ST_COLL_ROP_COUNT; rop += 3) {
+          net_t w;
+          net_init(&w, n, kinds[k], rop, ST_COLL_F32, counts[c],
+                   c == 3 ? 8 * 167 : 0);
+          w.in_place = true;
+          run(&w);
+          if (kinds[k] == ST_COLL_BROADCAST) {
+            uint32_t root = w.spec[0].root;
+            for (int r = 0; r < n; r++) {
+              ck_assert_int_eq(w.result[r], ST_COLL_OK);
+              ck_assert(memcmp(w.work[r], w.input[root], counts[c] * 4) == 0);
+            }
+          } else {
+            check_reduced(&w);
+          }
+          for (int r = 0; r < n; r++) {
+            const void* res = st_coll_result(w.m[r]);
+            ck_assert(res == NULL || counts[c] == 0 || res == w.work[r]);
+          }
+          net_free(&w);
+        }
 }
 END_TEST
 
@@ -563,6 +607,7 @@ static Suite* suite(void) {
   tcase_add_test(tc, test_all_reduce);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_broadcast);
+  tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_barrier);
   tcase_add_test(tc, test_mismatch);
   tcase_add_test(tc, test_abort_spreads);
