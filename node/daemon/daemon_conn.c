@@ -413,11 +413,18 @@ static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
   return rc;
 }
 
+size_t st__offload_bytes(void) {
+  static size_t bytes;
+  if (bytes == 0)
+    bytes = uv_available_parallelism() >= 4 ? 64u * 1024u : 512u * 1024u;
+  return bytes;
+}
+
 int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
                   bool xchg_ack) {
   if (c->closing || c->phase < P_HEADER)
     return -EPIPE;
-  if (len >= ST__OFFLOAD_BYTES || c->tx_busy || c->txq_head != NULL)
+  if (len >= st__offload_bytes() || c->tx_busy || c->txq_head != NULL)
     return send_offloaded(c, msg, len, xchg_ack);
   size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
   wreq_t* w = malloc(sizeof(*w) + cap);
@@ -519,7 +526,7 @@ static int open_step(st__conn_t* c, const uint8_t* p, size_t avail,
     return rc;
   const uint8_t* ct = p + ST_FRAME_LENGTH_BYTES;
   *used = ST_FRAME_LENGTH_BYTES + ct_len;
-  if (ct_len >= ST__OFFLOAD_BYTES && c->ops != NULL && c->ops->offload_rx)
+  if (ct_len >= st__offload_bytes() && c->ops != NULL && c->ops->offload_rx)
     return open_offloaded(c, ct, ct_len);
   if (d->rx_plain == NULL &&
       (d->rx_plain = malloc(ST_FRAME_MAX_DEFAULT)) == NULL)

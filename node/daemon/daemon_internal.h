@@ -62,7 +62,7 @@ typedef enum {
 typedef struct {
   st__conn_purpose_t purpose;
   uint64_t dial_deadline_ms; /* the dialler's deadline, dial to done */
-  bool offload_rx;           /* frames >= ST__OFFLOAD_BYTES open on the pool */
+  bool offload_rx;           /* frames >= st__offload_bytes() open on the pool */
   bool count_truncated;      /* the dialler's stream ended before the reply:
                                 ST_DROP_STREAM_TRUNCATED */
   /* The stream is up on the dialling side: say the first thing. < 0 drops
@@ -120,7 +120,7 @@ struct st__conn_s {
   float* snap; /* the machine's snapshot buffer, lent to the trainer */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
-  /* Frames of at least ST__OFFLOAD_BYTES are sealed and opened on libuv's
+  /* Frames of at least st__offload_bytes() are sealed and opened on libuv's
    * thread pool, one job per direction at a time, in order. */
   struct st__job_s* txq_head;
   struct st__job_s* txq_tail;
@@ -219,7 +219,14 @@ typedef struct {
 /* SENDs kept for lanes not yet up: at most the round's in_flight. */
 #define ST__RING_PENDING (2u * ST_RING_MAX_LANES)
 
-#define ST__OFFLOAD_BYTES (64u * 1024u)
+/* Frames of at least this many bytes are sealed and opened on libuv's
+ * thread pool instead of the loop thread: 64 KiB where the machine has 4
+ * or more cores, 512 KiB where it has fewer. On few cores the pool's
+ * threads only compete with the loops and the programs, and each hand-off
+ * costs two wake-ups: sealing a 256 KiB collective segment on the loop
+ * made 1 MiB all-reduces 13% and broadcasts 15% faster on 2 cores, 4
+ * nodes (docs/benchmarks.md, "User collectives vs Gloo"). Decided once. */
+size_t st__offload_bytes(void);
 
 /* A duration histogram (Prometheus buckets): counts[i] observations in
  * (st__hist_bounds_s[i-1], st__hist_bounds_s[i]], counts[ST__HIST_BUCKETS]
