@@ -62,9 +62,9 @@ typedef enum {
 typedef struct {
   st__conn_purpose_t purpose;
   uint64_t dial_deadline_ms; /* the dialler's deadline, dial to done */
-  bool offload_rx;           /* frames >= st__offload_bytes() open on the pool */
-  bool count_truncated;      /* the dialler's stream ended before the reply:
-                                ST_DROP_STREAM_TRUNCATED */
+  bool offload_rx;      /* frames >= st__offload_bytes() open on the pool */
+  bool count_truncated; /* the dialler's stream ended before the reply:
+                           ST_DROP_STREAM_TRUNCATED */
   /* The stream is up on the dialling side: say the first thing. < 0 drops
    * the connection. */
   int (*on_open)(st__conn_t* c);
