@@ -966,12 +966,21 @@ typedef enum {
   ST_SESSION_DROP_MALFORMED,  /* -EBADMSG undecodable, -EPROTO wrong type */
   ST_SESSION_DROP_HANDSHAKE,  /* crypto/ refused (its errno, its counter) */
   ST_SESSION_DROP_WRONG_PEER, /* -EACCES: not the node the dialler meant */
-  ST_SESSION_DROP_INTERNAL    /* encoding or stream setup failed */
+  ST_SESSION_DROP_INTERNAL,   /* encoding or stream setup failed */
+  ST_SESSION_DROP_BUSY        /* -EBUSY: the acceptor's admit said no */
 } st_session_drop_t;
+
+/* An acceptor's framer with one set asks it after an HS1 has passed its
+ * MAC check (a cluster-key holder made it, or replays it) and before the
+ * public-key work of answering it (an X25519 and an Ed25519 signature);
+ * false refuses the HS1 (ST_SESSION_DROP_BUSY), so that a flood of valid
+ * or replayed HS1s costs what the caller allows. */
+typedef bool (*st_session_admit_fn)(void* arg);
 
 /* One connection's framer. Holds secrets until OPEN or st_session_framer_wipe.
  * Callers read phase, drop, peer (valid once peer_known) and the queued
- * output (out, out_len); every other field is internal. */
+ * output (out, out_len), and may set admit and admit_arg after init; every
+ * other field is internal. */
 typedef struct {
   st_session_phase_t phase;
   st_session_drop_t drop;
@@ -987,6 +996,8 @@ typedef struct {
   st_stream_t* rx;
   st_crypto_counters_t* cc;
   st_wire_counters_t* wc;
+  st_session_admit_fn admit; /* set after init, or NULL: every HS1 */
+  void* admit_arg;
   size_t in_len; /* bytes of the unit being read */
   uint8_t in[ST_SESSION_LEN_BYTES + ST_SESSION_HS_FRAME_MAX];
   size_t out_len;

@@ -83,6 +83,8 @@ static int on_hs1(st_session_framer_t* f, const st_msg_t* in) {
   memset(&out, 0, sizeof(out));
   out.type = ST_MSG_HS2;
   int rc = st_handshake_read_msg1(&f->hs, &in->u.hs1);
+  if (rc == 0 && f->admit != NULL && !f->admit(f->admit_arg))
+    return fail(f, ST_SESSION_DROP_BUSY, -EBUSY);
   if (rc == 0)
     rc = st_handshake_write_msg2(&f->hs, &out.u.hs2);
   if (rc != 0)

@@ -51,6 +51,7 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->norm_mult = 10;
   cfg->clip_mult = 3;
   cfg->min_nodes = 1;
+  cfg->handshake_rate = ST_DAEMON_HANDSHAKE_RATE;
 }
 
 const char* st__dstate_name(st__dstate_t s) {

@@ -69,6 +69,8 @@ typedef struct {
                                delta norm (daemon_xchg.c); 0: off */
   uint32_t min_nodes;       /* the first step waits until this many nodes
                                are alive, this one included (1: at once) */
+  uint32_t handshake_rate;  /* HS1s answered a second, a bucket of as many
+                               (daemon_conn.c); 0: no limit */
   uint32_t ring_lanes;      /* encrypted connections a ring link uses, 1 ..
                                ST_RING_MAX_LANES; 0: a quarter of the
                                cores, within 1 .. 4 */
@@ -78,9 +80,15 @@ typedef struct {
                   train, data_spec, device are unused */
 } st_daemon_config_t;
 
+/* What --handshake-rate is by default: an HS1 answer is an X25519 and an
+ * Ed25519 signature (about 100 us), so a flood of valid or replayed HS1s
+ * costs at most a tenth of a core; a cluster's own connections are far
+ * fewer (a node dials a few a second). */
+#define ST_DAEMON_HANDSHAKE_RATE 1000u
+
 /* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,
  * evaluate every 5 s, status every 1 s, log every 5 s, norm guard 10,
- * min nodes 1. */
+ * min nodes 1, 1000 handshakes answered a second. */
 void st_daemon_config_default(st_daemon_config_t* cfg);
 
 /* Runs the daemon until it is told to leave (SIGINT, SIGTERM, or `starling

@@ -627,6 +627,31 @@ static void read_cb(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
     conn_abort(c);
 }
 
+/* The acceptor's framer asks before answering an HS1 that passed its MAC
+ * (st_session_admit_fn): a token of the bucket of cfg->handshake_rate,
+ * refilled at that many a second, or a refusal, counted. A member's
+ * refused dial fails like any other and is retried with backoff. */
+static bool admit_hs1(void* arg) {
+  st__daemon_t* d = arg;
+  double rate = (double) d->cfg->handshake_rate;
+  if (rate <= 0)
+    return true;
+  uint64_t now = st__dnow(d);
+  if (d->hs_token_ms == 0)
+    d->hs_tokens = rate; /* the first: a full bucket */
+  else if (now > d->hs_token_ms)
+    d->hs_tokens += (double) (now - d->hs_token_ms) * rate / 1000.0;
+  if (d->hs_tokens > rate)
+    d->hs_tokens = rate;
+  d->hs_token_ms = now;
+  if (d->hs_tokens < 1.0) {
+    d->c.hs_busy++;
+    return false;
+  }
+  d->hs_tokens -= 1.0;
+  return true;
+}
+
 static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
                             const st_node_id_t* expected) {
   if (d->n_conns - d->n_released >= ST__MAX_CONNS) {
@@ -650,6 +675,10 @@ static st__conn_t* conn_new(st__daemon_t* d, bool initiator,
   /* A framer that fails here (the dialler's HS1) is dropped at connect. */
   st_session_framer_init(&c->sf, initiator, &d->ident, &d->keys, d->allow,
                          expected, &c->tx, &c->rx, &d->cc, &d->wc);
+  if (!initiator) {
+    c->sf.admit = admit_hs1;
+    c->sf.admit_arg = d;
+  }
   return c;
 }
 

@@ -279,6 +279,7 @@ static void status_json_rejected(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "connections_per_address", d->c.conns_per_addr);
   kv_u64(b, &f2, "connections_evicted", d->c.conns_evicted);
   kv_u64(b, &f2, "connections_handshake_timeout", d->c.conns_hs_timeout);
+  kv_u64(b, &f2, "handshake_busy", d->c.hs_busy);
   kv_u64(b, &f2, "connections_close_timeout", d->c.conns_close_timeout);
   kv_u64(b, &f2, "fetches_over_limit", d->c.fetches_refused);
   kv_u64(b, &f2, "control_evicted", d->ctl_evicted);

@@ -276,6 +276,9 @@ typedef struct {
    * held ST__PREAUTH_PER_ADDR pre-auth connections; pre-auth closed to
    * make room for a newer one; pre-auth closed at its deadline. */
   uint64_t conns_per_addr, conns_evicted, conns_hs_timeout;
+  /* HS1s that passed their MAC but found no handshake token: closed
+   * unanswered (a flood of valid or replayed HS1s). */
+  uint64_t hs_busy;
   /* Closing, not drained within ST__CLOSE_DEADLINE_MS: aborted. */
   uint64_t conns_close_timeout;
   /* FETCHes that came while ST__FETCH_SERVE_MAX were served (busy). */
@@ -419,6 +422,8 @@ struct st__daemon_s {
   bool fetch_active;
   int avg_active; /* averaging exchanges in progress, either role */
   uint64_t next_conn_id;
+  double hs_tokens;     /* HS1s that may be answered now (cfg handshake_rate) */
+  uint64_t hs_token_ms; /* when hs_tokens was last refilled */
   st__conn_t* conns;
   size_t n_conns;
   /* Conns with preauth set; with released set (not yet freed); FETCH

@@ -507,6 +507,7 @@ static void render_rejected(st__daemon_t* d, st_json_buf_t* b) {
   rejected(b, "connections_per_address", d->c.conns_per_addr);
   rejected(b, "connections_evicted", d->c.conns_evicted);
   rejected(b, "connections_handshake_timeout", d->c.conns_hs_timeout);
+  rejected(b, "handshake_busy", d->c.hs_busy);
   rejected(b, "connections_close_timeout", d->c.conns_close_timeout);
   rejected(b, "fetches_over_limit", d->c.fetches_refused);
   rejected(b, "control_evicted", d->ctl_evicted);

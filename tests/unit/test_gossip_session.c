@@ -205,6 +205,58 @@ START_TEST(test_wrong_cluster_key) {
 }
 END_TEST
 
+static int admit_calls;
+static bool admit_answer;
+static bool admit_cb(void* arg) {
+  ck_assert_ptr_eq(arg, &admit_calls);
+  admit_calls++;
+  return admit_answer;
+}
+
+/* The acceptor's admit is asked once per HS1 that passed its MAC, before
+ * HS2 is made: no refuses it (BUSY, nothing queued, no crypto drop), yes
+ * lets the handshake finish; an HS1 under another cluster key never asks. */
+START_TEST(test_admit) {
+  for (int yes = 0; yes < 2; yes++) {
+    end_t i, r;
+    end_init(&i, true, &id_i, &ring_a, NULL);
+    end_init(&r, false, &id_r, &ring_a, NULL);
+    r.f.admit = admit_cb;
+    r.f.admit_arg = &admit_calls;
+    admit_calls = 0;
+    admit_answer = yes;
+    pump(&i, &r, SIZE_MAX);
+    ck_assert_int_eq(admit_calls, 1);
+    size_t len = 0;
+    st_session_framer_output(&r.f, &len);
+    if (!yes) {
+      ck_assert_int_eq(r.rc, -EBUSY);
+      ck_assert_int_eq(r.f.phase, ST_SESSION_FAILED);
+      ck_assert_int_eq(r.f.drop, ST_SESSION_DROP_BUSY);
+      ck_assert_uint_eq(len, 0); /* no HS2: no public-key work done */
+      ck_assert_uint_eq(drops(&r), 0);
+    } else {
+      run_pair(&i, &r, SIZE_MAX);
+      ck_assert_int_eq(r.f.phase, ST_SESSION_OPEN);
+      ck_assert_int_eq(admit_calls, 1);
+    }
+    end_free(&i);
+    end_free(&r);
+  }
+  end_t i, r;
+  end_init(&i, true, &id_i, &ring_a, NULL);
+  end_init(&r, false, &id_r, &ring_b, NULL);
+  r.f.admit = admit_cb;
+  r.f.admit_arg = &admit_calls;
+  admit_calls = 0;
+  pump(&i, &r, SIZE_MAX);
+  ck_assert_int_eq(admit_calls, 0);
+  ck_assert_int_eq(r.f.drop, ST_SESSION_DROP_HANDSHAKE);
+  end_free(&i);
+  end_free(&r);
+}
+END_TEST
+
 /* The dialler meant id_m and reached id_r: refused after HS3 is queued,
  * before its stream header; the peer it did reach is known. */
 START_TEST(test_wrong_peer) {
@@ -308,6 +360,7 @@ static Suite* session_suite(void) {
                       (int) (sizeof(length_cases) / sizeof(length_cases[0])));
   tcase_add_test(tc, test_wrong_cluster_key);
   tcase_add_test(tc, test_wrong_peer);
+  tcase_add_test(tc, test_admit);
   tcase_add_test(tc, test_truncated_waits);
   tcase_add_test(tc, test_stops_after_header);
   tcase_add_test(tc, test_wrong_messages);

@@ -31,6 +31,7 @@ enum {
   OPT_NORM_MULT,
   OPT_CLIP_MULT,
   OPT_MIN_NODES,
+  OPT_HANDSHAKE_RATE,
   OPT_RING_LANES,
   OPT_QUIET,
   OPT_ATTACH,
@@ -56,6 +57,7 @@ static const struct option own_opts[] = {
     {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
     {"clip", required_argument, NULL, OPT_CLIP_MULT},
     {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
+    {"handshake-rate", required_argument, NULL, OPT_HANDSHAKE_RATE},
     {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"attach", no_argument, NULL, OPT_ATTACH},
@@ -144,6 +146,12 @@ static void usage(FILE* f) {
       "(default 1: at\n"
       "                       once); training goes on whatever the count "
       "does after\n"
+      "  --handshake-rate N   answer at most N connection handshakes a "
+      "second (a\n"
+      "                       bucket of N; past it, valid or replayed "
+      "handshakes are\n"
+      "                       closed unanswered and counted; 0: no limit; "
+      "default 1000)\n"
       "  --checkpoint-every T write a checkpoint every T: a duration or "
       "N steps\n"
       "                       (default 30 s; 0: only at leave)\n"
@@ -241,6 +249,34 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
   return 2;
 }
 
+/* The node's whole-number flags: --ring-lanes, --min-nodes and
+ * --handshake-rate. Returns 0 or 2 for a bad value. */
+static int count_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  static const struct {
+    int opt;
+    const char* flag;
+    uint64_t lo, hi;
+    size_t field;
+  } flags[] = {
+      {OPT_RING_LANES, "--ring-lanes", 1, ST_RING_MAX_LANES,
+       offsetof(st_daemon_config_t, ring_lanes)},
+      {OPT_MIN_NODES, "--min-nodes", 1, 100000,
+       offsetof(st_daemon_config_t, min_nodes)},
+      {OPT_HANDSHAKE_RATE, "--handshake-rate", 0, 1000000,
+       offsetof(st_daemon_config_t, handshake_rate)},
+  };
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+    if (flags[i].opt != opt)
+      continue;
+    uint64_t n;
+    if (st__parse_u64(CMD, flags[i].flag, v, flags[i].lo, flags[i].hi, &n))
+      return 2;
+    *(uint32_t*) (void*) ((char*) cfg + flags[i].field) = (uint32_t) n;
+    return 0;
+  }
+  return 2;
+}
+
 /* Applies one of the node's own flags (not a training flag) to cfg.
  * Returns 0, 2 for a bad value, or 1 when opt is not one of them. */
 static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
@@ -291,22 +327,11 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
     case OPT_CLIP_MULT:
       rc = seconds_flag(cfg, opt, v);
       break;
-    case OPT_RING_LANES: {
-      uint64_t n;
-      if (st__parse_u64(CMD, "--ring-lanes", v, 1, ST_RING_MAX_LANES, &n) != 0)
-        rc = 2;
-      else
-        cfg->ring_lanes = (uint32_t) n;
+    case OPT_RING_LANES:
+    case OPT_MIN_NODES:
+    case OPT_HANDSHAKE_RATE:
+      rc = count_flag(cfg, opt, v);
       break;
-    }
-    case OPT_MIN_NODES: {
-      uint64_t n;
-      if (st__parse_u64(CMD, "--min-nodes", v, 1, 100000, &n) != 0)
-        rc = 2;
-      else
-        cfg->min_nodes = (uint32_t) n;
-      break;
-    }
     case OPT_QUIET:
       cfg->quiet = true;
       break;
