@@ -218,24 +218,32 @@ def test_all_reduce_torch_and_python(members: Members) -> None:
 
 
 def test_reduce_broadcast_barrier(members: Members) -> None:
-    """reduce to rank 1 (the others' data unchanged), broadcast from rank 2
+    """reduce to rank 1 (the others' data unchanged; small, and large through
+    the shared segment), broadcast from rank 2
     of a small and a large tensor, a barrier."""
 
     def fn(comm: Any, rank: int) -> Dict[str, Any]:
         comm.barrier()
         d = value(rank, 50)
         assert comm.reduce(d, root=1, op="max") is d
+        big = value(rank, 20000)  # 160 KB: the shared segment and the ring
+        assert comm.reduce(big, root=1, op="sum") is big
         small = torch.from_numpy(value(rank, 10).astype(np.float32))
         comm.broadcast(small, root=2)
         large = np.ascontiguousarray(value(rank, 40000).astype(np.float32))
         comm.broadcast(large, root=2)  # 160 KB
         comm.barrier(timeout=30)
-        return {"d": d, "small": small.numpy(), "large": large}
+        return {"d": d, "big": big, "small": small.numpy(), "large": large}
 
     out = members.ok(fn)
     for r in range(N):
         want = expect("max", np.float64, 50) if r == 1 else value(r, 50)
         np.testing.assert_array_equal(out[r]["d"], want)
+        if r == 1:
+            np.testing.assert_allclose(out[r]["big"], expect("sum", np.float64, 20000),
+                                       rtol=1e-12)
+        else:  # the others keep their operand, though the node reduced in place
+            np.testing.assert_array_equal(out[r]["big"], value(r, 20000))
         np.testing.assert_array_equal(out[r]["small"], value(2, 10).astype(np.float32))
         np.testing.assert_array_equal(
             out[r]["large"], value(2, 40000).astype(np.float32)
