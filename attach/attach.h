@@ -110,14 +110,16 @@ _Static_assert(sizeof(st_attach_header_t) == 192, "header layout");
 uint64_t st_attach_area_bytes(uint64_t n_floats);
 /* Header page + area A + area B. */
 uint64_t st_attach_segment_bytes(uint64_t n_floats);
+/* Both areas start on a page boundary of a page-aligned mapping, so the
+ * casts through void* below are aligned. */
 static inline float* st_attach_area_a(void* seg) {
-  return (float*) ((uint8_t*) seg + ST_ATTACH_PAGE);
+  return (float*) (void*) ((uint8_t*) seg + ST_ATTACH_PAGE);
 }
 /* Area B of a segment for n_floats parameters: each side passes its own
  * count, never the header's (the other process can write the header). */
 static inline float* st_attach_area_b(void* seg, uint64_t n_floats) {
-  return (float*) ((uint8_t*) seg + ST_ATTACH_PAGE +
-                   st_attach_area_bytes(n_floats));
+  return (float*) (void*) ((uint8_t*) seg + ST_ATTACH_PAGE +
+                           st_attach_area_bytes(n_floats));
 }
 
 /* Checks a received segment's header against its file size and the tensor

@@ -417,7 +417,7 @@ static void install(st_client_t* c, uint8_t* seg, int sock, uint64_t step) {
   st__client_session_close(c);
   c->seg = seg;
   c->seg_bytes = st_attach_segment_bytes(c->model.n_floats);
-  c->h = (st_attach_header_t*) seg;
+  c->h = (st_attach_header_t*) (void*) seg; /* page-aligned */
   c->sock = sock;
   const float* b = st_attach_area_b(seg, c->model.n_floats);
   for (size_t i = 0; i < c->model.n; i++)

@@ -238,10 +238,8 @@ static bool already(const st_keyring_t* r, const st_msg_admin_req_t* q,
 st_admin_result_t st__keys_grant(st__daemon_t* d, const st_msg_admin_req_t* q,
                                  const char* asked_by, char* err,
                                  size_t err_len) {
-  static const char* const done[] = {"",
-                                     "installed (accepted, not yet used "
-                                     "to send)",
-                                     "now sends", "removed"};
+  static const char* const done[] = {
+      "", "installed (accepted, not yet used to send)", "now sends", "removed"};
   st_cluster_key_t k;
   memset(&k, 0, sizeof k);
   if (q->op == ST_ADMIN_KEY_INSTALL) {

@@ -148,7 +148,7 @@ static void take_segment(node_t* n, int fd) {
   n->seg = mmap(NULL, n->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ck_assert(n->seg != MAP_FAILED);
   close(fd);
-  n->h = (st_attach_header_t*) n->seg;
+  n->h = (st_attach_header_t*) (void*) n->seg; /* page-aligned */
   char why[256];
   n->check_rc = st_attach_check_header(n->h, (uint64_t) sb.st_size,
                                        n->model.n_floats, why, sizeof why);
