@@ -185,9 +185,13 @@ typedef enum {
 
 typedef struct st_comm_s st_comm_t;
 
-/* Opens a communicator on the node's control socket. -ENOENT /
- * -ECONNREFUSED: no node there; -EBUSY: the node refused (too many
- * sessions, leaving; err says which); -ENAMETOOLONG; -ENOMEM. */
+/* Opens a communicator on the node's control socket, with a segment of
+ * memory shared with the node (1 GiB of address space, pages used as
+ * written, until st_comm_close): operands of 32 KiB or more are copied
+ * there and the result back, the rest travel on the socket; a node without
+ * the segment gets everything on the socket. -ENOENT / -ECONNREFUSED: no
+ * node there; -EBUSY: the node refused (too many sessions, leaving; err
+ * says which); -ENAMETOOLONG; -ENOMEM. */
 ST_CLIENT_API int st_comm_open(const char* socket_path, st_comm_t** out,
                                char* err, size_t err_len);
 /* Closes it (an operation cannot be in progress: calls block). Safe on
