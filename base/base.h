@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +49,16 @@ __attribute__((format(printf, 3, 0))) void st_set_errv(char* err,
                                                        size_t err_len,
                                                        const char* fmt,
                                                        va_list ap);
+
+/* ---- Descriptors over Unix sockets (fdpass.c) ---------------------------- */
+
+/* sendmsg of p[0..n) on sock with fd (>= 0; -1: none) in SCM_RIGHTS on
+ * those bytes. Returns what sendmsg returns (errno set on -1). */
+ssize_t st_send_fd(int sock, const void* p, size_t n, int fd, int flags);
+/* recvmsg into p[0..n) (flags | MSG_CMSG_CLOEXEC). A descriptor that came
+ * with the bytes goes into *fd when *fd is -1; any other is closed, so
+ * nothing leaks. Returns what recvmsg returns (errno set on -1). */
+ssize_t st_recv_fd(int sock, void* p, size_t n, int* fd, int flags);
 
 /* ---- Time (clock.c) ------------------------------------------------------ */
 

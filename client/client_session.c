@@ -117,23 +117,7 @@ int st__client_wait_fd(int fd, short events, double deadline_s) {
 int st__client_send_all(int sock, const uint8_t* p, size_t n, int pass_fd,
                         double deadline_s) {
   while (n > 0) {
-    struct iovec iov = {.iov_base = (void*) p, .iov_len = n};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    union {
-      struct cmsghdr align;
-      char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    if (pass_fd >= 0) {
-      memset(&ctl, 0, sizeof ctl);
-      msg.msg_control = ctl.buf;
-      msg.msg_controllen = sizeof ctl.buf;
-      struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
-    }
-    ssize_t w = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    ssize_t w = st_send_fd(sock, p, n, pass_fd, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR)
         continue;
@@ -178,16 +162,7 @@ int st__client_recv_all(int sock, uint8_t* p, size_t n, double deadline_s) {
  * into *fd (which must be -1 on entry; a second one is closed). */
 static int recv_byte_fd(int sock, uint8_t* ch, int* fd, double deadline_s) {
   for (;;) {
-    struct iovec iov = {.iov_base = ch, .iov_len = 1};
-    union {
-      struct cmsghdr align;
-      char buf[CMSG_SPACE(4 * sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
-    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t r = st_recv_fd(sock, ch, 1, fd, 0);
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -198,20 +173,6 @@ static int recv_byte_fd(int sock, uint8_t* ch, int* fd, double deadline_s) {
     }
     if (r < 0)
       return -errno;
-    for (struct cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != NULL;
-         cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-        continue;
-      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; i++) {
-        int got;
-        memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        if (*fd < 0)
-          *fd = got;
-        else
-          close(got);
-      }
-    }
     return r == 0 ? -ECONNRESET : 0;
   }
 }

@@ -383,22 +383,6 @@ static void handle_request(st__attach_t* a, const char* json, size_t len) {
 
 /* Moves the descriptors of SCM_RIGHTS into the session (the first one
  * kept, any other closed). */
-static void take_fds(st__attach_t* a, struct msghdr* mh) {
-  for (struct cmsghdr* c = CMSG_FIRSTHDR(mh); c != NULL;
-       c = CMSG_NXTHDR(mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-      continue;
-    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    int* fds = (int*) (void*) CMSG_DATA(c);
-    for (size_t i = 0; i < n; i++) {
-      if (a->memfd < 0 && !a->got_request)
-        a->memfd = fds[i];
-      else
-        close(fds[i]);
-    }
-  }
-}
-
 /* One frame in: the request, or after it the detach ({"op":"detach",
  * "final":true} when area A holds the program's last parameters). Anything
  * else ends the session too, as a protocol error. */
@@ -427,13 +411,14 @@ static void on_readable(uv_poll_t* p, int status, int events) {
     a->buf = b;
     a->cap = cap;
   }
-  char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-  struct iovec iov = {a->buf + a->len, a->cap - a->len};
-  struct msghdr mh = {.msg_iov = &iov,
-                      .msg_iovlen = 1,
-                      .msg_control = cbuf,
-                      .msg_controllen = sizeof(cbuf)};
-  ssize_t n = status < 0 ? -1 : recvmsg(a->fd, &mh, MSG_CMSG_CLOEXEC);
+  int got = -1; /* the segment's descriptor, taken only with the request */
+  ssize_t n =
+      status < 0 ? -1
+                 : st_recv_fd(a->fd, a->buf + a->len, a->cap - a->len, &got, 0);
+  if (got >= 0 && (a->memfd >= 0 || a->got_request))
+    close(got);
+  else if (got >= 0)
+    a->memfd = got;
   if (n < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0)
     return;
   if (n <= 0) {
@@ -443,7 +428,6 @@ static void on_readable(uv_poll_t* p, int status, int events) {
     return;
   }
   (void) events;
-  take_fds(a, &mh);
   a->len += (size_t) n;
   st__daemon_t* d = a->d;
   while (a->len >= 4) {

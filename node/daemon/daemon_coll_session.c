@@ -689,28 +689,6 @@ static int shm_create(session_t* s, int* fd) {
   return 0;
 }
 
-/* "ready\n", with fd (>= 0) in SCM_RIGHTS. */
-static void say_ready(int sock, int fd) {
-  char line[] = "ready\n";
-  struct iovec iov = {.iov_base = line, .iov_len = 6};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } ctl;
-  if (fd >= 0) {
-    memset(&ctl, 0, sizeof ctl);
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof ctl.buf;
-    struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  }
-  (void) !sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
 void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes, bool shm) {
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0)
@@ -746,7 +724,7 @@ void st__coll_takeover(st__daemon_t* d, int fd, bool early_bytes, bool shm) {
   int seg = -1;
   if (shm && shm_create(s, &seg) != 0)
     d->c.coll_shm_failed++; /* the program goes on over the socket */
-  say_ready(own, seg);
+  (void) !st_send_fd(own, "ready\n", 6, seg, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (seg >= 0)
     close(seg);
   if (uv_read_start((uv_stream_t*) &s->pipe, alloc_cb, read_cb) != 0)
