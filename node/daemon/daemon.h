@@ -80,10 +80,11 @@ typedef struct {
                   train, data_spec, device are unused */
 } st_daemon_config_t;
 
-/* What --handshake-rate is by default: an HS1 answer is an X25519 and an
- * Ed25519 signature (about 100 us), so a flood of valid or replayed HS1s
- * costs at most a tenth of a core; a cluster's own connections are far
- * fewer (a node dials a few a second). */
+/* What --handshake-rate is by default. Answering an HS1 is an X25519 key
+ * pair, a DH and an Ed25519 signature: about half of a whole handshake,
+ * which takes about 350 us on both sides together (docs/security.md), so
+ * a flood of valid or replayed HS1s costs under a fifth of a core; a
+ * cluster's own connections are far fewer (a node dials a few a second). */
 #define ST_DAEMON_HANDSHAKE_RATE 1000u
 
 /* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,

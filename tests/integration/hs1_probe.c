@@ -12,8 +12,6 @@
  * {"sent":N,"answered":A,"closed":C,"seconds":S} and exits 0; 1 when the
  * key or a connection fails, 2 on bad usage. */
 #define _POSIX_C_SOURCE 200809L
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +22,7 @@
 
 #include "crypto/crypto.h"
 #include "gossip/gossip.h"
+#include "tests/integration/probe_net.h"
 
 static int usage(const char* why) {
   fprintf(stderr,
@@ -33,19 +32,6 @@ static int usage(const char* why) {
   return 2;
 }
 
-static int parse_addr(const char* s, struct sockaddr_in* a) {
-  char host[64];
-  const char* colon = strrchr(s, ':');
-  if (colon == NULL || (size_t) (colon - s) >= sizeof(host))
-    return -1;
-  memcpy(host, s, (size_t) (colon - s));
-  host[colon - s] = '\0';
-  memset(a, 0, sizeof(*a));
-  a->sin_family = AF_INET;
-  a->sin_port = htons((uint16_t) atoi(colon + 1));
-  return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
-}
-
 static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -53,14 +39,12 @@ static double now_s(void) {
 }
 
 /* One replay: 1 answered, 0 closed unanswered, -1 a failure. */
-static int replay(const struct sockaddr_in* dst, const uint8_t* hs1,
-                  size_t len) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+static int replay(const char* to, const uint8_t* hs1, size_t len) {
+  int fd = probe_dial(to, 0);
   if (fd < 0)
     return -1;
   int rc = -1;
-  if (connect(fd, (const struct sockaddr*) dst, sizeof(*dst)) == 0 &&
-      send(fd, hs1, len, MSG_NOSIGNAL) == (ssize_t) len) {
+  if (send(fd, hs1, len, MSG_NOSIGNAL) == (ssize_t) len) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     uint8_t b;
     if (poll(&p, 1, 2000) == 1)
@@ -83,8 +67,7 @@ int main(int argc, char** argv) {
     else
       return usage("unknown argument");
   }
-  struct sockaddr_in dst;
-  if (key_path == NULL || to == NULL || count <= 0 || parse_addr(to, &dst))
+  if (key_path == NULL || to == NULL || count <= 0)
     return usage("--cluster-key, an IPv4 --to HOST:PORT and --count > 0");
   char err[256] = "";
   st_cluster_key_t ck;
@@ -111,9 +94,9 @@ int main(int argc, char** argv) {
   long answered = 0, closed = 0;
   double t0 = now_s();
   for (long i = 0; i < count; i++) {
-    int r = replay(&dst, hs1, len);
+    int r = replay(to, hs1, len);
     if (r < 0) {
-      perror("hs1_probe: connect or send");
+      fprintf(stderr, "hs1_probe: cannot connect to %s or send\n", to);
       return 1;
     }
     answered += r;

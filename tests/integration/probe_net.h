@@ -1,6 +1,6 @@
 /* probe_net.h: what the test clients of tests/integration/ (ring_lane_probe,
- * fetch_probe) share to reach a node: a TCP connection to "IP:PORT". Header
- * only, so that each probe stays one source file. */
+ * fetch_probe, hs1_probe) share to reach a node: a TCP connection to "IP:PORT".
+ * Header only, so that each probe stays one source file. */
 #ifndef STARLING_TESTS_PROBE_NET_H
 #define STARLING_TESTS_PROBE_NET_H
 

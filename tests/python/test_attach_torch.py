@@ -303,6 +303,27 @@ def test_joiner_refuses_a_model_other_than_the_cluster_one(cluster: Cluster) -> 
     assert n1.proc is not None and n1.proc.returncode != 0
 
 
+def attach_while_serving(
+    served: starling.Node, model: nn.Module, sock: str
+) -> starling.Node:
+    """Attaches model to the joining node at sock while the program of the
+    node it joins serves its steps (the joiner's state comes from there)."""
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            served.step()
+            time.sleep(0.01)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        return starling.attach(model, socket=sock, timeout=30 * SLOW)
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_tensors_not_in_place_follow_through_host_copies(cluster: Cluster) -> None:
     """A tensor the library cannot use in place (here: not contiguous; on a
     GPU it is the same path) gets a host copy that follows the node: the
@@ -317,20 +338,7 @@ def test_tensors_not_in_place_follow_through_host_copies(cluster: Cluster) -> No
     mb.fc1.weight = nn.Parameter(torch.randn(8, 16).t())  # [16, 8], strided
     weight = mb.fc1.weight
     assert not weight.is_contiguous()
-    stop = threading.Event()
-
-    def serve_a() -> None:
-        while not stop.is_set():
-            a.step()
-            time.sleep(0.01)
-
-    ta = threading.Thread(target=serve_a)
-    ta.start()
-    try:
-        b = starling.attach(mb, socket=n1.sock, timeout=30 * SLOW)
-    finally:
-        stop.set()
-        ta.join()
+    b = attach_while_serving(a, mb, n1.sock)
     assert np.array_equal(flat(mb), flat(ma))  # copied into the strided tensor
 
     # B trains (its host copy is stale until a step needs it); A only serves
@@ -377,20 +385,7 @@ def test_cuda_model_follows_through_pinned_host_copies(cluster: Cluster) -> None
     torch.manual_seed(5)
     mb = Small().cuda()
     before = {n: t for n, t in mb.state_dict(keep_vars=True).items()}
-    stop = threading.Event()
-
-    def serve_a() -> None:
-        while not stop.is_set():
-            a.step()
-            time.sleep(0.01)
-
-    ta = threading.Thread(target=serve_a)
-    ta.start()
-    try:
-        b = starling.attach(mb, socket=n1.sock, timeout=30 * SLOW)
-    finally:
-        stop.set()
-        ta.join()
+    b = attach_while_serving(a, mb, n1.sock)
     assert np.array_equal(flat(mb), flat(ma))  # the cluster's, on the GPU
     assert all(t.is_cuda for _, t in starling.model_tensors(mb))
 
@@ -510,20 +505,7 @@ def test_nan_fails_the_sharing_step_and_never_spreads(cluster: Cluster) -> None:
     n1 = cluster.node(join=n0.address())
     # Program A keeps stepping (serving node 0) while B's attach waits for
     # node 1 to synchronize from node 0.
-    stop = threading.Event()
-
-    def serve_a() -> None:
-        while not stop.is_set():
-            a.step()
-            time.sleep(0.01)
-
-    ta = threading.Thread(target=serve_a)
-    ta.start()
-    try:
-        b = starling.attach(mb, socket=n1.sock, timeout=30 * SLOW)
-    finally:
-        stop.set()
-        ta.join()
+    b = attach_while_serving(a, mb, n1.sock)
     assert np.array_equal(flat(mb), flat(ma))
     with torch.no_grad():
         mb.bn.weight[3] = float("nan")

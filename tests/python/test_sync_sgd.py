@@ -309,6 +309,21 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def one_process(ref: torch.nn.Module, batches: List[Any]) -> torch.Tensor:
+    """What one plain PyTorch process ends with: ref (on the CPU) trained
+    on the whole of every batch, with the members' optimizer; checks that
+    it moved."""
+    init = flat(ref).clone()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x.cpu()), y.cpu()).backward()
+        opt.step()
+    want = flat(ref)
+    assert (want - init).norm() > 1e-2 * init.norm()  # it trained
+    return want
+
+
 def test_equivalence_with_one_process(nodes: Nodes) -> None:
     batches = data(STEPS, N)
     # Each its own start (rank 0's wins), made here: torch's seed is global.
@@ -349,15 +364,8 @@ def test_equivalence_with_one_process(nodes: Nodes) -> None:
     # One process, rank 0's start, the whole batch.
     ref = starts[ranks[0]]
     ref[2].on = False
-    init = flat(ref).clone()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for x, y in batches:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(x), y).backward()
-        opt.step()
-    want = flat(ref)
+    want = one_process(ref, batches)
     first = out[ranks[0]]["params"]
-    assert (want - init).norm() > 1e-2 * init.norm()  # it trained
     for k, v in out.items():
         assert v["ok"] == [True] * STEPS, v["ok"]
         assert v["buckets"] == 5
@@ -392,15 +400,8 @@ def test_equivalence_on_cuda(nodes: Nodes) -> None:
     ranks = {v["rank"]: k for k, v in out.items()}
     assert sorted(ranks) == list(range(N))
     ref = starts[ranks[0]]
-    init = flat(ref).clone()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for x, y in batches:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(x.cpu()), y.cpu()).backward()
-        opt.step()
-    want = flat(ref)
+    want = one_process(ref, batches)
     first = out[ranks[0]]["params"]
-    assert (want - init).norm() > 1e-2 * init.norm()  # it trained
     for k, v in out.items():
         assert v["ok"] == [True] * STEPS, v["ok"]
         assert v["gpu"], f"node{k}: a parameter or gradient left the GPU"

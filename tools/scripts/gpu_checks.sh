@@ -85,7 +85,11 @@ step() {
 run() {
   local kit data
   data=$(cd "$1" && pwd)/data || die "$1: no such kit"
-  kit=$(mktemp -d /tmp/starling-kit.XXXXXX)
+  # The unpacked programs and libraries: a folder of their own, removed at
+  # exit.
+  kit=$(mktemp -d "${TMPDIR:-/tmp}/starling-kit.XXXXXX") || die "cannot make a temporary folder"
+  KIT_TMP=$kit
+  trap 'rm -rf "$KIT_TMP"' EXIT
   xz -dc "$1/kit.tar.xz" | tar -C "$kit" -xf - || die "$1/kit.tar.xz: cannot unpack"
   BUDGET=${BUDGET:-540}
   export PY=${PY:-python3}
