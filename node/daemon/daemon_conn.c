@@ -176,6 +176,15 @@ static void conn_reset(st__conn_t* c) {
   conn_end(c, true);
 }
 
+void st__conn_close_reset(st__conn_t* c) {
+  if (c->handle_closed || uv_is_closing((uv_handle_t*) &c->tcp))
+    return;
+  c->closing = true;
+  preauth_end(c);
+  if (uv_tcp_close_reset(&c->tcp, close_cb) != 0)
+    uv_close((uv_handle_t*) &c->tcp, close_cb);
+}
+
 void st__conn_close(st__conn_t* c) {
   if (!c->closing)
     c->close_deadline_ms = st__dnow(c->d) + ST__CLOSE_DEADLINE_MS;

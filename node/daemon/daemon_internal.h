@@ -745,6 +745,10 @@ st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
 int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len, bool xchg_ack);
 /* Closes after the queued frames are written. */
 void st__conn_close(st__conn_t* c);
+/* Closes at once with a reset, by its owner (which is not told): what is
+ * queued, here and in the kernel, is dropped. For a purpose that failed
+ * for cause, such as a peer too slow to take an exchange in its time. */
+void st__conn_close_reset(st__conn_t* c);
 /* The trainer is done with a request that borrowed from c (its snapshot
  * buffer or its exchange's delta): frees c when it is closed. */
 void st__conn_release(st__conn_t* c);

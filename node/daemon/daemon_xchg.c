@@ -161,7 +161,13 @@ static void drain(st__conn_t* c) {
         break;
       case ST_XACT_DONE:
         finish_counts(c, a.result, &a);
-        st__conn_close(c);
+        /* A peer that did not take the exchange in its time gets a reset:
+         * the rest of a transfer is of no use to it, and the kernel would
+         * go on sending it megabytes at its pace after a graceful close. */
+        if (a.result == ST_XCHG_FAIL_TIMEOUT)
+          st__conn_close_reset(c);
+        else
+          st__conn_close(c);
         break;
     }
   }
