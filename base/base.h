@@ -60,6 +60,17 @@ ssize_t st_send_fd(int sock, const void* p, size_t n, int fd, int flags);
  * nothing leaks. Returns what recvmsg returns (errno set on -1). */
 ssize_t st_recv_fd(int sock, void* p, size_t n, int* fd, int flags);
 
+/* ---- Exact decimals (decimal.c) ----------------------------------------- */
+
+/* Parses a decimal ("0.7", "1", ".25", "2.000") with at most 6 decimals
+ * (trailing zeros beyond are allowed) into a count of millionths in
+ * [0, max]. No sign, no exponent, nothing after. 0, or -EINVAL. */
+int st_parse_millionths(const char* s, uint64_t max, uint64_t* out);
+/* The canonical text of v millionths: no trailing zeros, no point for a
+ * whole number ("0.01", "1", "2.5"). Texts that parse to the same count
+ * get the same text. 0, or -ENOSPC when len is too small. */
+int st_format_millionths(uint64_t v, char* buf, size_t len);
+
 /* ---- Time (clock.c) ------------------------------------------------------ */
 
 /* Seconds on CLOCK_MONOTONIC: for durations, rates and deadlines, never for

@@ -1429,6 +1429,10 @@ void st_ring_progress(const st_ring_t* x, st_ring_progress_t* out);
 /* After DONE(OK) with an APPLY: the mean itself (n_params floats, the
  * same bits on every member; valid until st_ring_free); else NULL. */
 const float* st_ring_mean(const st_ring_t* x);
+/* After DONE(OK) with an APPLY: the APPLY's values (mean - own), writable
+ * for a driver that changes the move before it passes it on (the outer
+ * optimizer, node/daemon/daemon_outer.c); else NULL. */
+float* st_ring_delta(st_ring_t* x);
 
 /* ==== Lane striping (gossip/lanes.c): one ring stream over L lanes ========
  *

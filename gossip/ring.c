@@ -642,6 +642,13 @@ void st_ring_progress(const st_ring_t* x, st_ring_progress_t* out) {
   out->have_snapshot = x->have_own;
 }
 
+float* st_ring_delta(st_ring_t* x) {
+  if (x == NULL || !x->finished || x->result != ST_RING_OK || !x->have_own ||
+      x->floats == 0)
+    return NULL;
+  return x->own;
+}
+
 const float* st_ring_mean(const st_ring_t* x) {
   if (x == NULL || !x->finished || x->result != ST_RING_OK || !x->have_own ||
       x->floats == 0)

@@ -111,29 +111,8 @@ static const char codec_usage[] =
 
 /* Parses a decimal in (0, 1] with at most 6 decimals into millionths. */
 static int parse_ppm(const char* s, uint32_t* ppm) {
-  uint64_t whole = 0, frac = 0;
-  int digits = 0, decimals = 0;
-  for (; *s >= '0' && *s <= '9'; s++, digits++) {
-    whole = whole * 10 + (uint64_t) (*s - '0');
-    if (whole > 1)
-      return -EINVAL;
-  }
-  if (*s == '.') {
-    for (s++; *s >= '0' && *s <= '9'; s++, decimals++) {
-      if (decimals >= 6 && *s != '0')
-        return -EINVAL; /* finer than a millionth */
-      if (decimals < 6)
-        frac = frac * 10 + (uint64_t) (*s - '0');
-    }
-    if (decimals == 0)
-      return -EINVAL;
-  }
-  if (*s != '\0' || digits + decimals == 0)
-    return -EINVAL;
-  for (int d = decimals; d < 6; d++)
-    frac *= 10;
-  uint64_t v = whole * ST_CODEC_PPM + frac;
-  if (v < 1 || v > ST_CODEC_PPM)
+  uint64_t v;
+  if (st_parse_millionths(s, ST_CODEC_PPM, &v) != 0 || v < 1)
     return -EINVAL;
   *ppm = (uint32_t) v;
   return 0;
@@ -176,13 +155,9 @@ int st_codec_name(const st_codec_spec_t* spec, char* buf, size_t len) {
   char tmp[32];
   if (spec->kind != ST_CODEC_TOPK) {
     snprintf(tmp, sizeof(tmp), "%s", kind_names[spec->kind]);
-  } else if (spec->topk_ppm == ST_CODEC_PPM) {
-    snprintf(tmp, sizeof(tmp), "topk:1");
   } else {
-    int w =
-        snprintf(tmp, sizeof(tmp), "topk:0.%06u", (unsigned) spec->topk_ppm);
-    while (w > 0 && tmp[w - 1] == '0')
-      tmp[--w] = '\0'; /* 0.010000 -> 0.01; ppm >= 1 keeps a digit */
+    memcpy(tmp, "topk:", 5);
+    st_format_millionths(spec->topk_ppm, tmp + 5, sizeof(tmp) - 5);
   }
   if (strlen(tmp) + 1 > len)
     return -ENOSPC;

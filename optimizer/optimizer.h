@@ -343,6 +343,55 @@ void st_codec_ef_reset(st_codec_ef_t* ef);
 int st_codec_ef_encode(st_codec_ef_t* ef, const float* x, uint8_t* buf,
                        size_t cap, size_t* len);
 
+/* ---- The outer optimizer of averaging (outer.c) -------------------------
+ *
+ * DiLoCo's outer step (Douillard et al. 2023) on the mean a ring round
+ * gives: the members start a period from one shared vector, the anchor;
+ * the mean's move from it is an outer gradient g = anchor - mean, and the
+ * new shared vector is a Nesterov step on it instead of the mean itself:
+ *
+ *   m      = momentum m + g
+ *   anchor = anchor - lr (g + momentum m)
+ *
+ * With lr 1 and momentum 0 that is the mean: plain averaging. */
+
+typedef enum { ST_OUTER_NONE = 0, ST_OUTER_NESTEROV = 1 } st_outer_kind_t;
+
+typedef struct {
+  st_outer_kind_t kind;
+  uint32_t lr_ppm;       /* in millionths, [1, ST_OUTER_LR_MAX_PPM] */
+  uint32_t momentum_ppm; /* in millionths, [0, ST_OUTER_MOMENTUM_MAX_PPM] */
+} st_outer_spec_t;
+
+#define ST_OUTER_LR_MAX_PPM 4000000u          /* 4 */
+#define ST_OUTER_MOMENTUM_MAX_PPM 999999u     /* below 1 */
+#define ST_OUTER_LR_DEFAULT_PPM 700000u       /* DiLoCo's 0.7 */
+#define ST_OUTER_MOMENTUM_DEFAULT_PPM 900000u /* and 0.9 */
+
+/* {NONE}, with the defaults' lr and momentum ready for NESTEROV. */
+void st_outer_spec_default(st_outer_spec_t* spec);
+/* "none" or "nesterov" into spec->kind. 0, or -EINVAL with a sentence. */
+int st_outer_parse_kind(const char* text, st_outer_spec_t* spec, char* err,
+                        size_t err_len);
+/* A decimal with at most 6 decimals: the learning rate in (0, 4], the
+ * momentum in [0, 1). 0, or -EINVAL with a sentence naming the text. */
+int st_outer_parse_lr(const char* text, st_outer_spec_t* spec, char* err,
+                      size_t err_len);
+int st_outer_parse_momentum(const char* text, st_outer_spec_t* spec, char* err,
+                            size_t err_len);
+/* The canonical text: "none", or "nesterov:LR:MOMENTUM" with each number
+ * as st_format_millionths writes it ("nesterov:0.7:0.9"): the form that
+ * goes into the model fingerprint. 0, -EINVAL or -ENOSPC. */
+int st_outer_name(const st_outer_spec_t* spec, char* buf, size_t len);
+
+/* One outer step over n floats, in place. anchor: the shared vector the
+ * period started from, becomes the new one; m: the momentum (zero at
+ * first); mean: the round's mean; delta: mean - own on entry (what plain
+ * averaging adds to this member's parameters), new anchor - own on
+ * return. A NESTEROV spec only. */
+void st_outer_step(const st_outer_spec_t* spec, float* anchor, float* m,
+                   const float* mean, float* delta, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,6 +52,7 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->clip_mult = 3;
   cfg->min_nodes = 1;
   cfg->handshake_rate = ST_DAEMON_HANDSHAKE_RATE;
+  st_outer_spec_default(&cfg->outer);
 }
 
 const char* st__dstate_name(st__dstate_t s) {
@@ -497,6 +498,7 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
                         sizeof(d->local.model));
   d->local.n_params = d->trainer.model.n_params;
   st__compress_mark_model(d);
+  st__outer_mark_model(d);
   st__compress_sized(d);
   if (access(d->checkpoint_path, F_OK) == 0) {
     rc = st_trainer_load(&d->trainer, d->checkpoint_path, e, sizeof(e));
@@ -739,6 +741,7 @@ static void cleanup(st__daemon_t* d) {
   st__ring_free(d);
   st__anchor_release(d->anchor);
   d->anchor = NULL;
+  st__outer_free(d);
   if (d->m != NULL)
     st_membership_free(d->m);
   if (d->trainer_ready)

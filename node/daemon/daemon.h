@@ -65,6 +65,10 @@ typedef struct {
   uint64_t log_every_steps; /* or a line each this many steps; 0: by time */
   double norm_mult;         /* exchange guard (st_xchg_config_t) */
   st_codec_spec_t compress; /* averaging's codec; {0}: none (float32) */
+  st_outer_spec_t outer;    /* the outer optimizer on ring means (--outer;
+                               daemon_outer.c); kind NONE: plain mean */
+  uint64_t local_steps;     /* ring rounds every this many of the proposer's
+                               steps instead of every ring_every_s; 0: off */
   double clip_mult;         /* robust averaging: clip at this times the median
                                delta norm (daemon_xchg.c); 0: off */
   uint32_t min_nodes;       /* the first step waits until this many nodes

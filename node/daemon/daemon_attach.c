@@ -90,6 +90,7 @@ static int set_local_model(st__daemon_t* d) {
                            sizeof(d->local.model));
   d->local.n_params = d->attach_model.n_floats;
   st__compress_mark_model(d);
+  st__outer_mark_model(d);
   st__compress_sized(d);
   return 0;
 }

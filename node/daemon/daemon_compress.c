@@ -46,46 +46,69 @@ bool st__compress_on(const st__daemon_t* d) {
   return d->cfg->compress.kind != ST_CODEC_NONE;
 }
 
-void st__compress_mark_model(const st__daemon_t* d) {
-  if (!st__compress_on(d))
-    return;
-  char name[32];
-  if (st_codec_name(&d->cfg->compress, name, sizeof name) != 0)
-    return; /* validated when parsed */
+void st__mark_setting(const st__daemon_t* d, const char* domain,
+                      const char* key, const char* value) {
   st__daemon_t* w = (st__daemon_t*) d;
-  /* The fingerprint: the model's, then the codec's canonical name. */
+  /* The fingerprint: BLAKE2b-256(domain || fingerprint || value), cut. */
   st_hash_t h;
   uint8_t full[ST_HASH_BYTES];
   st_hash_init(&h);
-  st_hash_update(&h, MODEL_DOMAIN, sizeof MODEL_DOMAIN - 1);
+  st_hash_update(&h, domain, strlen(domain));
   st_hash_update(&h, w->local.fingerprint, sizeof w->local.fingerprint);
-  st_hash_update(&h, name, strlen(name));
+  st_hash_update(&h, value, strlen(value));
   st_hash_final(&h, full);
   memcpy(w->local.fingerprint, full, sizeof w->local.fingerprint);
   /* The description names it, cutting the model's text to make room. */
-  char suffix[48];
-  int k = snprintf(suffix, sizeof suffix, " compress=%s", name);
+  char suffix[64];
+  int k = snprintf(suffix, sizeof suffix, " %s=%s", key, value);
+  if (k < 0 || (size_t) k >= sizeof suffix)
+    return; /* names are short (st_codec_name, st_outer_name) */
   size_t room = sizeof w->local.model - 1 - (size_t) k;
   if (strlen(w->local.model) > room)
     w->local.model[room] = '\0';
   strcat(w->local.model, suffix);
 }
 
-/* The codec a model description names (" compress=NAME" at its end), or
- * "none". */
-static const char* codec_of(const char* model) {
-  const char* at = strstr(model, " compress=");
-  return at != NULL ? at + strlen(" compress=") : "none";
+void st__compress_mark_model(const st__daemon_t* d) {
+  if (!st__compress_on(d))
+    return;
+  char name[32];
+  if (st_codec_name(&d->cfg->compress, name, sizeof name) != 0)
+    return; /* validated when parsed */
+  st__mark_setting(d, MODEL_DOMAIN, "compress", name);
+}
+
+/* The value a model description gives KEY (" KEY=VALUE", up to the next
+ * space), or "none" when it names none. */
+static void setting_of(const char* model, const char* key, char* out,
+                       size_t out_len) {
+  char pat[32];
+  snprintf(pat, sizeof pat, " %s=", key);
+  const char* at = strstr(model, pat);
+  if (at == NULL) {
+    snprintf(out, out_len, "none");
+    return;
+  }
+  at += strlen(pat);
+  size_t len = strcspn(at, " ");
+  snprintf(out, out_len, "%.*s", (int) len, at);
 }
 
 void st__compress_mismatch(const char* theirs, const char* ours, char* out,
                            size_t out_len) {
   out[0] = '\0';
-  if (strcmp(codec_of(theirs), codec_of(ours)) != 0)
-    snprintf(out, out_len,
-             ": the cluster's nodes run --compress %s, this node --compress "
-             "%s",
-             codec_of(theirs), codec_of(ours));
+  static const char* const keys[] = {"compress", "outer"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    char a[64], b[64];
+    setting_of(theirs, keys[i], a, sizeof a);
+    setting_of(ours, keys[i], b, sizeof b);
+    if (strcmp(a, b) != 0) {
+      snprintf(out, out_len,
+               ": the cluster's nodes run --%s %s, this node --%s %s", keys[i],
+               a, keys[i], b);
+      return;
+    }
+  }
 }
 
 void st__compress_sized(st__daemon_t* d) {

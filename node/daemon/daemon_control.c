@@ -340,12 +340,30 @@ static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
   st_json_buf_puts(b, "}");
 }
 
+/* The outer optimizer (daemon_outer.c): its setting and the rounds that
+ * stepped, started it, or sat out. */
+static void status_json_outer(st__daemon_t* d, st_json_buf_t* b, bool* first) {
+  const st_outer_spec_t* o = &d->cfg->outer;
+  put_key(b, first, "outer");
+  bool f2 = true;
+  kv_str(b, &f2, "optimizer", o->kind == ST_OUTER_NONE ? "none" : "nesterov");
+  kv_num(b, &f2, "lr", o->kind == ST_OUTER_NONE ? 1.0 : o->lr_ppm / 1e6);
+  kv_num(b, &f2, "momentum",
+         o->kind == ST_OUTER_NONE ? 0.0 : o->momentum_ppm / 1e6);
+  kv_u64(b, &f2, "local_steps", d->cfg->local_steps);
+  kv_u64(b, &f2, "steps", d->c.outer_steps);
+  kv_u64(b, &f2, "starts", d->c.outer_starts);
+  kv_u64(b, &f2, "skipped", d->c.outer_skipped);
+  st_json_buf_puts(b, "}");
+}
+
 static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   bool first = true;
   status_json_node(d, b, &first);
   status_json_exchanges(d, b, &first);
   status_json_collectives(d, b, &first);
   status_json_compression(d, b, &first);
+  status_json_outer(d, b, &first);
   status_json_keys(d, b, &first);
   status_json_ring(d, b, &first);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);

@@ -296,6 +296,10 @@ typedef struct {
    * rounds, averaging exchanges that went compressed, and compressed
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
   uint64_t anchors, xchg_coded;
+  /* The outer optimizer (daemon_outer.c): ring rounds that took an outer
+   * step, that started it (this node had no anchor yet: the mean), and
+   * that it sat out (robust averaging clipped the round's move). */
+  uint64_t outer_steps, outer_starts, outer_skipped;
   uint64_t codec_drops[ST_CODEC_DROP_COUNT];
   /* Cluster requests from members (daemon_admin_net.c), by answer;
    * rejected: undecodable, or not from a live member (nothing answered). */
@@ -411,6 +415,14 @@ struct st__daemon_s {
   double clip_last;      /* the bound the last exchange ran with (0: none) */
   st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
   struct st__anchor_s* anchor; /* the last ring round's mean (--compress) */
+  /* The outer optimizer (--outer; daemon_outer.c): the shared vector of
+   * the last round and the momentum, n_params floats each once a round
+   * has given one (NULL before); what this round moved the node to (the
+   * new anchor or the mean), for the compression anchor at its end. */
+  float* outer_anchor;
+  float* outer_m;
+  size_t outer_n;
+  const float* ring_moved_to;
   uint64_t status_seq;
 
   st__dstate_t state;
@@ -441,7 +453,10 @@ struct st__daemon_s {
   st_node_id_t ring_members[ST_RING_FORM_MAX_MEMBERS];
   st_node_id_t ring_last_members[ST_RING_FORM_MAX_MEMBERS];
   uint64_t ring_started_ms;
-  uint64_t ring_proposed_ms; /* this node's last proposal (st__ring_tick) */
+  uint64_t ring_proposed_ms;   /* this node's last proposal (st__ring_tick) */
+  uint64_t ring_proposed_step; /* the trainer's step then (--local-steps) */
+  bool ring_proposed_done;     /* that proposal came once the epochs were
+                                  done (the first such is due at once) */
   int ring_tt_pending;
   double ring_segment_ms; /* measured, smoothed: for the stall timeout */
   /* The round's lanes (gossip.h, "Lane striping"): ring_stripe says which
@@ -656,11 +671,36 @@ bool st__compress_on(const st__daemon_t* d);
 void st__compress_mark_model(const st__daemon_t* d);
 /* d->local.coded_bytes from the codec and d->local.n_params. */
 void st__compress_sized(st__daemon_t* d);
-/* ": the cluster's nodes run --compress X, this node --compress Y" when
- * the model descriptions theirs and ours name different codecs (none
- * when a description names no codec); "" otherwise. */
+/* Mixes a setting every node must share into d->local's fingerprint
+ * (BLAKE2b-256 of domain, the fingerprint and value, cut to 16 bytes) and
+ * names it in the model description (" key=value"), cutting the model's
+ * text to make room. Call after the model's fingerprint. */
+void st__mark_setting(const st__daemon_t* d, const char* domain,
+                      const char* key, const char* value);
+/* ": the cluster's nodes run --compress X, this node --compress Y" (or
+ * the same of --outer) for the first setting the model descriptions
+ * theirs and ours name differently (none when one names none); ""
+ * otherwise. */
 void st__compress_mismatch(const char* theirs, const char* ours, char* out,
                            size_t out_len);
+/* ---- The outer optimizer (daemon_outer.c) ---- */
+/* Whether the node runs one (--outer other than none). */
+bool st__outer_on(const st__daemon_t* d);
+/* Mixes --outer into the fingerprint and the model description
+ * (" outer=nesterov:0.7:0.9"); nothing for none. After the codec's. */
+void st__outer_mark_model(const st__daemon_t* d);
+/* A ring round's APPLY whose move robust averaging let through whole:
+ * delta (mean - own, the round's buffer) becomes new anchor - own by the
+ * outer step, or stays for this node's first round (which takes the mean
+ * as its anchor, momentum 0). Sets d->ring_moved_to. Nothing without
+ * --outer, or when the state cannot be allocated (said, and the round is
+ * plain averaging). */
+void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
+                          size_t n);
+/* A round whose move robust averaging clipped: no outer step (counted). */
+void st__outer_ring_skipped(st__daemon_t* d);
+void st__outer_free(st__daemon_t* d);
+
 /* A ring round this node took part in ended OK with mean[0..n): the new
  * anchor (copied, named by its hash). */
 void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
@@ -795,9 +835,14 @@ void st__ring_free(st__daemon_t* d);
  * without an anchor proposes at every tick (so that compressed averaging
  * starts within seconds of a start, not at the first --ring-every). */
 void st__ring_tick(st__daemon_t* d);
-/* --ring-every, or under --compress at most ST__RING_ANCHOR_TICK_S. */
+/* --ring-every, or under --compress at most ST__RING_ANCHOR_TICK_S, or
+ * with --local-steps ST__RING_STEP_TICK_S. */
 double st__ring_tick_every_s(const st__daemon_t* d);
 #define ST__RING_ANCHOR_TICK_S 1.0
+#define ST__RING_STEP_TICK_S 0.05
+/* Whether this node takes part in ring rounds (--ring-every or
+ * --local-steps). */
+bool st__ring_on(const st__daemon_t* d);
 void st__ring_drain_form(st__daemon_t* d);
 void st__ring_timer_cb(uv_timer_t* t);
 void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,

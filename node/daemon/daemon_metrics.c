@@ -459,6 +459,13 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
     label(l, sizeof(l), "reason", st_codec_drop_name((st_codec_drop_t) i));
     sample_u64(b, "starling_codec_dropped_total", l, d->c.codec_drops[i]);
   }
+  counter(b, "starling_outer_steps_total",
+          "Ring rounds on which the outer optimizer (--outer) stepped.",
+          d->c.outer_steps);
+  counter(b, "starling_outer_skipped_total",
+          "Ring rounds the outer optimizer sat out: robust averaging "
+          "clipped their move.",
+          d->c.outer_skipped);
 }
 
 static void render_traffic(st__daemon_t* d, st_json_buf_t* b) {

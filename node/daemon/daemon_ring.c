@@ -71,8 +71,11 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   double ms = (double) (now - d->ring_started_ms);
   if (r == ST_RING_OK) {
     d->c.ring_ok++;
-    st__compress_ring_done(d, st_ring_mean(d->ring), (size_t) d->local.n_params,
-                           d->ring_round);
+    /* The anchor of compressed exchanges: where the round moved every
+     * member (the outer optimizer's new anchor, or the mean). */
+    const float* moved = d->ring_moved_to;
+    st__compress_ring_done(d, moved != NULL ? moved : st_ring_mean(d->ring),
+                           (size_t) d->local.n_params, d->ring_round);
     st_ring_progress_t p;
     st_ring_progress(d->ring, &p);
     uint64_t segs = p.segments_to_send > 0 ? p.segments_to_send : 1;
@@ -152,6 +155,7 @@ static void ring_maybe_free(st__daemon_t* d) {
     uint64_t round = d->ring_round;
     st_ring_free(d->ring);
     d->ring = NULL;
+    d->ring_moved_to = NULL;
     d->ring_round = 0;
     d->ring_n = 0;
     st_ring_form_round_over(d->rf, st__dnow(d), round, d->c.ring_last_ok);
@@ -209,6 +213,15 @@ static void drain_ring(st__daemon_t* d) {
       case ST_RACT_APPLY: {
         /* Robust averaging's factor; 0: not finite, nothing applied. */
         float scale = st__robust_ring_scale(d, a.values, a.n);
+        /* The outer optimizer rewrites the move in place (a.values is the
+         * round's delta buffer) while this node trains; a clipped move, or
+         * any once its epochs are done, is applied as it is: the model a
+         * node ends with is the members' mean, not an extrapolation. */
+        if (scale == 1.0f && d->state == ST__D_TRAINING)
+          st__outer_ring_apply(d, st_ring_delta(d->ring), st_ring_mean(d->ring),
+                               a.n);
+        else if (scale > 0 && scale < 1.0f)
+          st__outer_ring_skipped(d);
         if (scale > 0 && st__tt_request_apply(d->tt, RING_TAG_BIT | d->ring_seq,
                                               a.values, scale) == 0)
           d->ring_tt_pending++;
@@ -351,7 +364,7 @@ void st__ring_size_pool(st__daemon_t* d) {
    * time: 2 L jobs for a round, beside the exchanges'. The pool reads the
    * variable once, at its first job; this runs before any thread starts
    * (setenv is not thread-safe). An operator's own setting wins. */
-  if (d->cfg->ring_every_s <= 0 || getenv("UV_THREADPOOL_SIZE") != NULL)
+  if (!st__ring_on(d) || getenv("UV_THREADPOOL_SIZE") != NULL)
     return;
   uint32_t want = 2 * lanes_of(d) + 2;
   char v[16];
@@ -408,6 +421,7 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
     st_ring_form_round_over(d->rf, now, a->round_id, false);
     return;
   }
+  d->ring_moved_to = NULL; /* set by this round's APPLY */
   d->ring_seq++;
   d->ring_round = a->round_id;
   d->ring_n = a->n_members;
@@ -466,26 +480,53 @@ void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
   st__ring_drain_form(d);
 }
 
-/* Proposes a round when this node is the smallest live ring-capable id
- * of its view that runs its model. */
+bool st__ring_on(const st__daemon_t* d) {
+  return d->cfg->ring_every_s > 0 || d->cfg->local_steps > 0;
+}
+
 double st__ring_tick_every_s(const st__daemon_t* d) {
   double every = d->cfg->ring_every_s;
+  if (d->cfg->local_steps > 0)
+    return ST__RING_STEP_TICK_S;
   return st__compress_on(d) && every > ST__RING_ANCHOR_TICK_S
              ? ST__RING_ANCHOR_TICK_S
              : every;
 }
 
+/* Whether this node, the proposer, proposes at this tick: while training
+ * with --local-steps H, once it has taken H steps since its last
+ * proposal; at once when its epochs are done (the last steps averaged
+ * without waiting); else every --ring-every, except that ticks faster
+ * than that (--compress, --local-steps) propose at each tick until a
+ * first proposal, and under --compress until a round gives an anchor. */
+static bool ring_due(const st__daemon_t* d, uint64_t now) {
+  if (d->cfg->local_steps > 0 && d->state == ST__D_TRAINING) {
+    st__tt_stats_t st;
+    st__tt_stats(d->tt, &st);
+    return st.step >= d->ring_proposed_step + d->cfg->local_steps;
+  }
+  if (d->state == ST__D_DONE && !d->ring_proposed_done)
+    return true;
+  if (d->cfg->ring_every_s <= 0)
+    return false; /* --local-steps alone: none once the epochs are done */
+  if (st__ring_tick_every_s(d) >= d->cfg->ring_every_s)
+    return true; /* ticks at --ring-every */
+  if (d->ring_proposed_ms == 0 || (st__compress_on(d) && d->anchor == NULL))
+    return true;
+  double since_ms = (double) (now - d->ring_proposed_ms);
+  return d->cfg->ring_every_s > 0 &&
+         since_ms >= d->cfg->ring_every_s * 1000.0 - 100.0;
+}
+
+/* Proposes a round when this node is the smallest live ring-capable id
+ * of its view that runs its model, and one is due. */
 void st__ring_tick(st__daemon_t* d) {
   if (d->rf == NULL || (d->state != ST__D_TRAINING && d->state != ST__D_DONE))
     return;
   if (st_ring_form_state(d->rf) != ST_RING_FORM_IDLE || d->ring != NULL)
     return;
-  /* Faster ticks (--compress): only a node still without an anchor
-   * proposes before --ring-every has passed (a tick's jitter allowed). */
   uint64_t now = st__dnow(d);
-  double since_ms = (double) (now - d->ring_proposed_ms);
-  if (st__compress_on(d) && d->anchor != NULL && d->ring_proposed_ms > 0 &&
-      since_ms < d->cfg->ring_every_s * 1000.0 - 100.0)
+  if (!ring_due(d, now))
     return;
   st_node_id_t cand[ST_RING_FORM_MAX_MEMBERS];
   size_t n = 0;
@@ -506,6 +547,10 @@ void st__ring_tick(st__daemon_t* d) {
   if (n == 0)
     return;
   d->ring_proposed_ms = now;
+  d->ring_proposed_done = d->state == ST__D_DONE;
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  d->ring_proposed_step = st.step;
   st_ring_form_propose(d->rf, now, cand, n);
   st__ring_drain_form(d);
 }
@@ -681,7 +726,7 @@ static bool trusts(const st_node_id_t* id, void* ctx) {
 }
 
 int st__ring_start(st__daemon_t* d) {
-  if (d->cfg->ring_every_s <= 0) {
+  if (!st__ring_on(d)) {
     if (st__compress_on(d))
       st__dwarn(d,
                 "--compress with --ring-every 0: compressed exchanges "

@@ -83,11 +83,13 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
       st__attach_cluster_mismatch(d, theirs, done->peer_tensors,
                                   done->peer_tensors_len);
     } else if (c->xkind == ST_XCHG_FETCH && c->initiator) {
+      char diff[160];
+      st__compress_mismatch(theirs, d->local.model, diff, sizeof diff);
       st__daemon_fatal(d,
                        "the cluster runs %s but this node was started "
-                       "with %s; start it with the cluster's --model and "
-                       "--compress, or join another cluster",
-                       theirs, d->local.model);
+                       "with %s%s; start it with the cluster's --model, "
+                       "--compress and --outer, or join another cluster",
+                       theirs, d->local.model, diff);
     } else {
       st__dwarn(d,
                 "refused an exchange with %.12s: it runs %s, this node "

@@ -45,7 +45,7 @@ PIDS+=("$MIXED")
 deadline=$((SECONDS + $(scaled 30)))
 while kill -0 "$MIXED" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
 kill -0 "$MIXED" 2>/dev/null && fail "the uncompressed node still runs in an int8 cluster"
-grep -q "the cluster runs mlp:784-256-128-10 f32 compress=int8 but this node was started with mlp:784-256-128-10 f32; start it with the cluster's --model and --compress" \
+grep -q "the cluster runs mlp:784-256-128-10 f32 compress=int8 but this node was started with mlp:784-256-128-10 f32: the cluster's nodes run --compress int8, this node --compress none; start it with the cluster's --model, --compress and --outer" \
   "$SCRATCH/mixed.log" || fail "mixed settings: $(tail -3 "$SCRATCH/mixed.log")"
 kill "${NODE_PID[0]}" 2>/dev/null || true
 node_wait_exit 0 30

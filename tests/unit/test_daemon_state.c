@@ -3,7 +3,9 @@
  * the clock)), the epoch file bound to the identity, the directory's lock,
  * the removal of stale temporary files, and the modes of what the node
  * writes there. st__state_prepare runs on a bare daemon struct, as
- * st_daemon_run calls it before any socket exists. */
+ * st_daemon_run calls it before any socket exists. Also the model
+ * fingerprint with the averaging settings mixed in, against the vectors
+ * docs/protocol.md gives (computed there with Python's hashlib). */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -262,6 +264,55 @@ START_TEST(test_modes) {
 }
 END_TEST
 
+static void hex16(const uint8_t fp[16], char out[33]) {
+  for (int i = 0; i < 16; i++)
+    snprintf(out + 2 * i, 3, "%02x", fp[i]);
+}
+
+/* The fingerprint of mlp:784-256-128-10, then with --outer nesterov, and
+ * with --compress int8 --outer nesterov --outer-lr 1 --outer-momentum 0.5:
+ * docs/protocol.md, "Keys and fingerprints". */
+START_TEST(test_fingerprint_vectors) {
+  static const struct {
+    const char *compress, *lr, *momentum, *fp, *desc;
+  } cases[] = {
+      {NULL, NULL, NULL, "eb69d04d4f66d3f33cbf13c7d0ecebdd",
+       "mlp:784-256-128-10 f32"},
+      {NULL, "0.7", "0.9", "0ade279110819c9755366f0e08c37b42",
+       "mlp:784-256-128-10 f32 outer=nesterov:0.7:0.9"},
+      {"int8", "1.0", "0.50", "f6852666180a2014bc92ea245e285195",
+       "mlp:784-256-128-10 f32 compress=int8 outer=nesterov:1:0.5"},
+  };
+  st_model_spec_t spec;
+  ck_assert_int_eq(
+      st_model_spec_parse("mlp:784-256-128-10", &spec, err, sizeof err), 0);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    node_t* n = node_new();
+    if (cases[i].compress != NULL)
+      ck_assert_int_eq(
+          st_codec_parse(cases[i].compress, &n->cfg.compress, err, sizeof err),
+          0);
+    if (cases[i].lr != NULL) {
+      n->cfg.outer.kind = ST_OUTER_NESTEROV;
+      ck_assert_int_eq(
+          st_outer_parse_lr(cases[i].lr, &n->cfg.outer, err, sizeof err), 0);
+      ck_assert_int_eq(st_outer_parse_momentum(cases[i].momentum, &n->cfg.outer,
+                                               err, sizeof err),
+                       0);
+    }
+    st__model_fingerprint(&spec, n->d.local.fingerprint, n->d.local.model,
+                          sizeof n->d.local.model);
+    st__compress_mark_model(&n->d);
+    st__outer_mark_model(&n->d);
+    char hex[33];
+    hex16(n->d.local.fingerprint, hex);
+    ck_assert_str_eq(hex, cases[i].fp);
+    ck_assert_str_eq(n->d.local.model, cases[i].desc);
+    free(n); /* nothing of its data directory was made */
+  }
+}
+END_TEST
+
 static Suite* daemon_state_suite(void) {
   Suite* s = suite_create("daemon_state");
   TCase* tc = tcase_create("data_dir");
@@ -274,6 +325,7 @@ static Suite* daemon_state_suite(void) {
   tcase_add_test(tc, test_second_node_refused);
   tcase_add_test(tc, test_stale_temporaries_removed);
   tcase_add_test(tc, test_modes);
+  tcase_add_test(tc, test_fingerprint_vectors);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   return s;

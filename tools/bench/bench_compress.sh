@@ -16,9 +16,15 @@
 #   tools/bench/bench_compress.sh                           none int8 topk:0.01, loopback
 #   RATE=10mbit tools/bench/bench_compress.sh               shaped links
 #   CODECS="none bf16" TARGET=0.87 EPOCHS=10 tools/bench/bench_compress.sh
+#   CODECS="none none+outer int8+outer" tools/bench/bench_compress.sh
+#
+# An entry CODEC+outer adds OUTER_ARGS (default: --outer nesterov
+# --local-steps 50) to that run: the outer optimizer (docs/compression.md,
+# "The outer optimizer"). NODE_ARGS go to every run (e.g. --ring-every 1).
 #
 # Environment: CODECS, TARGET (0.87), EPOCHS (10), RATE (unset: loopback),
-# TIMEOUT (seconds a cluster may take, 600), ST_BUILD_DIR (build).
+# OUTER_ARGS, NODE_ARGS, TIMEOUT (seconds a cluster may take, 600),
+# ST_BUILD_DIR (build).
 set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
 bench_args "$0" "$@"
@@ -28,6 +34,8 @@ TARGET=${TARGET:-0.87}
 EPOCHS=${EPOCHS:-10}
 RATE=${RATE:-}
 TIMEOUT=${TIMEOUT:-600}
+read -r -a OUTER_ARGS <<<"${OUTER_ARGS:---outer nesterov --local-steps 50}"
+read -r -a NODE_ARGS <<<"${NODE_ARGS:-}"
 PY=${PY:-/usr/bin/python3}
 build=${ST_BUILD_DIR:-build}
 S=$(cd "$build" 2>/dev/null && pwd)/starling
@@ -71,9 +79,12 @@ for k in sys.argv[1:]:
     print(v)' "$@" 2>/dev/null || true
 }
 
-# node K CODEC DIR [SEED]: starts node K (in its namespace when shaped).
+# node K ENTRY DIR [SEED]: starts node K (in its namespace when shaped);
+# ENTRY is a codec, or CODEC+outer.
 node() {
-  local k=$1 codec=$2 dir=$3 seed=${4:-} listen=127.0.0.1:0 pre=()
+  local k=$1 codec=${2%+outer} dir=$3 seed=${4:-} listen=127.0.0.1:0 pre=()
+  local extra=("${NODE_ARGS[@]}")
+  [ "$2" != "$codec" ] && extra+=("${OUTER_ARGS[@]}")
   if [ -n "$RATE" ]; then
     listen=10.77.0.$((k + 1)):7946
     pre=(ip netns exec "st-cmp-c-$k")
@@ -82,13 +93,13 @@ node() {
   [ -n "$seed" ] && join=(--join "$seed")
   "${pre[@]}" "$S" node --listen "$listen" --cluster-key "$work/ck" \
     --data-dir "$dir/n$k" --shard "$k/$N" --compress "$codec" "${join[@]}" \
-    "${recipe[@]}" 2>"$dir/n$k.log" &
+    "${recipe[@]}" "${extra[@]}" 2>"$dir/n$k.log" &
   pids+=($!)
 }
 
 # run CODEC: prints "seconds_to_target bytes_at_target min_final_acc bytes_at_end compressed".
 run() {
-  local codec=$1 dir=$work/${1//:/_} t0 seed= k
+  local codec=$1 dir=$work/${1//[:+]/_} t0 seed= k
   mkdir -p "$dir"
   pids=()
   t0=$(date +%s.%N)
@@ -139,6 +150,7 @@ run() {
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u '+%F %H:%M UTC')"
 echo "4 nodes, $EPOCHS epochs; links: ${RATE:-loopback}; target test accuracy $TARGET (every node)"
+echo "every run: ${NODE_ARGS[*]:-(no extra flags)}; +outer: ${OUTER_ARGS[*]}"
 printf '%-12s %10s %16s %12s %16s %12s\n' codec to_target_s MB_per_node@tgt final_min_acc MB_per_node@end compressed
 base_t="" base_b=""
 for codec in $CODECS; do

@@ -35,7 +35,11 @@ enum {
   OPT_RING_LANES,
   OPT_QUIET,
   OPT_ATTACH,
-  OPT_COMPRESS
+  OPT_COMPRESS,
+  OPT_OUTER,
+  OPT_OUTER_LR,
+  OPT_OUTER_MOMENTUM,
+  OPT_LOCAL_STEPS
 };
 
 static const struct option own_opts[] = {
@@ -62,6 +66,10 @@ static const struct option own_opts[] = {
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"attach", no_argument, NULL, OPT_ATTACH},
     {"compress", required_argument, NULL, OPT_COMPRESS},
+    {"outer", required_argument, NULL, OPT_OUTER},
+    {"outer-lr", required_argument, NULL, OPT_OUTER_LR},
+    {"outer-momentum", required_argument, NULL, OPT_OUTER_MOMENTUM},
+    {"local-steps", required_argument, NULL, OPT_LOCAL_STEPS},
     {"help", no_argument, NULL, 'h'},
 };
 
@@ -176,6 +184,22 @@ static void usage(FILE* f) {
       "ring\n"
       "                       round's mean; the same on every node\n"
       "                       (docs/compression.md)\n"
+      "  --outer O            what a ring round moves the nodes to: none "
+      "(its mean,\n"
+      "                       the default) or nesterov (DiLoCo's outer "
+      "step: a\n"
+      "                       Nesterov step on the mean's move from the "
+      "last\n"
+      "                       round's vector); the same on every node\n"
+      "  --outer-lr X         its learning rate, in (0, 4] (default 0.7)\n"
+      "  --outer-momentum M   its momentum, in [0, 1) (default 0.9)\n"
+      "  --local-steps H      while training, a ring round every H steps "
+      "of the\n"
+      "                       proposer instead of every --ring-every "
+      "(default 0:\n"
+      "                       by time); --ring-every still applies once the "
+      "epochs\n"
+      "                       are done\n"
       "  --quiet              only warnings and errors\n"
       "\n"
       "Training (as in 'starling train'):\n");
@@ -201,6 +225,32 @@ static int compress_flag(st_daemon_config_t* cfg, const char* v) {
   if (st_codec_parse(v, &cfg->compress, err, sizeof err) == 0)
     return 0;
   fprintf(stderr, "starling node: --compress: %s\n", err);
+  return 2;
+}
+
+/* Whether --outer-lr or --outer-momentum was given (they need --outer
+ * nesterov). */
+static bool outer_tuned;
+
+/* --outer, --outer-lr, --outer-momentum: 0, or 2 after saying why. */
+static int outer_flag(st_daemon_config_t* cfg, int opt, const char* v) {
+  char err[256];
+  int rc;
+  if (opt == OPT_OUTER) {
+    rc = st_outer_parse_kind(v, &cfg->outer, err, sizeof err);
+  } else {
+    outer_tuned = true;
+    rc = opt == OPT_OUTER_LR
+             ? st_outer_parse_lr(v, &cfg->outer, err, sizeof err)
+             : st_outer_parse_momentum(v, &cfg->outer, err, sizeof err);
+  }
+  if (rc == 0)
+    return 0;
+  fprintf(stderr, "starling node: %s: %s\n",
+          opt == OPT_OUTER      ? "--outer"
+          : opt == OPT_OUTER_LR ? "--outer-lr"
+                                : "--outer-momentum",
+          err);
   return 2;
 }
 
@@ -341,6 +391,17 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
     case OPT_COMPRESS:
       rc = compress_flag(cfg, v);
       break;
+    case OPT_OUTER:
+    case OPT_OUTER_LR:
+    case OPT_OUTER_MOMENTUM:
+      rc = outer_flag(cfg, opt, v);
+      break;
+    case OPT_LOCAL_STEPS:
+      rc = st__parse_u64(CMD, "--local-steps", v, 0, UINT32_MAX,
+                         &cfg->local_steps) != 0
+               ? 2
+               : 0;
+      break;
     default:
       return 1;
   }
@@ -353,6 +414,7 @@ static int parse_args(int argc, char** argv, const struct option* opts,
                       st_daemon_config_t* cfg, st__train_flags_t* f) {
   optind = 1;
   opterr = 0;
+  outer_tuned = false;
   int c, rc = 0;
   while (rc == 0 && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     const char* v = optarg;
@@ -378,6 +440,26 @@ static int parse_args(int argc, char** argv, const struct option* opts,
     }
   }
   return rc;
+}
+
+/* The outer optimizer's flags together: tuned only with --outer nesterov,
+ * which needs ring rounds. 0, or 2 after saying why. */
+static int check_outer(const st_daemon_config_t* cfg) {
+  if (outer_tuned && cfg->outer.kind == ST_OUTER_NONE) {
+    fprintf(stderr,
+            "starling node: --outer-lr and --outer-momentum set the outer "
+            "optimizer; add --outer nesterov\n");
+    return 2;
+  }
+  if (cfg->outer.kind != ST_OUTER_NONE && cfg->ring_every_s <= 0 &&
+      cfg->local_steps == 0) {
+    fprintf(stderr,
+            "starling node: --outer steps on the mean of ring rounds, and "
+            "--ring-every 0 turns them off; set --ring-every or "
+            "--local-steps\n");
+    return 2;
+  }
+  return 0;
 }
 
 int st__cmd_node(int argc, char** argv) {
@@ -416,6 +498,8 @@ int st__cmd_node(int argc, char** argv) {
             missing);
     return 2;
   }
+  if ((rc = check_outer(&cfg)) != 0)
+    return rc;
   if (cfg.attach) {
     if (f.model != NULL || f.data != NULL) {
       fprintf(stderr,
