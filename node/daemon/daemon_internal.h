@@ -422,6 +422,7 @@ struct st__daemon_s {
   float* outer_anchor;
   float* outer_m;
   size_t outer_n;
+  uint64_t outer_step; /* the trainer's step at the last round's APPLY */
   const float* ring_moved_to;
   uint64_t status_seq;
 
@@ -692,7 +693,8 @@ void st__outer_mark_model(const st__daemon_t* d);
 /* A ring round's APPLY whose move robust averaging let through whole:
  * delta (mean - own, the round's buffer) becomes new anchor - own by the
  * outer step, or stays for this node's first round (which takes the mean
- * as its anchor, momentum 0). Sets d->ring_moved_to. Nothing without
+ * as its anchor, momentum 0) and for a node that took no step since its
+ * last round (at rest: the mean). Sets d->ring_moved_to. Nothing without
  * --outer, or when the state cannot be allocated (said, and the round is
  * plain averaging). */
 void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,

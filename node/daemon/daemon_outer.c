@@ -17,6 +17,12 @@
  * round (eigenvalues of modulus 0.52 with DiLoCo's 0.7 and 0.9;
  * docs/compression.md).
  *
+ * Only a node that trains takes the step: one that took no step since its
+ * last round (its epochs done, or no program attached) applies the mean,
+ * so that a model at rest is the members' mean, not an extrapolation of
+ * the last moves by the momentum (which would go on moving it while
+ * nobody trains).
+ *
  * Costs: two more vectors of n_params floats (the anchor and the
  * momentum), allocated at the first round; one pass over four vectors on
  * the loop per round.
@@ -74,6 +80,12 @@ void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
   d->ring_moved_to = mean;
   if (!st__outer_on(d) || delta == NULL || mean == NULL || n == 0)
     return;
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  bool trained = st.step != d->outer_step || d->outer_anchor == NULL;
+  d->outer_step = st.step;
+  if (!trained)
+    return; /* at rest: the mean */
   if (d->outer_anchor == NULL || d->outer_n != n) {
     if (outer_start(d, mean, n))
       d->ring_moved_to = d->outer_anchor;

@@ -214,10 +214,8 @@ static void drain_ring(st__daemon_t* d) {
         /* Robust averaging's factor; 0: not finite, nothing applied. */
         float scale = st__robust_ring_scale(d, a.values, a.n);
         /* The outer optimizer rewrites the move in place (a.values is the
-         * round's delta buffer) while this node trains; a clipped move, or
-         * any once its epochs are done, is applied as it is: the model a
-         * node ends with is the members' mean, not an extrapolation. */
-        if (scale == 1.0f && d->state == ST__D_TRAINING)
+         * round's delta buffer); a clipped move is applied as it is. */
+        if (scale == 1.0f)
           st__outer_ring_apply(d, st_ring_delta(d->ring), st_ring_mean(d->ring),
                                a.n);
         else if (scale > 0 && scale < 1.0f)
