@@ -459,9 +459,29 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
     label(l, sizeof(l), "reason", st_codec_drop_name((st_codec_drop_t) i));
     sample_u64(b, "starling_codec_dropped_total", l, d->c.codec_drops[i]);
   }
+  const st_outer_spec_t* o = &d->cfg->outer;
+  bool on = o->kind != ST_OUTER_NONE;
+  family(b, "starling_outer_info", "gauge",
+         "1, labelled with the outer optimizer of ring rounds (--outer).");
+  label(l, sizeof(l), "optimizer", on ? "nesterov" : "none");
+  sample_u64(b, "starling_outer_info", l, 1);
+  gauge(b, "starling_outer_learning_rate",
+        "The outer step's learning rate (1 without --outer).",
+        on ? o->lr_ppm / 1e6 : 1.0);
+  gauge(b, "starling_outer_momentum",
+        "The outer step's momentum (0 without --outer).",
+        on ? o->momentum_ppm / 1e6 : 0.0);
+  gauge(b, "starling_ring_local_steps",
+        "Ring rounds every this many of the proposer's steps while it "
+        "trains (--local-steps; 0: by time).",
+        (double) d->cfg->local_steps);
   counter(b, "starling_outer_steps_total",
           "Ring rounds on which the outer optimizer (--outer) stepped.",
           d->c.outer_steps);
+  counter(b, "starling_outer_starts_total",
+          "Ring rounds that started the outer optimizer's state (this "
+          "node's first: the mean became its anchor).",
+          d->c.outer_starts);
   counter(b, "starling_outer_skipped_total",
           "Ring rounds the outer optimizer sat out: robust averaging "
           "clipped their move.",

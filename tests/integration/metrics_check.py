@@ -103,6 +103,14 @@ COMPRESSION = {
     "anchors": ("starling_compression_anchors_total", {}),
     "exchanges_compressed": ("starling_exchanges_compressed_total", {}),
 }
+OUTER = {
+    "lr": ("starling_outer_learning_rate", {}),
+    "momentum": ("starling_outer_momentum", {}),
+    "local_steps": ("starling_ring_local_steps", {}),
+    "steps": ("starling_outer_steps_total", {}),
+    "starts": ("starling_outer_starts_total", {}),
+    "skipped": ("starling_outer_skipped_total", {}),
+}
 ADMIN_REQUESTS = ("granted", "already", "refused")
 ENUMS = {"state": "starling_node_state", "ring_state": "starling_ring_state"}
 INFO = ("id", "address", "model")  # labels of starling_node_info
@@ -230,6 +238,19 @@ def check(starling, data_dir, out_path):
                     need(series, *COMPRESSION[k])
                 else:
                     sys.exit(f"status key compression.{k} has no metric")
+            checked += len(value) - 1
+        elif key == "outer":
+            for k, v in value.items():
+                if k == "optimizer":
+                    need(series, "starling_outer_info", {"optimizer": v})
+                elif k in OUTER:
+                    got = need(series, *OUTER[k])
+                    # The settings must match; the counters may have moved
+                    # between the status and the scrape.
+                    if k in ("lr", "momentum", "local_steps") and got != v:
+                        sys.exit(f"outer.{k}: status {v}, metric {got}")
+                else:
+                    sys.exit(f"status key outer.{k} has no metric")
             checked += len(value) - 1
         elif key == "cluster_requests":
             for k, v in value.items():
