@@ -12,6 +12,10 @@
 #   tools/scripts/gpu_checks.sh run KIT [LOG]   on the GPU machine, from a
 #       checkout of the same commit: every step below under its own time
 #       limit, the output also in LOG; a summary table at the end
+#   tools/scripts/gpu_checks.sh outer KIT [LOG]   the same way, only the
+#       attach-vs-DDP benchmark on the GPU and on the CPU cores, each with
+#       the default node flags and with OUTER_ARGS added (default
+#       "--outer nesterov"): the outer optimizer's A/B, one machine, one run
 #
 # The steps: the CUDA backend's parity tests (every op against the CPU and
 # a float64 reference; the trainer thread on `cuda`); the Python package
@@ -82,7 +86,9 @@ step() {
   SUMMARY+=("$(printf '%-28s %-8s %5ss' "$name" "$verdict" $(($(date +%s) - t0)))")
 }
 
-run() {
+# prepare KIT: unpacks the kit into a temporary folder (removed at exit),
+# sets the environment the steps run in, and says what the machine is.
+prepare() {
   local kit data
   data=$(cd "$1" && pwd)/data || die "$1: no such kit"
   # The unpacked programs and libraries: a folder of their own, removed at
@@ -105,26 +111,47 @@ run() {
   echo "cpu:   $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
   "$PY" -c 'import torch; print("torch:", torch.__version__, "cuda", torch.cuda.is_available())'
   ldd "$kit/build/starling" "$kit/build/libstarling_cuda.so" | grep "not found" || true
+  KIT_BUILD=$kit/build
+}
 
-  step "CUDA kernels parity" 60 "$kit/build/test_kernels"
-  step "trainer thread cpu+cuda" 90 "$kit/build/test_trainer_thread"
+summary() {
+  echo
+  echo "==== summary ($(($(date +%s) - T_START)) s of $BUDGET)"
+  printf '%s\n' "${SUMMARY[@]}"
+}
+
+run() {
+  prepare "$1"
+  step "CUDA kernels parity" 60 "$KIT_BUILD/test_kernels"
+  step "trainer thread cpu+cuda" 90 "$KIT_BUILD/test_trainer_thread"
   step "python on CUDA" 150 env PYTHONPATH=client/python "$PY" -m pytest -q -x -p no:cacheprovider \
     tests/python/test_attach_torch.py tests/python/test_sync_sgd.py tests/python/test_collectives.py \
     -k "cuda or test_all_reduce_torch_and_python"
   step "attach vs DDP, GPU" 120 env DEVICE=cuda NETNS=0 TIMEOUT=100 tools/bench/bench_attach_ddp.sh
   step "attach vs DDP, CPU cores" 200 env DEVICE=cpu NETNS=0 TIMEOUT=180 tools/bench/bench_attach_ddp.sh
   step "sync SGD vs DDP, CPU" 150 env TIMEOUT=140 tools/bench/bench_sync_sgd.sh
+  summary
+}
 
-  echo
-  echo "==== summary ($(($(date +%s) - T_START)) s of $BUDGET)"
-  printf '%s\n' "${SUMMARY[@]}"
+outer() {
+  prepare "$1"
+  local plain="--gossip-every 0.2 --ring-every 1" extra=${OUTER_ARGS:---outer nesterov}
+  step "attach vs DDP, GPU" 120 env DEVICE=cuda NETNS=0 TIMEOUT=100 \
+    NODE_ARGS="$plain" tools/bench/bench_attach_ddp.sh
+  step "attach vs DDP, GPU, outer" 120 env DEVICE=cuda NETNS=0 TIMEOUT=100 \
+    NODE_ARGS="$plain $extra" tools/bench/bench_attach_ddp.sh
+  step "attach vs DDP, CPU" 200 env DEVICE=cpu NETNS=0 TIMEOUT=180 \
+    NODE_ARGS="$plain" tools/bench/bench_attach_ddp.sh
+  step "attach vs DDP, CPU, outer" 200 env DEVICE=cpu NETNS=0 TIMEOUT=180 \
+    NODE_ARGS="$plain $extra" tools/bench/bench_attach_ddp.sh
+  summary
 }
 
 case "${1:-}" in
   kit) [ $# -eq 3 ] || die "usage: $0 kit BUILD KIT"; kit "$2" "$3" ;;
-  run)
-    [ $# -ge 2 ] || die "usage: $0 run KIT [LOG]"
-    if [ -n "${3:-}" ]; then run "$2" 2>&1 | tee "$3"; else run "$2"; fi ;;
+  run | outer)
+    [ $# -ge 2 ] || die "usage: $0 $1 KIT [LOG]"
+    if [ -n "${3:-}" ]; then "$1" "$2" 2>&1 | tee "$3"; else "$1" "$2"; fi ;;
   -h | --help | "") sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-  *) die "unknown mode '$1' (kit or run; --help)" ;;
+  *) die "unknown mode '$1' (kit, run or outer; --help)" ;;
 esac
