@@ -36,10 +36,10 @@ int st_parse_millionths(const char* s, uint64_t max, uint64_t* out) {
     return -EINVAL;
   for (int d = decimals; d < 6; d++)
     frac *= 10;
-  uint64_t v = whole * MILLION + frac;
-  if (v > max)
+  /* whole <= max / MILLION, so whole * MILLION <= max: no overflow. */
+  if (frac > max - whole * MILLION)
     return -EINVAL;
-  *out = v;
+  *out = whole * MILLION + frac;
   return 0;
 }
 

@@ -45,6 +45,10 @@ static const struct {
     {"1.", 1000000, 0, 0, NULL},
     {"", 1000000, 0, 0, NULL},
     {"99999999999999999999999", UINT64_MAX, 0, 0, NULL},
+    /* max / 10^6 whole, then a fraction past max: refused, not wrapped. */
+    {"18446744073709.999999", UINT64_MAX, 0, 0, NULL},
+    {"18446744073709.551615", UINT64_MAX, 1, UINT64_MAX,
+     "18446744073709.551615"},
 };
 
 START_TEST(test_decimals) {
