@@ -16,11 +16,12 @@
 #       written at their leave, once ring rounds ran after the programs
 #       ended: at rest, rounds are plain averaging).
 # Took 183 s on the 2-core VM (2026-11-27, a loaded day). Skipped (exit 0,
-# saying so) when PyTorch cannot be imported, and in the sanitizer build: there PyTorch runs
-# with the ASan runtime preloaded, ~4x slower (every tensor over 128 KiB is
-# an mmap and a munmap), and this test ran past 15 minutes; the node's side
-# of the same faults runs under the sanitizers in test_node_attach (the C
-# client), the Python binding's in test_python_attach.
+# saying so) when PyTorch cannot be imported, and in the sanitizer build:
+# there PyTorch runs with the ASan runtime preloaded, ~4x slower (every
+# tensor over 128 KiB is an mmap and a munmap), and this test ran past 15
+# minutes; the node's side of the same faults runs under the sanitizers in
+# test_node_attach (the C client), the Python binding's in
+# test_python_attach.
 source "$(dirname "$0")/lib.sh"
 
 PY=/usr/bin/python3
