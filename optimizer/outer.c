@@ -33,32 +33,34 @@ int st_outer_parse_kind(const char* text, st_outer_spec_t* spec, char* err,
   return -EINVAL;
 }
 
-int st_outer_parse_lr(const char* text, st_outer_spec_t* spec, char* err,
-                      size_t err_len) {
+/* A decimal into *out millionths, within [min, max]; else -EINVAL with
+ * "outer WHAT 'TEXT' is not a decimal in RANGE ..." in err. */
+static int parse_setting(const char* text, uint64_t min, uint64_t max,
+                         const char* what, const char* range,
+                         const char* diloco, uint32_t* out, char* err,
+                         size_t err_len) {
   uint64_t v;
-  if (st_parse_millionths(text, ST_OUTER_LR_MAX_PPM, &v) != 0 || v == 0) {
+  if (st_parse_millionths(text, max, &v) != 0 || v < min) {
     st_set_err(err, err_len,
-               "outer learning rate '%s' is not a decimal in (0, 4] with at "
-               "most 6 decimals (DiLoCo's is 0.7)",
-               text != NULL ? text : "");
+               "outer %s '%s' is not a decimal in %s with at most 6 decimals "
+               "(DiLoCo's is %s)",
+               what, text != NULL ? text : "", range, diloco);
     return -EINVAL;
   }
-  spec->lr_ppm = (uint32_t) v;
+  *out = (uint32_t) v;
   return 0;
+}
+
+int st_outer_parse_lr(const char* text, st_outer_spec_t* spec, char* err,
+                      size_t err_len) {
+  return parse_setting(text, 1, ST_OUTER_LR_MAX_PPM, "learning rate", "(0, 4]",
+                       "0.7", &spec->lr_ppm, err, err_len);
 }
 
 int st_outer_parse_momentum(const char* text, st_outer_spec_t* spec, char* err,
                             size_t err_len) {
-  uint64_t v;
-  if (st_parse_millionths(text, ST_OUTER_MOMENTUM_MAX_PPM, &v) != 0) {
-    st_set_err(err, err_len,
-               "outer momentum '%s' is not a decimal in [0, 1) with at most "
-               "6 decimals (DiLoCo's is 0.9)",
-               text != NULL ? text : "");
-    return -EINVAL;
-  }
-  spec->momentum_ppm = (uint32_t) v;
-  return 0;
+  return parse_setting(text, 0, ST_OUTER_MOMENTUM_MAX_PPM, "momentum", "[0, 1)",
+                       "0.9", &spec->momentum_ppm, err, err_len);
 }
 
 int st_outer_name(const st_outer_spec_t* spec, char* buf, size_t len) {

@@ -151,5 +151,28 @@ for m in json.loads(sys.argv[1]):
         print(m["state"])' "$doc" "$2"
 }
 
+# join_refused WHAT MESSAGE FLAGS...: node 0 runs the recipe (1 epoch,
+# shard 0/4) with FLAGS; a node without them that joins it must stop
+# within 30 s (scaled) with MESSAGE (grep) in its log. Node 0 is stopped
+# after. WHAT names the joiner in the failure.
+join_refused() {
+  local what=$1 message=$2 joiner deadline
+  shift 2
+  node_start 0 "${RECIPE[@]}" --epochs 1 --shard 0/4 "$@"
+  node_up 0
+  "$STARLING" node --listen 127.0.0.1:0 --join "$NODE_ADDR" --cluster-key "$KEY" \
+    --data-dir "$SCRATCH/mixed" "${RECIPE[@]}" --epochs 1 --shard 1/4 \
+    >"$SCRATCH/mixed.log" 2>&1 &
+  joiner=$!
+  PIDS+=("$joiner")
+  deadline=$((SECONDS + $(scaled 30)))
+  while kill -0 "$joiner" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  kill -0 "$joiner" 2>/dev/null && fail "$what still runs in the cluster"
+  grep -q -- "$message" "$SCRATCH/mixed.log" ||
+    fail "$what: $(tail -3 "$SCRATCH/mixed.log")"
+  kill "${NODE_PID[0]}" 2>/dev/null || true
+  node_wait_exit 0 30
+}
+
 # ge A B: A >= B as numbers (floats allowed).
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 >= b + 0) }'; }

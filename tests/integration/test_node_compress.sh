@@ -34,21 +34,9 @@ grep -q -- "--compress C" "$SCRATCH/help" || fail "node --help does not mention 
 pass "(a) --compress: bad values refused, documented in --help"
 
 # --- (b) mixed settings -----------------------------------------------------------
-node_start 0 "${RECIPE[@]}" --epochs 1 --shard 0/4 --compress int8
-node_up 0
-seed=$NODE_ADDR
-"$STARLING" node --listen 127.0.0.1:0 --join "$seed" --cluster-key "$KEY" \
-  --data-dir "$SCRATCH/mixed" "${RECIPE[@]}" --epochs 1 --shard 1/4 \
-  >"$SCRATCH/mixed.log" 2>&1 &
-MIXED=$!
-PIDS+=("$MIXED")
-deadline=$((SECONDS + $(scaled 30)))
-while kill -0 "$MIXED" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-kill -0 "$MIXED" 2>/dev/null && fail "the uncompressed node still runs in an int8 cluster"
-grep -q "the cluster runs mlp:784-256-128-10 f32 compress=int8 but this node was started with mlp:784-256-128-10 f32: the cluster's nodes run --compress int8, this node --compress none; start it with the cluster's --model, --compress and --outer" \
-  "$SCRATCH/mixed.log" || fail "mixed settings: $(tail -3 "$SCRATCH/mixed.log")"
-kill "${NODE_PID[0]}" 2>/dev/null || true
-node_wait_exit 0 30
+join_refused "the uncompressed node" \
+  "the cluster runs mlp:784-256-128-10 f32 compress=int8 but this node was started with mlp:784-256-128-10 f32: the cluster's nodes run --compress int8, this node --compress none; start it with the cluster's --model, --compress and --outer" \
+  --compress int8
 pass "(b) a node without --compress is refused by an int8 cluster, naming both"
 
 # --- (c) four nodes per codec ------------------------------------------------------

@@ -39,21 +39,9 @@ done
 pass "(a) bad --outer settings refused, the flags documented in --help"
 
 # --- (b) mixed settings -----------------------------------------------------------
-node_start 0 "${RECIPE[@]}" --epochs 1 --shard 0/4 --outer nesterov
-node_up 0
-seed=$NODE_ADDR
-"$STARLING" node --listen 127.0.0.1:0 --join "$seed" --cluster-key "$KEY" \
-  --data-dir "$SCRATCH/mixed" "${RECIPE[@]}" --epochs 1 --shard 1/4 \
-  >"$SCRATCH/mixed.log" 2>&1 &
-MIXED=$!
-PIDS+=("$MIXED")
-deadline=$((SECONDS + $(scaled 30)))
-while kill -0 "$MIXED" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-kill -0 "$MIXED" 2>/dev/null && fail "the node without --outer still runs in a cluster with it"
-grep -q "the cluster runs mlp:784-256-128-10 f32 outer=nesterov:0.7:0.9 but this node was started with mlp:784-256-128-10 f32: the cluster's nodes run --outer nesterov:0.7:0.9, this node --outer none" \
-  "$SCRATCH/mixed.log" || fail "mixed settings: $(tail -3 "$SCRATCH/mixed.log")"
-kill "${NODE_PID[0]}" 2>/dev/null || true
-node_wait_exit 0 30
+join_refused "the node without --outer" \
+  "the cluster runs mlp:784-256-128-10 f32 outer=nesterov:0.7:0.9 but this node was started with mlp:784-256-128-10 f32: the cluster's nodes run --outer nesterov:0.7:0.9, this node --outer none" \
+  --outer nesterov
 pass "(b) a node without --outer is refused by a cluster with it, naming both"
 
 # --- (c) four nodes -----------------------------------------------------------------
