@@ -98,7 +98,9 @@ typedef enum {
   ST_MSG_XCHG_REPLY = 34,
   ST_MSG_XCHG_DONE = 35,
   ST_MSG_XCHG_CODED = 36, /* a compressed snapshot's bytes ("Exchanges") */
-  ST_MSG_RING_SEG = 40,   /* gossip.h, "Ring all-reduce" */
+  ST_MSG_SYNC_REQ = 37,   /* "Multi-donor state sync" */
+  ST_MSG_SYNC_REPLY = 38,
+  ST_MSG_RING_SEG = 40, /* gossip.h, "Ring all-reduce" */
   /* gossip.h, "Ring formation" */
   ST_MSG_RING_PROPOSE = 41,
   ST_MSG_RING_ACCEPT = 42,
@@ -274,6 +276,48 @@ typedef struct {
   uint32_t data_len;   /* 1 .. ST_WIRE_CHUNK_MAX_BYTES */
 } st_msg_xchg_coded_t;
 
+/* Multi-donor state sync ("Multi-donor state sync", below): the agreed
+ * state is cut into chunks of ST_SYNC_CHUNK_FLOATS floats (the last one
+ * shorter), each named in a manifest by the BLAKE2b-256 of its bytes. */
+#define ST_SYNC_CHUNK_FLOATS (ST_WIRE_CHUNK_MAX_BYTES / 4u)
+#define ST_SYNC_HASH_BYTES 32
+/* A manifest fits one message: at most 32,768 chunks (2^33 floats). */
+#define ST_SYNC_MAX_CHUNKS (ST_WIRE_CHUNK_MAX_BYTES / ST_SYNC_HASH_BYTES)
+
+typedef enum { ST_SYNC_MANIFEST = 1, ST_SYNC_RANGE = 2 } st_sync_kind_t;
+
+typedef enum {
+  ST_SYNC_STATUS_OK = 0,
+  ST_SYNC_STATUS_BUSY = 1,      /* serving too many transfers; ask another */
+  ST_SYNC_STATUS_MISMATCH = 2,  /* another fingerprint or n_params */
+  ST_SYNC_STATUS_NOT_READY = 3, /* holds no agreed state (no ring round yet) */
+  ST_SYNC_STATUS_GONE = 4       /* RANGE: the agreed state asked for is not
+                                   the one it holds now */
+} st_sync_status_t;
+
+typedef struct {
+  uint8_t kind; /* st_sync_kind_t */
+  uint8_t fingerprint[16];
+  uint64_t n_params;                    /* at most 2^40 */
+  uint8_t anchor[ST_XCHG_ANCHOR_BYTES]; /* RANGE: the agreed state's id */
+  uint64_t first; /* RANGE: the first chunk, < ST_SYNC_MAX_CHUNKS */
+  uint64_t count; /* RANGE: chunks, 1 .. ST_SYNC_MAX_CHUNKS */
+} st_msg_sync_req_t;
+
+typedef struct {
+  uint8_t status;                       /* st_sync_status_t */
+  uint8_t anchor[ST_XCHG_ANCHOR_BYTES]; /* the agreed state's id */
+  uint64_t round;                       /* the ring round that gave it */
+  uint64_t step;                        /* the donor's step now */
+  uint64_t n_params;
+  /* MANIFEST, OK: ST_SYNC_HASH_BYTES per chunk; else empty (hashes sent
+   * with another status are ignored by the joiner). A multiple of
+   * ST_SYNC_HASH_BYTES, at most ST_WIRE_CHUNK_MAX_BYTES; borrowed from
+   * the input when decoded. */
+  const uint8_t* hashes;
+  uint32_t hashes_len;
+} st_msg_sync_reply_t;
+
 /* One segment of a ring all-reduce (gossip.h, "Ring all-reduce"). */
 typedef struct {
   uint64_t round_id;
@@ -407,6 +451,8 @@ typedef struct {
     st_msg_xchg_reply_t xchg_reply;
     st_msg_xchg_done_t xchg_done;
     st_msg_xchg_coded_t xchg_coded;
+    st_msg_sync_req_t sync_req;
+    st_msg_sync_reply_t sync_reply;
     st_msg_ring_seg_t ring_seg;
     st_msg_ring_propose_t ring_propose;
     st_msg_ring_accept_t ring_accept;
@@ -1727,6 +1773,96 @@ bool st_coll_heard(const st_coll_t* x, uint32_t r);
  * every member that has one); NULL for a reduce's non-root members, a
  * barrier, or before DONE(OK). Valid until st_coll_free. */
 const void* st_coll_result(const st_coll_t* x);
+
+/* ==== Multi-donor state sync (gossip/sync.c) ===============================
+ *
+ * A joining node fetches the agreed state (the vector the last ring round
+ * moved every member to, bit for bit; "Exchanges", compressed averaging,
+ * names it by its anchor id) from several donors at once, trusting none
+ * alone:
+ *
+ * 1. It asks live members for their manifest: SYNC_REQ MANIFEST ->
+ *    SYNC_REPLY [status, id, round, step, n_params, hashes], one
+ *    BLAKE2b-256 per chunk of ST_SYNC_CHUNK_FLOATS floats.
+ * 2. It takes the manifest that the most donors sent identically (id,
+ *    round, n_params and every hash), when at least two did: one donor
+ *    alone cannot make one up.
+ * 3. It fetches ranges of chunks from those donors, several at once:
+ *    SYNC_REQ RANGE [.., id, first, count] -> SYNC_REPLY (OK, no hashes),
+ *    then one TENSOR_CHUNK per chunk, in order (offset: the chunk's first
+ *    float in the whole vector; total: n_params), each checked against its
+ *    hash as it arrives. A donor that sends a bad chunk is dropped for the
+ *    rest of the sync; the chunks a donor did not deliver (it died, closed,
+ *    refused) go back to the pool for the others.
+ * 4. Once every chunk is verified the joiner checks the whole vector
+ *    against the id, and takes it with the smallest step the agreeing
+ *    donors reported (a lying donor can hold it back, not push it ahead).
+ *
+ * The plan below is steps 2 and 3's bookkeeping, without I/O: donors are
+ * indexes 0 .. ST_SYNC_MAX_DONORS - 1 that the driver maps to members. */
+#define ST_SYNC_MAX_DONORS 16
+
+typedef struct st_sync_plan_s st_sync_plan_t;
+
+/* How a chunk that arrived was judged (st_sync_plan_chunk). */
+typedef enum {
+  ST_SYNC_CHUNK_OK = 0, /* verified: the caller keeps its floats */
+  ST_SYNC_CHUNK_BAD,    /* its hash differs: the donor is dropped */
+  ST_SYNC_CHUNK_ORDER   /* not the next chunk of the donor's range, or the
+                           wrong length: the donor is dropped */
+} st_sync_chunk_t;
+
+/* A plan for a state of n_params floats (1 .. ST_SYNC_MAX_CHUNKS chunks).
+ * 0, -EINVAL (n_params 0 or too many chunks) or -ENOMEM. */
+int st_sync_plan_new(uint64_t n_params, st_sync_plan_t** out);
+void st_sync_plan_free(st_sync_plan_t* p);
+/* Chunks of the state: ceil(n_params / ST_SYNC_CHUNK_FLOATS). */
+uint64_t st_sync_chunks(uint64_t n_params);
+
+/* Donor `donor` answered MANIFEST with r. 0 when r is usable (status OK,
+ * n_params the plan's, one hash per chunk, an id not all zero); else
+ * -EINVAL and nothing is kept. A donor's later manifest replaces its
+ * earlier one; once the plan has agreed (st_sync_plan_agree) manifests
+ * are refused (-EBUSY). */
+int st_sync_plan_manifest(st_sync_plan_t* p, unsigned donor,
+                          const st_msg_sync_reply_t* r);
+/* Agrees on the manifest the most donors sent identically, when at least
+ * min_agree (>= 2) did; ties go to the one whose donors' smallest step is
+ * largest, then to the smallest donor index. Returns how many donors hold
+ * it, or 0 (no agreement yet: the plan still takes manifests). Once
+ * agreed, it stays agreed. */
+unsigned st_sync_plan_agree(st_sync_plan_t* p, unsigned min_agree);
+/* After agreement: the state's id and round, and the step to take. */
+void st_sync_plan_agreed(const st_sync_plan_t* p,
+                         uint8_t id[ST_XCHG_ANCHOR_BYTES], uint64_t* round,
+                         uint64_t* step);
+/* Whether donor holds the agreed manifest and has not been dropped. */
+bool st_sync_plan_usable(const st_sync_plan_t* p, unsigned donor);
+/* How many donors are usable. */
+unsigned st_sync_plan_usable_count(const st_sync_plan_t* p);
+
+/* A range for a usable donor that has none out: the first run of chunks
+ * that are neither verified nor out with another donor, at most max_chunks
+ * (>= 1) long. false when there is none, or the donor cannot take one. */
+bool st_sync_plan_take(st_sync_plan_t* p, unsigned donor, uint64_t max_chunks,
+                       uint64_t* first, uint64_t* count);
+/* A TENSOR_CHUNK of donor's range: its offset (floats, in the whole state)
+ * and len bytes of data. Verified against the manifest when it is the
+ * next chunk of the range with the chunk's exact length; a BAD or ORDER
+ * chunk drops the donor (its range is then ended as st_sync_plan_end
+ * would). On OK, *chunk is its index. */
+st_sync_chunk_t st_sync_plan_chunk(st_sync_plan_t* p, unsigned donor,
+                                   uint64_t offset, const uint8_t* data,
+                                   size_t len, uint64_t* chunk);
+/* Donor's range ended (its connection closed, whole or not): its chunks
+ * not verified go back to the pool. drop: the donor is not given another
+ * range (it failed or refused), whether or not it had one out. */
+void st_sync_plan_end(st_sync_plan_t* p, unsigned donor, bool drop);
+/* Whether donor has a range out; whether every chunk is verified; and how
+ * many chunks are verified so far. */
+bool st_sync_plan_busy(const st_sync_plan_t* p, unsigned donor);
+bool st_sync_plan_complete(const st_sync_plan_t* p);
+uint64_t st_sync_plan_verified(const st_sync_plan_t* p);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,10 @@ static size_t field_count(uint64_t type) {
       return 1;
     case ST_MSG_XCHG_CODED:
       return 3;
+    case ST_MSG_SYNC_REQ:
+      return 6;
+    case ST_MSG_SYNC_REPLY:
+      return 6;
     case ST_MSG_RING_SEG:
       return 6;
     case ST_MSG_RING_PROPOSE:
@@ -167,6 +171,41 @@ static int coded_check(const st_msg_xchg_coded_t* c, st_wire_drop_t* why) {
     return -1;
   }
   return 0;
+}
+
+/* SYNC_REQ's rules, shared by the encoder and the decoder: a kind this
+ * build knows, n_params within ST__WIRE_MAX_TENSOR_FLOATS (LIMIT), and for
+ * RANGE 1 .. ST_SYNC_MAX_CHUNKS chunks. Whether the range lies within the
+ * state is the donor's check (it knows the length). */
+static int sync_req_check(const st_msg_sync_req_t* q, st_wire_drop_t* why) {
+  if (q->n_params > ST__WIRE_MAX_TENSOR_FLOATS ||
+      q->count > ST_SYNC_MAX_CHUNKS) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  *why = ST_WIRE_DROP_FIELD;
+  if (q->kind == ST_SYNC_MANIFEST)
+    return q->first == 0 && q->count == 0 ? 0 : -1;
+  return q->kind == ST_SYNC_RANGE && q->count > 0 &&
+                 q->first < ST_SYNC_MAX_CHUNKS
+             ? 0
+             : -1;
+}
+
+/* SYNC_REPLY's: a known status; hashes whole ST_SYNC_HASH_BYTES within
+ * ST_WIRE_CHUNK_MAX_BYTES (LIMIT beyond). That their count matches
+ * n_params is the joiner's check. */
+static int sync_reply_check(const st_msg_sync_reply_t* r, st_wire_drop_t* why) {
+  if (r->hashes_len > ST_WIRE_CHUNK_MAX_BYTES ||
+      r->n_params > ST__WIRE_MAX_TENSOR_FLOATS) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  *why = ST_WIRE_DROP_FIELD;
+  return r->status <= ST_SYNC_STATUS_GONE &&
+                 r->hashes_len % ST_SYNC_HASH_BYTES == 0
+             ? 0
+             : -1;
 }
 
 /* A lane's numbers (gossip.h, "Ring all-reduce": lanes). */
@@ -396,6 +435,14 @@ static int encode_check_exchange(const st_msg_t* msg) {
                      msg->u.xchg_coded.data == NULL
                  ? -EINVAL
                  : 0;
+    case ST_MSG_SYNC_REQ:
+      return sync_req_check(&msg->u.sync_req, &why) != 0 ? -EINVAL : 0;
+    case ST_MSG_SYNC_REPLY:
+      return sync_reply_check(&msg->u.sync_reply, &why) != 0 ||
+                     (msg->u.sync_reply.hashes == NULL &&
+                      msg->u.sync_reply.hashes_len > 0)
+                 ? -EINVAL
+                 : 0;
     case ST_MSG_XCHG_REPLY:
       return r->status > ST_XCHG_STATUS_NOT_READY || !model_ok(r->model) ||
                      r->tensors_len > ST_XCHG_TENSORS_MAX ||
@@ -432,6 +479,8 @@ static int encode_check(const st_msg_t* msg) {
     case ST_MSG_XCHG_REQ:
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_CODED:
+    case ST_MSG_SYNC_REQ:
+    case ST_MSG_SYNC_REPLY:
       return encode_check_exchange(msg);
     case ST_MSG_RING_SEG:
       if (ring_seg_check(&msg->u.ring_seg, &why) != 0)
@@ -611,6 +660,26 @@ static int pack_exchange(msgpack_packer* pk, const st_msg_t* msg) {
            pack_bin(pk, m->data, m->data_len);
       break;
     }
+    case ST_MSG_SYNC_REQ: {
+      const st_msg_sync_req_t* m = &msg->u.sync_req;
+      r |= msgpack_pack_uint8(pk, m->kind) |
+           pack_bin(pk, m->fingerprint, sizeof m->fingerprint) |
+           msgpack_pack_uint64(pk, m->n_params) |
+           pack_bin(pk, m->anchor, sizeof m->anchor) |
+           msgpack_pack_uint64(pk, m->first) |
+           msgpack_pack_uint64(pk, m->count);
+      break;
+    }
+    case ST_MSG_SYNC_REPLY: {
+      const st_msg_sync_reply_t* m = &msg->u.sync_reply;
+      r |= msgpack_pack_uint8(pk, m->status) |
+           pack_bin(pk, m->anchor, sizeof m->anchor) |
+           msgpack_pack_uint64(pk, m->round) |
+           msgpack_pack_uint64(pk, m->step) |
+           msgpack_pack_uint64(pk, m->n_params) |
+           pack_bin(pk, m->hashes, m->hashes_len);
+      break;
+    }
     default:
       break;
   }
@@ -733,6 +802,8 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
     case ST_MSG_XCHG_CODED:
+    case ST_MSG_SYNC_REQ:
+    case ST_MSG_SYNC_REPLY:
       return pack_exchange(pk, msg);
     case ST_MSG_RING_SEG:
     case ST_MSG_RING_PROPOSE:
@@ -1040,6 +1111,43 @@ static int get_membership(st_msg_type_t type, const msgpack_object* f,
   }
 }
 
+/* The fields of a multi-donor sync's request and reply; the reply's
+ * hashes borrow from the input, as a chunk's data does. */
+static int get_sync(st_msg_type_t type, const msgpack_object* f,
+                    const uint8_t* buf, size_t len, st_msg_t* msg,
+                    st_wire_drop_t* why) {
+  switch (type) {
+    case ST_MSG_SYNC_REQ: {
+      st_msg_sync_req_t* m = &msg->u.sync_req;
+      if (get_u8(&f[0], &m->kind) | get_bin(&f[1], m->fingerprint, 16) |
+          get_u64(&f[2], &m->n_params) |
+          get_bin(&f[3], m->anchor, sizeof m->anchor) |
+          get_u64(&f[4], &m->first) | get_u64(&f[5], &m->count))
+        return -1;
+      return sync_req_check(m, why);
+    }
+    case ST_MSG_SYNC_REPLY: {
+      st_msg_sync_reply_t* m = &msg->u.sync_reply;
+      if (get_u8(&f[0], &m->status) |
+              get_bin(&f[1], m->anchor, sizeof m->anchor) |
+              get_u64(&f[2], &m->round) | get_u64(&f[3], &m->step) |
+              get_u64(&f[4], &m->n_params) ||
+          f[5].type != MSGPACK_OBJECT_BIN)
+        return -1;
+      m->hashes_len = f[5].via.bin.size;
+      if (sync_reply_check(m, why) != 0)
+        return -1;
+      /* The hashes end the message: borrowed as a tensor chunk's data. */
+      m->hashes = m->hashes_len > 0 ? buf + (len - m->hashes_len) : NULL;
+      assert(m->hashes_len == 0 ||
+             (const uint8_t*) f[5].via.bin.ptr == m->hashes);
+      return 0;
+    }
+    default:
+      return -1;
+  }
+}
+
 /* The fields of a pairwise exchange and its state transfer. */
 static int get_exchange(st_msg_type_t type, const msgpack_object* f,
                         const uint8_t* buf, size_t len, st_msg_t* msg,
@@ -1109,6 +1217,9 @@ static int get_exchange(st_msg_type_t type, const msgpack_object* f,
       assert((const uint8_t*) f[2].via.bin.ptr == m->data);
       return 0;
     }
+    case ST_MSG_SYNC_REQ:
+    case ST_MSG_SYNC_REPLY:
+      return get_sync(type, f, buf, len, msg, why);
     default:
       return -1;
   }
@@ -1269,6 +1380,8 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
     case ST_MSG_XCHG_CODED:
+    case ST_MSG_SYNC_REQ:
+    case ST_MSG_SYNC_REPLY:
       return get_exchange(type, f, buf, len, msg, why);
     case ST_MSG_RING_SEG:
     case ST_MSG_RING_PROPOSE:

@@ -113,6 +113,23 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              x->data_len == y->data_len &&
              (x->data_len == 0 || memcmp(x->data, y->data, x->data_len) == 0);
     }
+    case ST_MSG_SYNC_REQ: {
+      const st_msg_sync_req_t *x = &a->u.sync_req, *y = &b->u.sync_req;
+      return x->kind == y->kind &&
+             memcmp(x->fingerprint, y->fingerprint, 16) == 0 &&
+             x->n_params == y->n_params &&
+             memcmp(x->anchor, y->anchor, sizeof x->anchor) == 0 &&
+             x->first == y->first && x->count == y->count;
+    }
+    case ST_MSG_SYNC_REPLY: {
+      const st_msg_sync_reply_t *x = &a->u.sync_reply, *y = &b->u.sync_reply;
+      return x->status == y->status &&
+             memcmp(x->anchor, y->anchor, sizeof x->anchor) == 0 &&
+             x->round == y->round && x->step == y->step &&
+             x->n_params == y->n_params && x->hashes_len == y->hashes_len &&
+             (x->hashes_len == 0 ||
+              memcmp(x->hashes, y->hashes, x->hashes_len) == 0);
+    }
     case ST_MSG_RING_SEG: {
       const st_msg_ring_seg_t *x = &a->u.ring_seg, *y = &b->u.ring_seg;
       return x->round_id == y->round_id && x->phase == y->phase &&

@@ -51,6 +51,7 @@ void st_daemon_config_default(st_daemon_config_t* cfg) {
   cfg->norm_mult = 10;
   cfg->clip_mult = 3;
   cfg->min_nodes = 1;
+  cfg->sync_donors = 3;
   cfg->handshake_rate = ST_DAEMON_HANDSHAKE_RATE;
   st_outer_spec_default(&cfg->outer);
 }
@@ -739,6 +740,7 @@ static void cleanup(st__daemon_t* d) {
   }
   free(d->rx_plain);
   st__ring_free(d);
+  st__sync_free(d);
   st__anchor_release(d->anchor);
   d->anchor = NULL;
   st__outer_free(d);
@@ -835,6 +837,11 @@ int st__daemon_start_node(st__daemon_t* d, char* err, size_t err_len) {
   if (rc == 0) {
     d->node_started = true;
     d->state = ST__D_SYNCING;
+    d->fault_sync_corrupt = getenv("STARLING_FAULT_SYNC_CORRUPT") != NULL;
+    if (d->fault_sync_corrupt)
+      st__dwarn(d,
+                "STARLING_FAULT_SYNC_CORRUPT is set: this node corrupts "
+                "every chunk of the agreed state it serves (for tests)");
     rc = start_membership(d, err, err_len);
     if (rc == 0 && (d->resumed || d->n_seeds == 0))
       st__daemon_synced(d);

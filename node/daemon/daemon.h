@@ -73,6 +73,9 @@ typedef struct {
                                delta norm (daemon_xchg.c); 0: off */
   uint32_t min_nodes;       /* the first step waits until this many nodes
                                are alive, this one included (1: at once) */
+  uint32_t sync_donors;     /* a joiner fetches the agreed state from this
+                               many donors at once (daemon_sync.c); 1: the
+                               whole state from one (FETCH) */
   uint32_t handshake_rate;  /* HS1s answered a second, a bucket of as many
                                (daemon_conn.c); 0: no limit */
   uint32_t ring_lanes;      /* encrypted connections a ring link uses, 1 ..
@@ -93,7 +96,7 @@ typedef struct {
 
 /* Defaults: gossip every 0.5 s, a ring every 5 s, checkpoint every 30 s,
  * evaluate every 5 s, status every 1 s, log every 5 s, norm guard 10,
- * min nodes 1, 1000 handshakes answered a second. */
+ * min nodes 1, 3 sync donors, 1000 handshakes answered a second. */
 void st_daemon_config_default(st_daemon_config_t* cfg);
 
 /* Runs the daemon until it is told to leave (SIGINT, SIGTERM, or `starling

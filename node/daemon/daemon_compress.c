@@ -4,13 +4,11 @@
  * run on libuv's thread pool (gossip.h, "Compressed averaging";
  * docs/compression.md).
  *
- * The anchor is the mean a ring round gave every member bit for bit (the
- * all-gather copies the same floats to all). Its id is the first 16 bytes
- * of the BLAKE2b-256 of a domain string, the round id, the length and the
- * floats (docs/protocol.md), so two nodes name the same id
- * only when they hold the same vector. A node keeps the anchor of the last
- * round it finished; an exchange holds a reference to the one it named in
- * its REQ or REPLY, since a round may end while it runs. Between rounds a
+ * The anchor is the agreed state (daemon_agreed.c): the vector a ring
+ * round moved every member to, bit for bit, named by its id, so two nodes
+ * name the same id only when they hold the same vector. An exchange holds
+ * a reference to the one it named in its REQ or REPLY, since a round may
+ * end while it runs. Between rounds a
  * node's drift from the anchor is what SGD moved it since, small next to
  * the parameters, which is what makes int8 and top-k of it accurate.
  */
@@ -21,26 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct st__anchor_s {
-  uint32_t refs;
-  uint8_t id[ST_XCHG_ANCHOR_BYTES];
-  size_t n;
-  float v[];
-};
-
-static const char ANCHOR_DOMAIN[] = "starling-anchor-v1";
 static const char MODEL_DOMAIN[] = "starling-compress-v1";
-
-st__anchor_t* st__anchor_ref(st__anchor_t* a) {
-  if (a != NULL)
-    a->refs++;
-  return a;
-}
-
-void st__anchor_release(st__anchor_t* a) {
-  if (a != NULL && --a->refs == 0)
-    free(a);
-}
 
 bool st__compress_on(const st__daemon_t* d) {
   return d->cfg->compress.kind != ST_CODEC_NONE;
@@ -116,43 +95,6 @@ void st__compress_sized(st__daemon_t* d) {
       st__compress_on(d)
           ? st_codec_encoded_bytes(&d->cfg->compress, d->local.n_params)
           : 0;
-}
-
-void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
-                            uint64_t round_id) {
-  if (!st__compress_on(d) || mean == NULL || n == 0)
-    return;
-  st__anchor_t* a = malloc(sizeof *a + n * sizeof(float));
-  if (a == NULL) {
-    st__dwarn(d,
-              "no memory for the compression anchor (%zu floats); "
-              "averaging sends float32 until the next ring round",
-              n);
-    st__anchor_release(d->anchor);
-    d->anchor = NULL;
-    return;
-  }
-  a->refs = 1;
-  a->n = n;
-  memcpy(a->v, mean, n * sizeof(float));
-  st_hash_t h;
-  uint8_t full[ST_HASH_BYTES];
-  uint8_t hdr[16];
-  for (int i = 0; i < 8; i++) {
-    hdr[i] = (uint8_t) (round_id >> (8 * i));
-    hdr[8 + i] = (uint8_t) ((uint64_t) n >> (8 * i));
-  }
-  st_hash_init(&h);
-  st_hash_update(&h, ANCHOR_DOMAIN, sizeof ANCHOR_DOMAIN - 1);
-  st_hash_update(&h, hdr, sizeof hdr);
-  st_hash_update(&h, a->v, n * sizeof(float));
-  st_hash_final(&h, full);
-  memcpy(a->id, full, sizeof a->id);
-  if (a->id[0] == 0) /* never all zero: that is "none" */
-    a->id[0] = 1;
-  st__anchor_release(d->anchor);
-  d->anchor = a;
-  d->c.anchors++;
 }
 
 void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l) {

@@ -2,7 +2,8 @@
  * callbacks (st__conn_ops_t in daemon_internal.h): one const instance each
  * for push-pull (membership's full-state sync), an averaging exchange
  * (daemon_xchg.c), a ring lane (daemon_ring.c), user collectives
- * (daemon_coll.c) and a cluster request (daemon_admin_net.c). The dialling
+ * (daemon_coll.c), a cluster request (daemon_admin_net.c) and a piece of
+ * a multi-donor state sync (daemon_sync.c). The dialling
  * side names its purpose; the accepting side learns it from the type of the
  * first message (docs/protocol.md, "Connections, purposes and limits").
  * daemon_conn.c moves the bytes and calls these; nothing here touches a
@@ -119,11 +120,26 @@ static const st__conn_ops_t keys_ops = {
     .on_handle_closed = st__admin_on_closed,
 };
 
+/* Multi-donor sync (daemon_sync.c): a manifest (SYNC_REQ, SYNC_REPLY,
+ * closed) or a range (SYNC_REQ, SYNC_REPLY, chunks, closed). Both sides
+ * move the connection's deadline on with every chunk. */
+static const st__conn_ops_t sync_ops = {
+    .purpose = ST__CONN_SYNC,
+    .dial_deadline_ms = ST__HANDSHAKE_DEADLINE_MS,
+    .offload_rx = true,
+    .on_open = st__sync_on_open,
+    .on_frame = st__sync_on_frame,
+    .on_sent = st__sync_on_sent,
+    .on_close = st__sync_on_closed,
+    .on_handle_closed = st__sync_on_closed,
+};
+
 /* The dialler's purpose, by name. */
-static const st__conn_ops_t* const ops_by_purpose[ST__CONN_ADMIN + 1] = {
+static const st__conn_ops_t* const ops_by_purpose[ST__CONN_SYNC + 1] = {
     [ST__CONN_UNKNOWN] = NULL,   [ST__CONN_PUSH_PULL] = &pp_ops,
     [ST__CONN_XCHG] = &xchg_ops, [ST__CONN_RING] = &ring_ops,
     [ST__CONN_COLL] = &coll_ops, [ST__CONN_ADMIN] = &keys_ops,
+    [ST__CONN_SYNC] = &sync_ops,
 };
 
 /* The acceptor's purpose, by the type of the first message. */
@@ -134,11 +150,11 @@ static const struct {
     {ST_MSG_PUSH_PULL, &pp_ops},   {ST_MSG_XCHG_REQ, &xchg_ops},
     {ST_MSG_RING_LANE, &ring_ops}, {ST_MSG_COLL_HELLO, &coll_ops},
     {ST_MSG_COLL_SEG, &coll_ops},  {ST_MSG_COLL_ABORT, &coll_ops},
-    {ST_MSG_ADMIN_REQ, &keys_ops},
+    {ST_MSG_ADMIN_REQ, &keys_ops}, {ST_MSG_SYNC_REQ, &sync_ops},
 };
 
 const st__conn_ops_t* st__conn_ops_of(st__conn_purpose_t purpose) {
-  return purpose <= ST__CONN_ADMIN ? ops_by_purpose[purpose] : NULL;
+  return purpose <= ST__CONN_SYNC ? ops_by_purpose[purpose] : NULL;
 }
 
 st__conn_purpose_t st__conn_purpose(const st__conn_t* c) {

@@ -357,6 +357,40 @@ static void status_json_outer(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   st_json_buf_puts(b, "}");
 }
 
+/* The agreed state this node holds (daemon_agreed.c; null when none) and
+ * the multi-donor sync (daemon_sync.c): as joiner and as donor. */
+static void status_json_sync(st__daemon_t* d, st_json_buf_t* b, bool* first) {
+  put_key(b, first, "agreed");
+  if (d->anchor == NULL) {
+    st_json_buf_puts(b, "null");
+  } else {
+    char hex[2 * ST_XCHG_ANCHOR_BYTES + 1], round[17];
+    for (size_t i = 0; i < ST_XCHG_ANCHOR_BYTES; i++)
+      snprintf(hex + 2 * i, 3, "%02x", d->anchor->id[i]);
+    snprintf(round, sizeof round, "%016llx",
+             (unsigned long long) d->anchor->round);
+    bool f2 = true;
+    kv_str(b, &f2, "id", hex);
+    kv_str(b, &f2, "round", round);
+    st_json_buf_puts(b, "}");
+  }
+  put_key(b, first, "sync");
+  bool f3 = true;
+  kv_u64(b, &f3, "donors", d->cfg->sync_donors);
+  kv_u64(b, &f3, "ok", d->c.sync_ok);
+  kv_u64(b, &f3, "single_donor", d->c.sync_single);
+  kv_u64(b, &f3, "manifests", d->c.sync_manifests);
+  kv_u64(b, &f3, "chunks_ok", d->c.sync_chunks_ok);
+  kv_u64(b, &f3, "chunks_bad", d->c.sync_chunks_bad);
+  kv_u64(b, &f3, "donors_bad", d->c.sync_donors_bad);
+  kv_u64(b, &f3, "donors_lost", d->c.sync_donors_lost);
+  kv_u64(b, &f3, "served_manifests", d->c.sync_served_manifests);
+  kv_u64(b, &f3, "served_chunks", d->c.sync_served_chunks);
+  kv_u64(b, &f3, "refused", d->c.sync_refused);
+  kv_u64(b, &f3, "serving", d->sync_serving);
+  st_json_buf_puts(b, "}");
+}
+
 static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   bool first = true;
   status_json_node(d, b, &first);
@@ -364,6 +398,7 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   status_json_collectives(d, b, &first);
   status_json_compression(d, b, &first);
   status_json_outer(d, b, &first);
+  status_json_sync(d, b, &first);
   status_json_keys(d, b, &first);
   status_json_ring(d, b, &first);
   kv_u64(b, &first, "bytes_in", d->c.bytes_in);

@@ -43,9 +43,11 @@ typedef enum {
   ST__CONN_UNKNOWN = 0,
   ST__CONN_PUSH_PULL,
   ST__CONN_XCHG,
-  ST__CONN_RING, /* a ring round's stream, previous member -> next */
-  ST__CONN_COLL, /* user collectives' frames to one member (daemon_coll.c) */
-  ST__CONN_ADMIN /* one cluster request (daemon_admin_net.c) */
+  ST__CONN_RING,  /* a ring round's stream, previous member -> next */
+  ST__CONN_COLL,  /* user collectives' frames to one member (daemon_coll.c) */
+  ST__CONN_ADMIN, /* one cluster request (daemon_admin_net.c) */
+  ST__CONN_SYNC   /* a manifest or a range of the agreed state
+                     (daemon_sync.c) */
 } st__conn_purpose_t;
 
 /* A connection's deadline after connect or accept (the sweep closes it
@@ -118,6 +120,18 @@ struct st__conn_s {
    * daemon_compress.c), NULL when it named none. */
   struct st__anchor_s* anchor;
   float* snap; /* the machine's snapshot buffer, lent to the trainer */
+  /* SYNC (daemon_sync.c). Joiner: what it asks (st_sync_kind_t) and the
+   * donor's index in d->sync plus one (0: none, or the sync no longer
+   * wants it); whether the reply came. Donor: the range it serves (chunks
+   * sync_next .. sync_end - 1 still to send, of c->anchor), its frames not yet
+   * written, and whether it holds one of d->sync_serving. */
+  uint8_t sync_kind;
+  unsigned sync_slot;
+  bool sync_replied;
+  bool serving_sync;
+  uint64_t sync_next, sync_end;
+  unsigned sync_out;
+  bool phase_open; /* SYNC, dialled: the stream is up (st__sync_on_open) */
   bool counted_active;
   uint64_t frames_out_pending; /* accepted by st__conn_send, not written */
   /* Frames of at least st__offload_bytes() are sealed and opened on libuv's
@@ -255,8 +269,15 @@ typedef struct {
   uint64_t ring_nonfinite;     /* ring results not applied: NaN or Inf */
   uint64_t fetch_step_refused; /* state transfers refused: the donor's step
                                   beyond st__robust_step_bound */
-  double exchange_ms_sum;      /* successful averaging exchanges, connect to
-                                  done: the mean is sum / ok */
+  /* Multi-donor sync (daemon_sync.c). Joiner: states taken from several
+   * donors, falls back to one donor, manifests heard, chunks verified and
+   * refused, donors dropped for a bad chunk or for going away. Donor:
+   * manifests and chunks served, requests answered BUSY. */
+  uint64_t sync_ok, sync_single, sync_manifests, sync_chunks_ok;
+  uint64_t sync_chunks_bad, sync_donors_bad, sync_donors_lost;
+  uint64_t sync_served_manifests, sync_served_chunks, sync_refused;
+  double exchange_ms_sum; /* successful averaging exchanges, connect to
+                             done: the mean is sum / ok */
   double exchange_ms_last;
   uint64_t ring_ok, ring_aborted; /* ring rounds this node took part in */
   double ring_last_ms;
@@ -355,6 +376,9 @@ typedef struct {
  * ST__CLOSE_DEADLINE_MS at most). More answer BUSY and the joiner tries
  * another member at its next sync tick. */
 #define ST__FETCH_SERVE_MAX 2
+/* Ranges of the agreed state a donor serves at once: each reads the
+ * shared agreed state (no copy), so the bound is the link's, not memory. */
+#define ST__SYNC_SERVE_MAX 8
 
 struct st__daemon_s {
   const st_daemon_config_t* cfg;
@@ -414,7 +438,7 @@ struct st__daemon_s {
   uint32_t clip_n, clip_at;
   double clip_last;      /* the bound the last exchange ran with (0: none) */
   st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
-  struct st__anchor_s* anchor; /* the last ring round's mean (--compress) */
+  struct st__anchor_s* anchor; /* the agreed state (daemon_agreed.c) */
   /* The outer optimizer (--outer; daemon_outer.c): the shared vector of
    * the last round and the momentum, n_params floats each once a round
    * has given one (NULL before); what this round moved the node to (the
@@ -433,6 +457,15 @@ struct st__daemon_s {
   uint64_t sync_ticks;     /* st__xchg_sync_tick calls while syncing */
   uint64_t wait_logged_ms; /* last "waiting for N nodes" line */
   bool fetch_active;
+  /* Multi-donor sync (daemon_sync.c): the joiner's, while it runs; a
+   * donor's ranges served now; whether this joiner has fallen back to one
+   * donor (FETCH). */
+  struct st__sync_s* sync;
+  uint32_t sync_serving;
+  bool sync_single;
+  /* Tests only: STARLING_FAULT_SYNC_CORRUPT set, this node corrupts the
+   * chunks it serves (docs/security.md, "Multi-donor state sync"). */
+  bool fault_sync_corrupt;
   int avg_active; /* averaging exchanges in progress, either role */
   uint64_t next_conn_id;
   double hs_tokens;     /* HS1s that may be answered now (cfg handshake_rate) */
@@ -660,10 +693,43 @@ void st__admin_on_closed(st__conn_t* c);
 void st__admin_sweep(st__daemon_t* d); /* the request's deadline */
 void st__admin_close(st__daemon_t* d); /* stopping: answer what we have */
 
-/* daemon_compress.c: compressed averaging (--compress). */
-typedef struct st__anchor_s st__anchor_t;
+/* daemon_agreed.c: the agreed state, the vector the last ring round
+ * moved every member to, bit for bit: the anchor of compressed averaging
+ * and the state joiners fetch from several donors (daemon_sync.c).
+ * Immutable once made; shared by reference, since a round may end while
+ * an exchange or a transfer reads it. */
+typedef struct st__sync_s st__sync_t; /* daemon_sync.c */
+typedef struct st__anchor_s {
+  uint32_t refs;
+  uint8_t id[ST_XCHG_ANCHOR_BYTES]; /* st__agreed_id of round, n, v */
+  uint64_t round;
+  size_t n;
+  uint8_t* hashes; /* the manifest: one hash per chunk, made when first
+                      asked for (st__agreed_hashes); NULL until then */
+  float v[];
+} st__anchor_t;
+/* A state of n floats (uninitialised), one reference, no id yet; NULL
+ * when it cannot be allocated. */
+st__anchor_t* st__anchor_new(size_t n);
 st__anchor_t* st__anchor_ref(st__anchor_t* a);
 void st__anchor_release(st__anchor_t* a); /* NULL: nothing */
+/* d's agreed state becomes a (its reference is d's now). */
+void st__agreed_take(st__daemon_t* d, st__anchor_t* a);
+/* A ring round this node took part in ended OK, moving it to v[0..n):
+ * the new agreed state (copied, named by its id); said and dropped when
+ * it cannot be allocated. */
+void st__agreed_ring_done(st__daemon_t* d, const float* v, size_t n,
+                          uint64_t round_id);
+/* The id of state v[0..n) from round round_id (docs/protocol.md): the
+ * first 16 bytes of BLAKE2b-256("starling-anchor-v1", round, n, v), a
+ * first byte of 0 written as 1 (all zero is "none"). */
+void st__agreed_id(const float* v, size_t n, uint64_t round_id,
+                   uint8_t id[ST_XCHG_ANCHOR_BYTES]);
+/* a's manifest (st_sync_chunks(n) hashes of ST_SYNC_HASH_BYTES), made on
+ * the first call; NULL when it cannot be allocated. */
+const uint8_t* st__agreed_hashes(st__anchor_t* a);
+
+/* daemon_compress.c: compressed averaging (--compress). */
 /* Whether the node runs a codec (--compress other than none). */
 bool st__compress_on(const st__daemon_t* d);
 /* Mixes the codec into d->local's fingerprint and names it in its model
@@ -703,10 +769,6 @@ void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
 void st__outer_ring_skipped(st__daemon_t* d);
 void st__outer_free(st__daemon_t* d);
 
-/* A ring round this node took part in ended OK with mean[0..n): the new
- * anchor (copied, named by its hash). */
-void st__compress_ring_done(st__daemon_t* d, const float* mean, size_t n,
-                            uint64_t round_id);
 /* Names the current anchor in l (all zero when none) and has c hold it. */
 void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l);
 /* Runs an ENCODE (c's snapshot minus its anchor, encoded, decoded back
@@ -816,6 +878,17 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 void st__xchg_codec_done(st__conn_t* c, bool decode, int rc, int reason);
 void st__xchg_gossip_tick(st__daemon_t* d);
 void st__xchg_sync_tick(st__daemon_t* d);
+/* daemon_sync.c: multi-donor state sync. The joiner's tick while it syncs
+ * (from st__xchg_sync_tick): true when it is handled here, false when the
+ * joiner has fallen back to one donor (FETCH). */
+bool st__sync_tick(st__daemon_t* d);
+/* The conn purpose's callbacks (daemon_conn_purpose.c). */
+int st__sync_on_open(st__conn_t* c);
+void st__sync_on_frame(st__conn_t* c, const uint8_t* msg, size_t len);
+void st__sync_on_sent(st__conn_t* c);
+void st__sync_on_closed(st__conn_t* c);
+/* Frees the joiner's sync (stopping, or synced another way). */
+void st__sync_free(st__daemon_t* d);
 void st__xchg_sweep(st__daemon_t* d);
 
 /* daemon_net.c: one sealed UDP packet to a member. */

@@ -488,6 +488,52 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
           d->c.outer_skipped);
 }
 
+/* Multi-donor state sync (daemon_sync.c), as joiner and as donor. */
+static void render_sync(st__daemon_t* d, st_json_buf_t* b) {
+  static const struct {
+    const char* name;
+    const char* help;
+    size_t field;
+  } counters[] = {
+      {"starling_sync_total", "States this node took from several donors.",
+       offsetof(st__dcounters_t, sync_ok)},
+      {"starling_sync_single_donor_total",
+       "Joins that fell back to one donor (no agreed state two donors "
+       "share).",
+       offsetof(st__dcounters_t, sync_single)},
+      {"starling_sync_manifests_total", "Usable manifests heard as joiner.",
+       offsetof(st__dcounters_t, sync_manifests)},
+      {"starling_sync_chunks_total", "Chunks verified as joiner.",
+       offsetof(st__dcounters_t, sync_chunks_ok)},
+      {"starling_sync_chunks_bad_total",
+       "Chunks refused as joiner: not the agreed manifest's, or out of "
+       "order.",
+       offsetof(st__dcounters_t, sync_chunks_bad)},
+      {"starling_sync_donors_bad_total",
+       "Donors dropped for a bad chunk (or a manifest whose id lied).",
+       offsetof(st__dcounters_t, sync_donors_bad)},
+      {"starling_sync_donors_lost_total",
+       "Donors that went away mid-range; their chunks came from others.",
+       offsetof(st__dcounters_t, sync_donors_lost)},
+      {"starling_sync_served_manifests_total", "Manifests served as donor.",
+       offsetof(st__dcounters_t, sync_served_manifests)},
+      {"starling_sync_served_chunks_total", "Chunks served as donor.",
+       offsetof(st__dcounters_t, sync_served_chunks)},
+      {"starling_sync_refused_total", "Sync requests answered busy as donor.",
+       offsetof(st__dcounters_t, sync_refused)},
+  };
+  for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+    counter(b, counters[i].name, counters[i].help,
+            *(const uint64_t*) (const void*) ((const char*) &d->c +
+                                              counters[i].field));
+  gauge(b, "starling_sync_donors",
+        "Donors a joiner fetches from at once (--sync-donors).",
+        (double) d->cfg->sync_donors);
+  gauge(b, "starling_sync_serving",
+        "Sync connections this node serves as donor now.",
+        (double) d->sync_serving);
+}
+
 static void render_traffic(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_network_receive_bytes_total",
           "Bytes received on the wire, TCP and UDP.", d->c.bytes_in);
@@ -554,6 +600,7 @@ static void render(st__daemon_t* d) {
   render_members(d, &b);
   render_collectives(d, &b);
   render_compression(d, &b);
+  render_sync(d, &b);
   render_cluster_requests(d, &b);
   render_exchanges(d, &b);
   render_ring(d, &b);

@@ -71,11 +71,11 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   double ms = (double) (now - d->ring_started_ms);
   if (r == ST_RING_OK) {
     d->c.ring_ok++;
-    /* The anchor of compressed exchanges: where the round moved every
-     * member (the outer optimizer's new anchor, or the mean). */
+    /* The agreed state: where the round moved every member (the outer
+     * optimizer's new anchor, or the mean). */
     const float* moved = d->ring_moved_to;
-    st__compress_ring_done(d, moved != NULL ? moved : st_ring_mean(d->ring),
-                           (size_t) d->local.n_params, d->ring_round);
+    st__agreed_ring_done(d, moved != NULL ? moved : st_ring_mean(d->ring),
+                         (size_t) d->local.n_params, d->ring_round);
     st_ring_progress_t p;
     st_ring_progress(d->ring, &p);
     uint64_t segs = p.segments_to_send > 0 ? p.segments_to_send : 1;

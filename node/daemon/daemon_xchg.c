@@ -10,8 +10,9 @@
  * time, as initiator or responder, so the pair's sum stays preserved.
  *
  * Joining: a node started with seeds and without a checkpoint stays in
- * SYNCING until it has fetched the parameters and the step of a live peer
- * (FETCH); a donor that dies mid-transfer, is busy or not ready yet makes
+ * SYNCING until it has its state: from several donors at once when it can
+ * (daemon_sync.c), else the parameters and the step of one live peer
+ * (FETCH, here); a donor that dies mid-transfer, is busy or not ready yet makes
  * it try another at the next tick. A peer running another model refuses
  * with MISMATCH, and the joiner stops with a message naming both models.
  */
@@ -378,6 +379,8 @@ void st__xchg_sync_tick(st__daemon_t* d) {
    * for it): a donor's step is believed only next to the others'. */
   if (++d->sync_ticks < SYNC_WAIT_TICKS && !statuses_known(d))
     return;
+  if (st__sync_tick(d))
+    return; /* several donors at once (daemon_sync.c) */
   st_member_t peer;
   if (!pick_peer(d, false, &peer)) {
     if (++d->fetch_attempts % SYNC_RETRY_LOG_EVERY == 0)

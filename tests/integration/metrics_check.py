@@ -111,11 +111,26 @@ OUTER = {
     "starts": ("starling_outer_starts_total", {}),
     "skipped": ("starling_outer_skipped_total", {}),
 }
+SYNC = {
+    "donors": ("starling_sync_donors", {}),
+    "ok": ("starling_sync_total", {}),
+    "single_donor": ("starling_sync_single_donor_total", {}),
+    "manifests": ("starling_sync_manifests_total", {}),
+    "chunks_ok": ("starling_sync_chunks_total", {}),
+    "chunks_bad": ("starling_sync_chunks_bad_total", {}),
+    "donors_bad": ("starling_sync_donors_bad_total", {}),
+    "donors_lost": ("starling_sync_donors_lost_total", {}),
+    "served_manifests": ("starling_sync_served_manifests_total", {}),
+    "served_chunks": ("starling_sync_served_chunks_total", {}),
+    "refused": ("starling_sync_refused_total", {}),
+    "serving": ("starling_sync_serving", {}),
+}
 ADMIN_REQUESTS = ("granted", "already", "refused")
 ENUMS = {"state": "starling_node_state", "ring_state": "starling_ring_state"}
 INFO = ("id", "address", "model")  # labels of starling_node_info
-# Identifiers, not figures: the endpoint's own address and round ids.
-NOT_FIGURES = ("metrics", "ring_round", "ring_last_round")
+# Identifiers, not figures: the endpoint's own address, round ids and the
+# agreed state's id.
+NOT_FIGURES = ("metrics", "ring_round", "ring_last_round", "agreed")
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -251,6 +266,14 @@ def check(starling, data_dir, out_path):
                         sys.exit(f"outer.{k}: status {v}, metric {got}")
                 else:
                     sys.exit(f"status key outer.{k} has no metric")
+            checked += len(value) - 1
+        elif key == "sync":
+            for k, v in value.items():
+                if k not in SYNC:
+                    sys.exit(f"status key sync.{k} has no metric")
+                got = need(series, *SYNC[k])
+                if k == "donors" and got != v:
+                    sys.exit(f"sync.donors: status {v}, metric {got}")
             checked += len(value) - 1
         elif key == "cluster_requests":
             for k, v in value.items():

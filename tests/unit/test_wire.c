@@ -462,6 +462,8 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_XCHG_REPLY:
     case ST_MSG_XCHG_DONE:
     case ST_MSG_XCHG_CODED:
+    case ST_MSG_SYNC_REQ: /* test_gossip_sync.c */
+    case ST_MSG_SYNC_REPLY:
     case ST_MSG_RING_SEG: /* test_wire_ring.c */
     /* test_wire_ring_form.c */
     case ST_MSG_RING_PROPOSE:
@@ -953,7 +955,7 @@ END_TEST
 
 START_TEST(test_reject_unknown_type) {
   const uint64_t types[] = {0,  4,   15,  25,       31,
-                            37, 127, 255, 1u << 16, UINT64_MAX};
+                            39, 127, 255, 1u << 16, UINT64_MAX};
   w_t* w = w_new(W_CAP);
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     w->n = 0;

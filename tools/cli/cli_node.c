@@ -31,6 +31,7 @@ enum {
   OPT_NORM_MULT,
   OPT_CLIP_MULT,
   OPT_MIN_NODES,
+  OPT_SYNC_DONORS,
   OPT_HANDSHAKE_RATE,
   OPT_RING_LANES,
   OPT_QUIET,
@@ -61,6 +62,7 @@ static const struct option own_opts[] = {
     {"norm-guard", required_argument, NULL, OPT_NORM_MULT},
     {"clip", required_argument, NULL, OPT_CLIP_MULT},
     {"min-nodes", required_argument, NULL, OPT_MIN_NODES},
+    {"sync-donors", required_argument, NULL, OPT_SYNC_DONORS},
     {"handshake-rate", required_argument, NULL, OPT_HANDSHAKE_RATE},
     {"ring-lanes", required_argument, NULL, OPT_RING_LANES},
     {"quiet", no_argument, NULL, OPT_QUIET},
@@ -154,6 +156,14 @@ static void usage(FILE* f) {
       "(default 1: at\n"
       "                       once); training goes on whatever the count "
       "does after\n"
+      "  --sync-donors K      a joiner fetches the cluster's agreed state (the "
+      "last ring\n"
+      "                       round's) from K donors at once, every chunk "
+      "checked\n"
+      "                       against a manifest two donors agree on "
+      "(1..16; default\n"
+      "                       3; 1: the whole state from one donor, as "
+      "before)\n"
       "  --handshake-rate N   answer at most N connection handshakes a "
       "second (a\n"
       "                       bucket of N; past it, valid or replayed "
@@ -299,8 +309,8 @@ static int seconds_flag(st_daemon_config_t* cfg, int opt, const char* v) {
   return 2;
 }
 
-/* The node's whole-number flags: --ring-lanes, --min-nodes and
- * --handshake-rate. Returns 0 or 2 for a bad value. */
+/* The node's whole-number flags: --ring-lanes, --min-nodes,
+ * --sync-donors and --handshake-rate. Returns 0 or 2 for a bad value. */
 static int count_flag(st_daemon_config_t* cfg, int opt, const char* v) {
   static const struct {
     int opt;
@@ -312,6 +322,8 @@ static int count_flag(st_daemon_config_t* cfg, int opt, const char* v) {
        offsetof(st_daemon_config_t, ring_lanes)},
       {OPT_MIN_NODES, "--min-nodes", 1, 100000,
        offsetof(st_daemon_config_t, min_nodes)},
+      {OPT_SYNC_DONORS, "--sync-donors", 1, ST_SYNC_MAX_DONORS,
+       offsetof(st_daemon_config_t, sync_donors)},
       {OPT_HANDSHAKE_RATE, "--handshake-rate", 0, 1000000,
        offsetof(st_daemon_config_t, handshake_rate)},
   };
@@ -379,6 +391,7 @@ static int node_flag(st_daemon_config_t* cfg, int opt, const char* v) {
       break;
     case OPT_RING_LANES:
     case OPT_MIN_NODES:
+    case OPT_SYNC_DONORS:
     case OPT_HANDSHAKE_RATE:
       rc = count_flag(cfg, opt, v);
       break;
