@@ -427,11 +427,11 @@ static void finish(st__daemon_t* d) {
   st__agreed_take(d, s->state);
   s->state = NULL;
   st__dlog(d,
-           "synchronized the agreed state of ring round %016llx at step "
-           "%llu from %u donors in %.0f ms (%u dropped for bad chunks, %u "
+           "synchronized from %u donors at step %llu: the agreed state of "
+           "ring round %016llx, in %.0f ms (%u dropped for bad chunks, %u "
            "went away)",
-           (unsigned long long) round, (unsigned long long) step, used, ms, bad,
-           lost);
+           used, (unsigned long long) step, (unsigned long long) round, ms,
+           bad, lost);
   d->c.sync_ok++;
   d->c.fetches_ok++;
   st__sync_free(d);
