@@ -71,6 +71,8 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   double ms = (double) (now - d->ring_started_ms);
   if (r == ST_RING_OK) {
     d->c.ring_ok++;
+    if (d->ring_round_after_done && d->ring_n >= d->ring_proposed_n)
+      d->ring_final_ok = true;
     /* The agreed state: where the round moved every member (the outer
      * optimizer's new anchor, or the mean). */
     const float* moved = d->ring_moved_to;
@@ -426,6 +428,7 @@ static void start_round(st__daemon_t* d, const st_rfact_t* a) {
   memcpy(d->ring_members, a->members, a->n_members * sizeof(st_node_id_t));
   d->ring_rank = a->my_rank;
   d->ring_started_ms = now;
+  d->ring_round_after_done = d->state == ST__D_DONE;
   d->ring_done = false;
   /* lanes_of keeps within 1 .. ST_RING_MAX_LANES (daemon.h), so this
    * cannot fail; the receive stream is the machine's to say. */
@@ -503,8 +506,10 @@ static bool ring_due(const st__daemon_t* d, uint64_t now) {
     st__tt_stats(d->tt, &st);
     return st.step >= d->ring_proposed_step + d->cfg->local_steps;
   }
-  if (d->state == ST__D_DONE && !d->ring_proposed_done)
-    return true;
+  if (d->state == ST__D_DONE && !d->ring_final_ok &&
+      d->ring_final_tries < ST__RING_FINAL_TRIES)
+    return d->ring_proposed_ms == 0 ||
+           now - d->ring_proposed_ms >= ST__RING_FINAL_RETRY_MS;
   if (d->cfg->ring_every_s <= 0)
     return false; /* --local-steps alone: none once the epochs are done */
   if (st__ring_tick_every_s(d) >= d->cfg->ring_every_s)
@@ -545,7 +550,8 @@ void st__ring_tick(st__daemon_t* d) {
   if (n == 0)
     return;
   d->ring_proposed_ms = now;
-  d->ring_proposed_done = d->state == ST__D_DONE;
+  d->ring_proposed_n = (uint32_t) n + 1;
+  d->ring_final_tries += d->state == ST__D_DONE;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   d->ring_proposed_step = st.step;

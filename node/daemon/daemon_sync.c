@@ -430,8 +430,8 @@ static void finish(st__daemon_t* d) {
            "synchronized from %u donors at step %llu: the agreed state of "
            "ring round %016llx, in %.0f ms (%u dropped for bad chunks, %u "
            "went away)",
-           used, (unsigned long long) step, (unsigned long long) round, ms,
-           bad, lost);
+           used, (unsigned long long) step, (unsigned long long) round, ms, bad,
+           lost);
   d->c.sync_ok++;
   d->c.fetches_ok++;
   st__sync_free(d);

@@ -18,6 +18,7 @@
 #                  upload is the bottleneck, as on home or shared links)
 #
 #   sudo tools/bench/bench_sync.sh
+#   VERBOSE=1 ...    also prints each joiner's log lines about the sync
 #   RATE=100mbit JOINER_RATE=1gbit REPEATS=3 SETUPS="symmetric donor-limited" MODEL=mlp:20-8192-1200-2 sudo -E tools/bench/bench_sync.sh
 set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
@@ -68,7 +69,7 @@ field() {
 v = json.load(sys.stdin)
 for k in sys.argv[1].split("."):
     v = v[k]
-print(v)' "$2"
+print(v)' "$2" 2>/dev/null
 }
 
 # donors SETUP: three donors done, holding one agreed state.
@@ -118,6 +119,7 @@ join() {
   done
   kill -9 "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+  [ -z "${VERBOSE:-}" ] || grep -E "listening|donor|agree|synchronized" "$work/j.log" | cut -c1-160 >&2
   grep -q "synchronized from" "$work/j.log" || { tail -5 "$work/j.log" >&2; exit 1; }
   # Seconds on the joiner's log clock: start-up line to the sync's.
   awk '/listening on/ && !a { a = $2 } /synchronized from/ && !b { b = $2 }
