@@ -490,14 +490,13 @@ struct st__daemon_s {
   uint64_t ring_proposed_ms;   /* this node's last proposal (st__ring_tick) */
   uint64_t ring_proposed_step; /* the trainer's step then (--local-steps) */
   /* The final round: whether the running round started once this node's
-   * epochs were done, and whether such a round, with every member this
-   * node proposed, has ended OK. Until one has, a done proposer proposes
+   * epochs were done, and whether such a round, with every member that
+   * could take part, has ended OK. Until one has, a done proposer proposes
    * one (ST__RING_FINAL_RETRY_MS): the agreed state then holds its last
    * steps and every member holds it. */
   bool ring_round_after_done;
   bool ring_final_ok;
   uint32_t ring_final_tries; /* final proposals made */
-  uint32_t ring_proposed_n;  /* members of this node's last proposal */
   int ring_tt_pending;
   double ring_segment_ms; /* measured, smoothed: for the stall timeout */
   /* The round's lanes (gossip.h, "Lane striping"): ring_stripe says which
@@ -923,7 +922,7 @@ double st__ring_tick_every_s(const st__daemon_t* d);
 #define ST__RING_ANCHOR_TICK_S 1.0
 #define ST__RING_STEP_TICK_S 0.05
 /* A done node that has not yet had its final round (ring_final_ok: one
- * that started after its epochs and held every member it proposed)
+ * that started after its epochs and held every member that can take part)
  * proposes one at most this often, at most ST__RING_FINAL_TRIES times: a
  * proposal that loses a race or finds candidates busy is tried again. */
 #define ST__RING_FINAL_RETRY_MS 1000u

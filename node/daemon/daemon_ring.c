@@ -66,13 +66,49 @@ static bool in_round(const st__daemon_t* d, const st_node_id_t* id) {
   return false;
 }
 
+/* The members a round of this node's would hold besides itself: live,
+ * ring-capable, running its model, trusted (at most
+ * ST_RING_FORM_MAX_MEMBERS - 1 into cand); *smaller when one of them has
+ * a smaller id than this node's. Returns how many. */
+static size_t ring_candidates(const st__daemon_t* d, st_node_id_t* cand,
+                              bool* smaller) {
+  size_t n = 0;
+  size_t count = st_membership_count(d->m);
+  *smaller = false;
+  for (size_t i = 0; i < count; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
+        !mb->status.ring_capable ||
+        memcmp(mb->status.fingerprint, d->local.fingerprint, 16) != 0 ||
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0 ||
+        !st__robust_trusts(d, &mb->id))
+      continue;
+    if (st_node_id_compare(&mb->id, &d->ident.id) < 0)
+      *smaller = true;
+    if (n < ST_RING_FORM_MAX_MEMBERS - 1)
+      cand[n++] = mb->id;
+  }
+  return n;
+}
+
+/* A round that ended OK: the final one (d->ring_final_ok) when it started
+ * after this node's epochs and held every member that could be in it now
+ * (a member whose status said it could not take part when the round was
+ * proposed may since have said it can). */
+static void note_final_round(st__daemon_t* d) {
+  st_node_id_t cand[ST_RING_FORM_MAX_MEMBERS];
+  bool smaller = false;
+  if (d->ring_round_after_done &&
+      d->ring_n >= ring_candidates(d, cand, &smaller) + 1)
+    d->ring_final_ok = true;
+}
+
 static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   uint64_t now = st__dnow(d);
   double ms = (double) (now - d->ring_started_ms);
   if (r == ST_RING_OK) {
     d->c.ring_ok++;
-    if (d->ring_round_after_done && d->ring_n >= d->ring_proposed_n)
-      d->ring_final_ok = true;
+    note_final_round(d);
     /* The agreed state: where the round moved every member (the outer
      * optimizer's new anchor, or the mean). */
     const float* moved = d->ring_moved_to;
@@ -532,25 +568,11 @@ void st__ring_tick(st__daemon_t* d) {
   if (!ring_due(d, now))
     return;
   st_node_id_t cand[ST_RING_FORM_MAX_MEMBERS];
-  size_t n = 0;
-  size_t count = st_membership_count(d->m);
-  for (size_t i = 0; i < count; i++) {
-    const st_member_t* mb = st_membership_at(d->m, i);
-    if (mb == NULL || mb->state != ST_MEMBER_ALIVE || !mb->has_status ||
-        !mb->status.ring_capable ||
-        memcmp(mb->status.fingerprint, d->local.fingerprint, 16) != 0 ||
-        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0 ||
-        !st__robust_trusts(d, &mb->id))
-      continue;
-    if (st_node_id_compare(&mb->id, &d->ident.id) < 0)
-      return; /* a smaller member proposes */
-    if (n < ST_RING_FORM_MAX_MEMBERS - 1)
-      cand[n++] = mb->id;
-  }
-  if (n == 0)
-    return;
+  bool smaller = false;
+  size_t n = ring_candidates(d, cand, &smaller);
+  if (smaller || n == 0)
+    return; /* a smaller member proposes */
   d->ring_proposed_ms = now;
-  d->ring_proposed_n = (uint32_t) n + 1;
   d->ring_final_tries += d->state == ST__D_DONE;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);

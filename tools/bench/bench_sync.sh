@@ -117,7 +117,9 @@ join() {
     grep -q "synchronized from" "$work/j.log" && break
     sleep 0.1
   done
-  kill -9 "$pid" 2>/dev/null || true
+  # A leave, not a kill: the donors forget it at once, so the next joiner
+  # (at the same address) does not wait for its status.
+  kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   [ -z "${VERBOSE:-}" ] || grep -E "listening|donor|agree|synchronized" "$work/j.log" | cut -c1-160 >&2
   grep -q "synchronized from" "$work/j.log" || { tail -5 "$work/j.log" >&2; exit 1; }
