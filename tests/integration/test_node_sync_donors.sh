@@ -15,12 +15,22 @@
 #       donors' step;
 #   (c) the same while an honest donor serving it is killed (kill -9)
 #       mid-transfer: donors_lost 1, the same exact state;
-#   (d) --sync-donors 1: the whole state from one donor (FETCH), as before.
+#   (d) --sync-donors 1: the whole state from one donor (FETCH), as before;
+#   and bad values of --sync-donors are refused, naming the range.
 # About 30 s. Skipped (exit 0) only when not root or without `ip netns`.
 # Named test_node_* so that CMake runs it alone among the cluster tests.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 source "$SRC/tools/bench/bench_lib.sh"
+
+# Bad values (nothing starts).
+for v in 0 17 x; do
+  expect_fail "--sync-donors $v" 2 "--sync-donors: '$v' is not a whole number between 1 and 16" -- \
+    "$STARLING" node --sync-donors "$v" --listen 127.0.0.1:0 --cluster-key "$KEY" \
+    --data-dir "$SCRATCH/refused"
+done
+[ ! -e "$SCRATCH/refused" ] || fail "a refused --sync-donors made its data directory"
+pass "--sync-donors 0, 17 and x refused, naming the flag and the range"
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "skipped: network namespaces need root (run as root to test multi-donor sync)"
