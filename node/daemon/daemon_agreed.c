@@ -12,8 +12,8 @@
  *   a joiner first asks for it, so a cluster nobody joins never pays for
  *   it.
  *
- * Cost: one copy of the parameters, and a pass of BLAKE2b over it at each
- * round (the id), on the loop thread.
+ * Cost: one copy of the parameters, copied at each round on the loop
+ * thread; its id (a pass of BLAKE2b) and manifest only when asked for.
  */
 #include "node/daemon/daemon_internal.h"
 
@@ -86,9 +86,16 @@ void st__agreed_ring_done(st__daemon_t* d, const float* v, size_t n,
   }
   a->round = round_id;
   memcpy(a->v, v, n * sizeof(float));
-  st__agreed_id(a->v, n, round_id, a->id);
   st__agreed_take(d, a);
   d->c.anchors++;
+}
+
+const uint8_t* st__agreed_id_of(st__anchor_t* a) {
+  if (!a->id_made) {
+    st__agreed_id(a->v, a->n, a->round, a->id);
+    a->id_made = true;
+  }
+  return a->id;
 }
 
 const uint8_t* st__agreed_hashes(st__anchor_t* a) {

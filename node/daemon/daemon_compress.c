@@ -103,7 +103,7 @@ void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l) {
       c->anchor != NULL)
     return;
   c->anchor = st__anchor_ref(d->anchor);
-  memcpy(l->anchor, c->anchor->id, sizeof l->anchor);
+  memcpy(l->anchor, st__agreed_id_of(c->anchor), sizeof l->anchor);
 }
 
 /* ---- The codec work, on libuv's thread pool -------------------------------

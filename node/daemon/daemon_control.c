@@ -365,8 +365,9 @@ static void status_json_sync(st__daemon_t* d, st_json_buf_t* b, bool* first) {
     st_json_buf_puts(b, "null");
   } else {
     char hex[2 * ST_XCHG_ANCHOR_BYTES + 1], round[17];
+    const uint8_t* id = st__agreed_id_of(d->anchor);
     for (size_t i = 0; i < ST_XCHG_ANCHOR_BYTES; i++)
-      snprintf(hex + 2 * i, 3, "%02x", d->anchor->id[i]);
+      snprintf(hex + 2 * i, 3, "%02x", id[i]);
     snprintf(round, sizeof round, "%016llx",
              (unsigned long long) d->anchor->round);
     bool f2 = true;

@@ -707,7 +707,9 @@ void st__admin_close(st__daemon_t* d); /* stopping: answer what we have */
 typedef struct st__sync_s st__sync_t; /* daemon_sync.c */
 typedef struct st__anchor_s {
   uint32_t refs;
-  uint8_t id[ST_XCHG_ANCHOR_BYTES]; /* st__agreed_id of round, n, v */
+  uint8_t id[ST_XCHG_ANCHOR_BYTES]; /* st__agreed_id of round, n, v, made
+                                       when first asked for (id_made) */
+  bool id_made;
   uint64_t round;
   size_t n;
   uint8_t* hashes; /* the manifest: one hash per chunk, made when first
@@ -722,8 +724,8 @@ void st__anchor_release(st__anchor_t* a); /* NULL: nothing */
 /* d's agreed state becomes a (its reference is d's now). */
 void st__agreed_take(st__daemon_t* d, st__anchor_t* a);
 /* A ring round this node took part in ended OK, moving it to v[0..n):
- * the new agreed state (copied, named by its id); said and dropped when
- * it cannot be allocated. */
+ * the new agreed state (copied; its id made when first asked for); said
+ * and dropped when it cannot be allocated. */
 void st__agreed_ring_done(st__daemon_t* d, const float* v, size_t n,
                           uint64_t round_id);
 /* The id of state v[0..n) from round round_id (docs/protocol.md): the
@@ -731,6 +733,10 @@ void st__agreed_ring_done(st__daemon_t* d, const float* v, size_t n,
  * first byte of 0 written as 1 (all zero is "none"). */
 void st__agreed_id(const float* v, size_t n, uint64_t round_id,
                    uint8_t id[ST_XCHG_ANCHOR_BYTES]);
+/* a's id, made on the first call (a pass of BLAKE2b over the state, on
+ * the loop thread: a cluster that neither compresses nor has joiners, and
+ * nobody reading its status, never pays for it). */
+const uint8_t* st__agreed_id_of(st__anchor_t* a);
 /* a's manifest (st_sync_chunks(n) hashes of ST_SYNC_HASH_BYTES), made on
  * the first call; NULL when it cannot be allocated. */
 const uint8_t* st__agreed_hashes(st__anchor_t* a);

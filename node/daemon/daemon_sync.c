@@ -85,7 +85,7 @@ static int send_msg(st__conn_t* c, const st_msg_t* m, bool ack) {
   return rc;
 }
 
-static void reply(st__conn_t* c, uint8_t status, const st__anchor_t* a,
+static void reply(st__conn_t* c, uint8_t status, st__anchor_t* a,
                   const uint8_t* hashes, uint32_t hashes_len) {
   st__daemon_t* d = c->d;
   st_msg_t m = {.type = ST_MSG_SYNC_REPLY};
@@ -93,7 +93,7 @@ static void reply(st__conn_t* c, uint8_t status, const st__anchor_t* a,
   r->status = status;
   r->n_params = d->local.n_params;
   if (a != NULL) {
-    memcpy(r->anchor, a->id, sizeof r->anchor);
+    memcpy(r->anchor, st__agreed_id_of(a), sizeof r->anchor);
     r->round = a->round;
   }
   st__tt_stats_t st;
@@ -144,7 +144,7 @@ static uint8_t judge(st__conn_t* c, const st_msg_sync_req_t* q,
   if (*a == NULL || (*a)->n != d->local.n_params || d->state == ST__D_SYNCING)
     return ST_SYNC_STATUS_NOT_READY;
   if (q->kind == ST_SYNC_RANGE &&
-      memcmp(q->anchor, (*a)->id, sizeof(*a)->id) != 0)
+      memcmp(q->anchor, st__agreed_id_of(*a), sizeof(*a)->id) != 0)
     return ST_SYNC_STATUS_GONE;
   if (!c->serving_sync && d->sync_serving >= ST__SYNC_SERVE_MAX)
     return ST_SYNC_STATUS_BUSY;
@@ -423,6 +423,7 @@ static void finish(st__daemon_t* d) {
   /* This node now holds the agreed state too: it can serve it and name it
    * in compressed exchanges before its first ring round. */
   memcpy(s->state->id, got, sizeof got);
+  s->state->id_made = true;
   s->state->round = round;
   st__agreed_take(d, s->state);
   s->state = NULL;
