@@ -1,6 +1,6 @@
 /* data.c: opening a dataset by spec, normalization, sharding and the
- * per-epoch shuffle (see train.h; the file loaders are data_idx.c and
- * data_csv.c).
+ * per-epoch shuffle (see train.h; the file loaders are data_idx.c,
+ * data_csv.c and data_libsvm.c).
  *
  * Sharding is strided (shard k of n holds every i with i % n == k) rather
  * than blocked, so that on a file sorted by class every shard still sees
@@ -26,6 +26,9 @@ void st_dataset_free(st_dataset_t* ds) {
     return;
   free(ds->x);
   free(ds->y);
+  free(ds->row_ptr);
+  free(ds->col);
+  free(ds->val);
   free(ds->norm_mean);
   free(ds->norm_std);
   memset(ds, 0, sizeof(*ds));
@@ -39,15 +42,42 @@ void st_data_close(st_data_t* d) {
   memset(d, 0, sizeof(*d));
 }
 
+bool st_dataset_is_sparse(const st_dataset_t* ds) {
+  return ds->row_ptr != NULL;
+}
+
+/* Example j written out dense into row (dim floats). */
+static void dense_row(const st_dataset_t* ds, size_t j, float* row) {
+  if (ds->row_ptr == NULL) {
+    memcpy(row, ds->x + j * ds->dim, ds->dim * sizeof(float));
+    return;
+  }
+  memset(row, 0, ds->dim * sizeof(float));
+  for (size_t k = ds->row_ptr[j]; k < ds->row_ptr[j + 1]; k++)
+    row[ds->col[k]] = ds->val[k];
+}
+
 void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
                        float* x, float* y) {
   for (size_t i = 0; i < count; i++) {
     size_t j = idx[i];
     assert(j < ds->n);
     if (ds->dim > 0)
-      memcpy(x + i * ds->dim, ds->x + j * ds->dim, ds->dim * sizeof(float));
+      dense_row(ds, j, x + i * ds->dim);
     y[i] = ds->y[j];
   }
+}
+
+void st__dataset_rows(const st_dataset_t* ds, size_t start, size_t count,
+                      float* x, float* y) {
+  assert(start + count <= ds->n);
+  if (ds->row_ptr == NULL) {
+    memcpy(x, ds->x + start * ds->dim, count * ds->dim * sizeof(float));
+  } else {
+    for (size_t i = 0; i < count; i++)
+      dense_row(ds, start + i, x + i * ds->dim);
+  }
+  memcpy(y, ds->y + start, count * sizeof(float));
 }
 
 /* ==== Normalization =========================================================
@@ -58,6 +88,14 @@ void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
 
 int st_dataset_normalize(st_dataset_t* ds, const float* mean, const float* std,
                          size_t len, char* err, size_t err_len) {
+  if (st_dataset_is_sparse(ds)) {
+    st_set_err(err, err_len,
+               "%s is sparse (libsvm): standardizing its features would make "
+               "every example dense; this model was trained on standardized "
+               "dense data",
+               ds->source);
+    return -EINVAL;
+  }
   if (len != 1 && len != ds->dim) {
     st_set_err(err, err_len,
                "%s: normalization has %zu values but the data has %zu "
@@ -166,9 +204,34 @@ static int normalize_features(st_dataset_t* train, st_dataset_t* test) {
   return apply_stats(train, test, mean_f, sd_f, dim);
 }
 
+/* keep_shard for sparse examples: rows and their features move down in
+ * place (row i >= j, so its features never overwrite ones not yet moved). */
+static void keep_shard_sparse(st_dataset_t* ds, uint32_t k, uint32_t n,
+                              size_t kept) {
+  size_t nnz = 0;
+  for (size_t j = 0; j < kept; j++) {
+    size_t i = k + j * n;
+    size_t from = ds->row_ptr[i], count = ds->row_ptr[i + 1] - from;
+    memmove(ds->col + nnz, ds->col + from, count * sizeof(uint32_t));
+    memmove(ds->val + nnz, ds->val + from, count * sizeof(float));
+    ds->row_ptr[j] = nnz;
+    nnz += count;
+    ds->y[j] = ds->y[i];
+  }
+  ds->row_ptr[kept] = nnz;
+}
+
 /* Keeps the examples i with i % n == k of a whole dataset, in order. */
 static void keep_shard(st_dataset_t* ds, uint32_t k, uint32_t n) {
   size_t kept = ds->n > k ? (ds->n - k - 1) / n + 1 : 0;
+  if (ds->row_ptr != NULL) {
+    keep_shard_sparse(ds, k, n, kept);
+    ds->total = ds->n;
+    ds->n = kept;
+    ds->shard_k = k;
+    ds->shard_n = n;
+    return;
+  }
   for (size_t j = 0; j < kept; j++) {
     size_t i = k + j * n;
     memmove(ds->x + j * ds->dim, ds->x + i * ds->dim, ds->dim * sizeof(float));
@@ -243,19 +306,37 @@ static int open_fashion_mnist(st_data_t* d, uint32_t k, uint32_t n,
 }
 
 static const char spec_help[] =
-    "use fashion-mnist, idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] or "
-    "csv:TRAIN[,TEST]";
+    "use fashion-mnist, idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS], "
+    "csv:TRAIN[,TEST] or libsvm:TRAIN[,TEST]";
 
-/* Loads the files of an idx: or csv: spec: IDX only the shard's rows of the
- * training set, CSV all of them. */
+/* The sets of a libsvm: spec; both get the larger dim (a sparse file's
+ * dim is its largest index, and a test file may name fewer features). */
+static int open_libsvm(st_data_t* d, char** parts, int n,
+                       const st_data_options_t* opt, char* err,
+                       size_t err_len) {
+  int rc =
+      st_dataset_load_libsvm(&d->train, parts[0], &opt->csv, 0, err, err_len);
+  if (rc == 0 && n == 2) {
+    rc = st_dataset_load_libsvm(&d->test, parts[1], &opt->csv, d->train.dim,
+                                err, err_len);
+    if (rc == 0 && d->test.dim > d->train.dim) {
+      d->train.dim = d->test.dim;
+      d->train.shape[0] = d->train.dim;
+    }
+  }
+  return rc;
+}
+
+/* Loads the files of an idx:, csv: or libsvm: spec: IDX only the shard's
+ * rows of the training set, CSV and libsvm all of them. */
 static int open_paths(st_data_t* d, const char* spec,
                       const st_data_options_t* opt, uint32_t shard_k,
                       uint32_t shard_n, uint64_t hist[256], char* err,
                       size_t err_len) {
   char* parts[4];
   int rc;
-  int is_idx = spec[0] == 'i';
-  char* buf = strdup(spec + 4);
+  int is_idx = spec[0] == 'i', is_libsvm = spec[0] == 'l';
+  char* buf = strdup(strchr(spec, ':') + 1);
   if (buf == NULL) {
     rc = -ENOMEM;
     st_set_err(err, err_len, "out of memory");
@@ -272,13 +353,15 @@ static int open_paths(st_data_t* d, const char* spec,
   }
   if (!is_idx && n != 1 && n != 2) {
     st_set_err(err, err_len,
-               "bad data spec '%s': csv: takes TRAIN or TRAIN,TEST "
+               "bad data spec '%s': %s takes TRAIN or TRAIN,TEST "
                "(non-empty paths)",
-               spec);
+               spec, is_libsvm ? "libsvm:" : "csv:");
     rc = -EINVAL;
     goto out;
   }
-  if (is_idx) {
+  if (is_libsvm) {
+    rc = open_libsvm(d, parts, n, opt, err, err_len);
+  } else if (is_idx) {
     rc = st__dataset_load_idx_shard(&d->train, parts[0], parts[1], shard_k,
                                     shard_n, hist, err, err_len);
     if (rc == 0 && n == 4)
@@ -318,7 +401,7 @@ static int match_test_set(st_data_t* d, char* err, size_t err_len) {
 int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
                  char* err, size_t err_len) {
   st_data_options_t defaults;
-  int per_feature = 0;
+  int per_feature = 0, sparse = 0;
   uint64_t hist[256];
   int rc;
 
@@ -343,8 +426,10 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
   if (strcmp(spec, "fashion-mnist") == 0 ||
       strcmp(spec, "fashion-mnist:train") == 0) {
     rc = open_fashion_mnist(d, shard_k, shard_n, hist, err, err_len);
-  } else if (strncmp(spec, "idx:", 4) == 0 || strncmp(spec, "csv:", 4) == 0) {
+  } else if (strncmp(spec, "idx:", 4) == 0 || strncmp(spec, "csv:", 4) == 0 ||
+             strncmp(spec, "libsvm:", 7) == 0) {
     per_feature = spec[0] == 'c';
+    sparse = spec[0] == 'l';
     rc = open_paths(d, spec, opt, shard_k, shard_n, hist, err, err_len);
   } else {
     st_set_err(err, err_len, "unknown data spec '%s': %s", spec, spec_help);
@@ -357,7 +442,7 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
   if (rc != 0)
     goto out;
 
-  if (opt->normalize) {
+  if (opt->normalize && !sparse) {
     rc = per_feature ? normalize_features(&d->train, &d->test)
                      : normalize_scalar(&d->train, &d->test, hist);
     if (rc != 0) {
@@ -366,8 +451,8 @@ int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
     }
   }
   /* CSV loads whole (its per-feature statistics come from every row), then
-   * keeps its shard; IDX loaded only its shard. */
-  if (per_feature && shard_n > 1)
+   * keeps its shard, as libsvm; IDX loaded only its shard. */
+  if ((per_feature || sparse) && shard_n > 1)
     keep_shard(&d->train, shard_k, shard_n);
 
 out:

@@ -278,11 +278,15 @@ int st_saved_model_prepare(const st_saved_model_t* sm, st_dataset_t* ds,
   if (from != sm->input_scale) {
     /* Back to the raw values (ds's loader divided by `from`), then divided
      * by what the training data's loader divided by. */
-    size_t total = ds->n * ds->dim;
+    int sparse = st_dataset_is_sparse(ds);
+    size_t total = sparse ? ds->row_ptr[ds->n] : ds->n * ds->dim;
+    float* v = sparse ? ds->val : ds->x;
     for (size_t i = 0; i < total; i++)
-      ds->x[i] = (float) ((double) ds->x[i] * from / sm->input_scale);
+      v[i] = (float) ((double) v[i] * from / sm->input_scale);
     ds->input_scale = sm->input_scale;
   }
+  if (sm->norm_len == 0)
+    return 0; /* trained on data as loaded (libsvm) */
   return st_dataset_normalize(ds, sm->norm_mean, sm->norm_std, sm->norm_len,
                               err, err_len);
 }
@@ -318,8 +322,21 @@ static int check_labels(const st_saved_model_t* sm, const st_dataset_t* ds,
 static int load_rows(st_saved_model_t* sm, const st_dataset_t* ds, size_t start,
                      size_t rows, int with_targets) {
   st_backend_t* be = sm->model.be;
-  int rc = st_copy_to_device(be, st_model_input(&sm->model),
-                             ds->x + start * ds->dim, rows * ds->dim);
+  int rc;
+  if (st_dataset_is_sparse(ds)) { /* written out dense through the host */
+    float* x = malloc(rows * ds->dim * sizeof(float));
+    float* y = malloc(rows * sizeof(float));
+    rc = x != NULL && y != NULL ? 0 : -ENOMEM;
+    if (rc == 0) {
+      st__dataset_rows(ds, start, rows, x, y);
+      rc = st_copy_to_device(be, st_model_input(&sm->model), x, rows * ds->dim);
+    }
+    free(x);
+    free(y);
+  } else {
+    rc = st_copy_to_device(be, st_model_input(&sm->model),
+                           ds->x + start * ds->dim, rows * ds->dim);
+  }
   if (rc == 0 && with_targets)
     rc = st_copy_to_device(be, st_model_targets(&sm->model), ds->y + start,
                            rows);
@@ -347,9 +364,14 @@ int st_saved_model_evaluate(st_saved_model_t* sm, const st_dataset_t* ds,
     size_t rows = ds->n - start;
     if (rows > ST__EVAL_BATCH_ROWS)
       rows = ST__EVAL_BATCH_ROWS;
-    rc = load_rows(sm, ds, start, rows, 1);
-    if (rc == 0)
-      rc = st_model_eval(&sm->model, rows, &loss_sum, &correct);
+    if (st__rowwise_eval(&sm->model.spec, sm->model.be, ds)) {
+      rc = st__rowwise_evaluate(&sm->model.spec, sm->model.params, ds, start,
+                                rows, &loss_sum, &correct, NULL);
+    } else {
+      rc = load_rows(sm, ds, start, rows, 1);
+      if (rc == 0)
+        rc = st_model_eval(&sm->model, rows, &loss_sum, &correct);
+    }
     if (rc != 0) {
       st_set_err(err, err_len, "evaluation failed on %s: %s",
                  st_backend_describe(sm->model.be),
@@ -367,6 +389,9 @@ int st_saved_model_predict(st_saved_model_t* sm, const st_dataset_t* ds,
   if (rows == 0 || rows > ST__EVAL_BATCH_ROWS || start > ds->n ||
       rows > ds->n - start || ds->dim != sm->inputs)
     return -EINVAL;
+  if (st__rowwise_eval(&sm->model.spec, sm->model.be, ds))
+    return st__rowwise_evaluate(&sm->model.spec, sm->model.params, ds, start,
+                                rows, NULL, NULL, out);
   int rc = load_rows(sm, ds, start, rows, 0);
   if (rc == 0)
     rc = st_model_eval(&sm->model, rows, NULL, NULL);

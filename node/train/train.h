@@ -51,8 +51,15 @@ typedef struct {
   size_t dim;       /* features per example */
   size_t n_classes; /* > 0: y holds class indices in [0, n_classes) as
                        floats; 0: y holds real-valued regression targets */
-  float* x;         /* n x dim, row-major; owned */
+  float* x;         /* n x dim, row-major; owned; NULL when sparse */
   float* y;         /* n targets; owned */
+  /* Sparse examples (libsvm files, st_dataset_load_libsvm): x is NULL and
+   * example i's nonzero features are col[row_ptr[i] .. row_ptr[i + 1]),
+   * with the values val[...] at the same positions; columns increase
+   * within a row and are < dim. All three NULL for dense data; owned. */
+  size_t* row_ptr; /* n + 1 offsets */
+  uint32_t* col;
+  float* val;
   char source[512]; /* where it came from, for messages */
   /* What one example is, for checkpoints (st_trainer_save): its shape as
    * the file has it (IDX images: {28, 28}; CSV: {dim}; ndim 0: {dim}),
@@ -103,6 +110,24 @@ int st_dataset_load_csv(st_dataset_t* ds, const char* path,
 int st_dataset_load_csv_features(st_dataset_t* ds, const char* path, char* err,
                                  size_t err_len);
 
+/* Loads a libsvm (svmlight) file: one example per line, "LABEL
+ * INDEX:VALUE INDEX:VALUE ...", indices 1-based and increasing, a trailing
+ * "# comment" allowed; gzip-compressed or raw (detected from the
+ * content). The set is sparse (x NULL, row_ptr/col/val set): feature
+ * INDEX is column INDEX - 1, and dim is the largest index in the file (at
+ * least min_dim). Labels: class indices (non-negative integers; a file
+ * whose labels are all -1 or +1 is a binary set, -1 becoming class 0), or
+ * with opt->regression any finite real. Refuses, naming the file and the
+ * line: a label or value that is not a finite number, an index that is not
+ * an integer in [1, 2^24] or does not increase, a "qid:" field, no
+ * examples. */
+int st_dataset_load_libsvm(st_dataset_t* ds, const char* path,
+                           const st_csv_options_t* opt, size_t min_dim,
+                           char* err, size_t err_len);
+
+/* True when ds holds sparse examples (row_ptr/col/val, x NULL). */
+bool st_dataset_is_sparse(const st_dataset_t* ds);
+
 /* A training set and an optional test set that share dim and classes. */
 typedef struct {
   st_dataset_t train;
@@ -128,6 +153,9 @@ typedef struct {
  *                                 when it is missing
  *   idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]
  *   csv:TRAIN[,TEST]
+ *   libsvm:TRAIN[,TEST]           sparse; both sets get the larger dim;
+ *                                 never normalized (that would make it
+ *                                 dense): normalize is ignored
  * On failure writes what was wrong into err. */
 int st_data_open(st_data_t* d, const char* spec, const st_data_options_t* opt,
                  char* err, size_t err_len);
@@ -164,7 +192,8 @@ int st_shard_indices(size_t total, uint32_t k, uint32_t n, size_t** out,
 void st_epoch_order(const size_t* base, size_t count, uint64_t seed,
                     uint64_t epoch, size_t* order);
 
-/* Copies the examples idx[0..count) into x (count x dim) and y (count). */
+/* Copies the examples idx[0..count) into x (count x dim) and y (count);
+ * sparse examples are written out dense (zeros where no feature is). */
 void st_dataset_gather(const st_dataset_t* ds, const size_t* idx, size_t count,
                        float* x, float* y);
 
@@ -224,6 +253,18 @@ size_t st_safetensors_count(const st_safetensors_t* st);
 /* ==== Training
  * ================================================================ */
 
+/* HogWild (Niu, Recht, Re & Wright, 2011): threads that update one
+ * parameter vector without locks, for the linear models (softmax:, linear:)
+ * on the CPU backend, sparse data above all (node/train/hogwild.c). */
+#define ST_HOGWILD_MAX_THREADS 256
+
+typedef enum {
+  ST_HOGWILD_OFF = 0,  /* the batch trainer: one gradient per batch */
+  ST_HOGWILD_LOCKFREE, /* threads update the shared parameters, no lock */
+  ST_HOGWILD_LOCKED    /* the same threads, each update under one lock:
+                          the reference HogWild is measured against */
+} st_hogwild_t;
+
 typedef struct {
   st_model_spec_t model;
   st_opt_config_t opt;
@@ -233,6 +274,14 @@ typedef struct {
   uint32_t epochs;           /* epochs to run (the schedule spans them) */
   uint64_t seed;             /* parameter initialization and shuffling */
   uint32_t shard_k, shard_n; /* train on shard k of n (0/1: everything) */
+  /* HogWild: each example of a batch is one SGD update of its own at the
+   * step's learning rate (not the batch mean's), the batch's examples
+   * split over `threads` threads (the caller's included). A step ends when
+   * every thread has done its part, so averaging and checkpoints still see
+   * the parameters between steps. Needs a softmax or linear model, the CPU
+   * backend, plain SGD without weight decay or clipping. */
+  st_hogwild_t hogwild;
+  uint32_t threads; /* HogWild threads, >= 1 (ignored when off) */
 } st_train_config_t;
 
 /* Sensible defaults: batch 64, 10 epochs, SGD, lr 0.05 constant, seed 1,
@@ -259,6 +308,8 @@ typedef struct {
   float* host_x;  /* staging for a batch (non-CPU backends) */
   float* host_y;
   double last_lr;
+  struct st_hogwild_pool_s* pool; /* HogWild's threads (hogwild.c); NULL
+                                     when off */
 } st_trainer_t;
 
 /* Checks that the data fits the model (features = inputs; classes within

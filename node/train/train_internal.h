@@ -27,6 +27,11 @@ int st__dataset_load_idx_shard(st_dataset_t* ds, const char* images_path,
                                uint32_t shard_n, uint64_t hist[256], char* err,
                                size_t err_len);
 
+/* Copies examples [start, start + count) of ds into x (count x dim, dense
+ * whether ds is or not) and y (count) (data.c). */
+void st__dataset_rows(const st_dataset_t* ds, size_t start, size_t count,
+                      float* x, float* y);
+
 /* Checks the tensors of one state buffer of model m in a checkpoint (the
  * names "<prefix>layers.L.weight" and "<prefix>layers.L.bias": present,
  * of m's shapes, finite) and copies them into host (m->n_params floats),
@@ -37,5 +42,38 @@ int st__load_model_tensors(const st_model_t* m, const st_safetensors_t* st,
                            const char* path, const char* prefix,
                            const char* model, float* host, char* err,
                            size_t err_len);
+
+/* ---- HogWild and row-by-row evaluation (hogwild.c) ---------------------- */
+
+typedef struct st_hogwild_pool_s st_hogwild_pool_t;
+
+/* 0 when cfg can train HogWild on be; otherwise -EINVAL and err says what
+ * to change (the model, the device, the optimizer, the threads). */
+int st__hogwild_check(const st_train_config_t* cfg, const st_backend_t* be,
+                      char* err, size_t err_len);
+/* Starts cfg.threads - 1 threads for trainer t (its model allocated). */
+int st__hogwild_start(st_trainer_t* t, st_hogwild_pool_t** out, char* err,
+                      size_t err_len);
+/* Stops and joins the threads; p may be NULL. */
+void st__hogwild_stop(st_hogwild_pool_t* p);
+/* One SGD update per example t->order[start .. start + rows) at rate lr,
+ * spread over the threads; returns when all are done. *loss: the mean of
+ * the examples' losses (each before its own update). -EDOM (*loss NaN)
+ * when some example's loss was not finite: those were not applied. */
+int st__hogwild_step(st_hogwild_pool_t* p, size_t start, size_t rows, float lr,
+                     double* loss);
+
+/* True when ds is evaluated on spec row by row: sparse examples on a
+ * linear model (softmax:, linear:) on the CPU, where the batched forward
+ * pass would first write every example out dense. */
+bool st__rowwise_eval(const st_model_spec_t* spec, const st_backend_t* be,
+                      const st_dataset_t* ds);
+/* Examples [start, start + rows) of ds on the model spec with params
+ * (host memory): adds the summed loss to *loss_sum and the correct
+ * predictions to *correct (either may be NULL); out (may be NULL) gets
+ * rows x outputs: the class probabilities, or the prediction. */
+int st__rowwise_evaluate(const st_model_spec_t* spec, const float* params,
+                         const st_dataset_t* ds, size_t start, size_t rows,
+                         double* loss_sum, size_t* correct, float* out);
 
 #endif

@@ -83,6 +83,8 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
     return -EINVAL;
   }
   int rc = check_fit(train, &cfg->model, err, err_len);
+  if (rc == 0 && cfg->hogwild != ST_HOGWILD_OFF)
+    rc = st__hogwild_check(cfg, be, err, err_len);
   if (rc != 0)
     return rc;
   t->be = be;
@@ -117,17 +119,26 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
   t->steps_per_epoch = (t->shard_count + cfg->batch - 1) / cfg->batch;
   if (t->cfg.sched.total_steps == 0)
     t->cfg.sched.total_steps = (uint64_t) t->steps_per_epoch * cfg->epochs;
+  /* Evaluation reuses the model's workspace, so size it for whichever is
+   * larger: a training batch (none for HogWild, which steps example by
+   * example) or an evaluation chunk (none for sparse data on a linear
+   * model, evaluated row by row). */
+  size_t rows = cfg->hogwild != ST_HOGWILD_OFF ? 1 : cfg->batch;
+  if (!st__rowwise_eval(&cfg->model, be, train) && rows < EVAL_BATCH_ROWS)
+    rows = EVAL_BATCH_ROWS;
   t->order = malloc(t->shard_count * sizeof(size_t));
-  t->host_x = malloc(cfg->batch * train->dim * sizeof(float));
-  t->host_y = malloc(cfg->batch * sizeof(float));
-  if (t->order == NULL || t->host_x == NULL || t->host_y == NULL) {
+  int staged = st_backend_kind(be) != ST_BACKEND_CPU; /* batches go through
+                                                         host memory */
+  if (staged) {
+    t->host_x = malloc(rows * train->dim * sizeof(float));
+    t->host_y = malloc(rows * sizeof(float));
+  }
+  if (t->order == NULL ||
+      (staged && (t->host_x == NULL || t->host_y == NULL))) {
     rc = -ENOMEM;
     goto fail;
   }
   st_epoch_order(t->shard, t->shard_count, cfg->seed, 0, t->order);
-  /* Evaluation reuses the model's workspace, so size it for whichever is
-   * larger: a training batch or an evaluation chunk. */
-  size_t rows = cfg->batch > EVAL_BATCH_ROWS ? cfg->batch : EVAL_BATCH_ROWS;
   rc = st_model_init(&t->model, be, &cfg->model, rows, cfg->seed);
   if (rc == 0)
     rc = st_optim_init(&t->optim, be, &cfg->opt, t->model.n_params);
@@ -138,6 +149,11 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
         *st_backend_last_error(be) ? st_backend_last_error(be) : strerror(-rc));
     goto fail;
   }
+  if (cfg->hogwild != ST_HOGWILD_OFF) {
+    rc = st__hogwild_start(t, &t->pool, err, err_len);
+    if (rc != 0)
+      goto fail;
+  }
   return 0;
 fail:
   st_trainer_close(t);
@@ -145,6 +161,7 @@ fail:
 }
 
 void st_trainer_close(st_trainer_t* t) {
+  st__hogwild_stop(t->pool);
   if (t->be != NULL) {
     st_optim_close(&t->optim);
     st_model_close(&t->model);
@@ -173,20 +190,33 @@ static int load_batch(st_trainer_t* t, const st_dataset_t* ds,
   float* tg = st_model_targets(&t->model);
   if (st_backend_kind(t->be) == ST_BACKEND_CPU) {
     if (sequential) {
-      memcpy(in, ds->x + idx[0] * dim, rows * dim * sizeof(float));
-      memcpy(tg, ds->y + idx[0], rows * sizeof(float));
+      st__dataset_rows(ds, idx[0], rows, in, tg);
     } else {
       st_dataset_gather(ds, idx, rows, in, tg);
     }
     return 0;
   }
-  if (sequential) {
+  if (sequential && !st_dataset_is_sparse(ds)) {
     int rc = st_copy_to_device(t->be, in, ds->x + idx[0] * dim, rows * dim);
     return rc ? rc : st_copy_to_device(t->be, tg, ds->y + idx[0], rows);
   }
-  st_dataset_gather(ds, idx, rows, t->host_x, t->host_y);
+  if (sequential)
+    st__dataset_rows(ds, idx[0], rows, t->host_x, t->host_y);
+  else
+    st_dataset_gather(ds, idx, rows, t->host_x, t->host_y);
   int rc = st_copy_to_device(t->be, in, t->host_x, rows * dim);
   return rc ? rc : st_copy_to_device(t->be, tg, t->host_y, rows);
+}
+
+/* Moves the position past the step just taken. */
+static void advance(st_trainer_t* t, double lr) {
+  t->last_lr = lr;
+  t->step++;
+  if (++t->pos == t->steps_per_epoch) {
+    t->pos = 0;
+    t->epoch++;
+    st_epoch_order(t->shard, t->shard_count, t->cfg.seed, t->epoch, t->order);
+  }
 }
 
 int st_trainer_step(st_trainer_t* t, double* loss) {
@@ -194,6 +224,16 @@ int st_trainer_step(st_trainer_t* t, double* loss) {
   size_t rows = t->shard_count - start;
   if (rows > t->cfg.batch)
     rows = t->cfg.batch;
+  if (t->pool != NULL) {
+    double lr = st_schedule_lr(&t->cfg.sched, t->step), mean = 0;
+    int rc = st__hogwild_step(t->pool, start, rows, (float) lr, &mean);
+    if (loss != NULL)
+      *loss = mean;
+    if (rc != 0)
+      return rc;
+    advance(t, lr);
+    return 0;
+  }
   int rc = load_batch(t, t->train, t->order + start, rows, 0);
   if (rc != 0)
     return rc;
@@ -217,13 +257,7 @@ int st_trainer_step(st_trainer_t* t, double* loss) {
     return rc;
   if (t->cfg.opt.clip_norm > 0 && !isfinite(gnorm))
     return -EDOM;
-  t->last_lr = lr;
-  t->step++;
-  if (++t->pos == t->steps_per_epoch) {
-    t->pos = 0;
-    t->epoch++;
-    st_epoch_order(t->shard, t->shard_count, t->cfg.seed, t->epoch, t->order);
-  }
+  advance(t, lr);
   return 0;
 }
 
@@ -251,13 +285,25 @@ int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
     return -EINVAL;
   double loss_sum = 0;
   size_t correct = 0;
-  for (size_t start = 0; start < ds->n; start += EVAL_BATCH_ROWS) {
+  int rowwise = st__rowwise_eval(&t->cfg.model, t->be, ds);
+  /* A dense set on a workspace sized for none (a HogWild trainer of sparse
+   * data asked about dense examples) goes in the chunks it holds. */
+  size_t chunk = rowwise || t->model.max_batch >= EVAL_BATCH_ROWS
+                     ? EVAL_BATCH_ROWS
+                     : t->model.max_batch;
+  for (size_t start = 0; start < ds->n; start += chunk) {
     size_t rows = ds->n - start;
-    if (rows > EVAL_BATCH_ROWS)
-      rows = EVAL_BATCH_ROWS;
-    int rc = load_batch(t, ds, &start, rows, 1);
-    if (rc == 0)
-      rc = st_model_eval(&t->model, rows, &loss_sum, &correct);
+    if (rows > chunk)
+      rows = chunk;
+    int rc;
+    if (rowwise) {
+      rc = st__rowwise_evaluate(&t->cfg.model, t->model.params, ds, start, rows,
+                                &loss_sum, &correct, NULL);
+    } else {
+      rc = load_batch(t, ds, &start, rows, 1);
+      if (rc == 0)
+        rc = st_model_eval(&t->model, rows, &loss_sum, &correct);
+    }
     if (rc != 0)
       return rc;
     if (between != NULL && start + rows < ds->n)

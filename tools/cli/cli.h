@@ -181,7 +181,9 @@ enum {
   ST__TRAIN_OPT_SEED,
   ST__TRAIN_OPT_DEVICE,
   ST__TRAIN_OPT_THREADS,
-  ST__TRAIN_OPT_COUNT = ST__TRAIN_OPT_THREADS - ST__TRAIN_OPT_FIRST + 1
+  ST__TRAIN_OPT_HOGWILD,
+  ST__TRAIN_OPT_HOGWILD_LOCKED,
+  ST__TRAIN_OPT_COUNT = ST__TRAIN_OPT_HOGWILD_LOCKED - ST__TRAIN_OPT_FIRST + 1
 };
 _Static_assert(ST__TRAIN_OPT_FIRST + ST__TRAIN_OPT_COUNT <= ST__TRAIN_OPT_END,
                "the training flags outgrew their range of option ids");
@@ -192,7 +194,7 @@ typedef struct {
   const char* data;      /* --data text; borrowed from argv */
   st_data_options_t data_opt;
   const char* device; /* default "auto"; borrowed from argv */
-  uint64_t threads;   /* 0: OpenBLAS's choice */
+  uint64_t threads;   /* 0: OpenBLAS's choice (HogWild: every CPU) */
   int optimizer_given, momentum_given;
 } st__train_flags_t;
 
@@ -216,8 +218,8 @@ int st__train_flag(const char* cmd, int opt, const char* value,
 /* After the loop: requires --model and --data (message naming cmd, with an
  * example), parses the model spec into f->cfg.model, applies "--momentum
  * alone means momentum SGD", checks that --schedule step has --step-every,
- * and sets regression targets for linear models. Returns 0 or 2
- * (reported). */
+ * sets regression targets for linear models, and gives --hogwild its
+ * threads (--threads, or every online CPU). Returns 0 or 2 (reported). */
 int st__train_flags_finish(const char* cmd, st__train_flags_t* f);
 
 /* The help text of these flags, as `starling train --help` prints it: the

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tools/cli/cli.h"
 
@@ -36,6 +37,8 @@ const struct option st__train_long_opts[] = {
     {"seed", required_argument, NULL, ST__TRAIN_OPT_SEED},
     {"device", required_argument, NULL, ST__TRAIN_OPT_DEVICE},
     {"threads", required_argument, NULL, ST__TRAIN_OPT_THREADS},
+    {"hogwild", no_argument, NULL, ST__TRAIN_OPT_HOGWILD},
+    {"hogwild-locked", no_argument, NULL, ST__TRAIN_OPT_HOGWILD_LOCKED},
     {NULL, 0, NULL, 0},
 };
 
@@ -59,7 +62,7 @@ void st__train_flags_init(st__train_flags_t* f) {
 /* One case per flag of st__train_long_opts, in the table's order: each parses
  * its value into f with its range, beside the others' so that they read as
  * one table (cli.h says what it returns); split, it would only scatter it.
- * Long: a table of 25 flags, one short case each. */
+ * Long: a table of 27 flags, one short case each. */
 int st__train_flag(const char* cmd, int opt, const char* value,
                    st__train_flags_t* f) {
   const char* v = value;
@@ -179,6 +182,12 @@ int st__train_flag(const char* cmd, int opt, const char* value,
     case ST__TRAIN_OPT_THREADS:
       rc = st__parse_u64(cmd, "--threads", v, 1, 1024, &f->threads);
       break;
+    case ST__TRAIN_OPT_HOGWILD:
+      f->cfg.hogwild = ST_HOGWILD_LOCKFREE;
+      break;
+    case ST__TRAIN_OPT_HOGWILD_LOCKED:
+      f->cfg.hogwild = ST_HOGWILD_LOCKED;
+      break;
     default:
       return 1;
   }
@@ -208,6 +217,16 @@ int st__train_flags_finish(const char* cmd, st__train_flags_t* f) {
   /* A linear model is a regression: its CSV targets are real numbers. */
   if (f->cfg.model.kind == ST_MODEL_LINEAR)
     f->data_opt.csv.regression = 1;
+  if (f->cfg.hogwild != ST_HOGWILD_OFF) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t n = f->threads > 0 ? f->threads : (uint64_t) (cpus > 0 ? cpus : 1);
+    if (n > ST_HOGWILD_MAX_THREADS) {
+      fprintf(stderr, "%s: --hogwild: %llu threads; want at most %d\n", cmd,
+              (unsigned long long) n, ST_HOGWILD_MAX_THREADS);
+      return 2;
+    }
+    f->cfg.threads = (uint32_t) n;
+  }
   return 0;
 }
 
@@ -220,7 +239,8 @@ void st__train_flags_usage(FILE* out) {
       "                       (e.g. mlp:784-256-128-10)\n"
       "  --data SPEC          fashion-mnist | "
       "idx:IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS]\n"
-      "                       | csv:TRAIN[,TEST]\n"
+      "                       | csv:TRAIN[,TEST] | libsvm:TRAIN[,TEST] "
+      "(sparse)\n"
       "  --label-col K        CSV column holding the label (default: the "
       "last)\n"
       "  --regression         CSV targets are real numbers (for linear "
@@ -251,5 +271,18 @@ void st__train_flags_usage(FILE* out) {
       "\n"
       "Running:\n"
       "  --device D           auto | cpu | cuda | cuda:N (default auto)\n"
-      "  --threads N          CPU BLAS threads (default: OpenBLAS's choice)\n");
+      "  --threads N          CPU BLAS threads (default: OpenBLAS's choice);\n"
+      "                       with --hogwild, its threads (default: every "
+      "CPU)\n"
+      "  --hogwild            linear models on the CPU: N threads each take "
+      "one\n"
+      "                       SGD step per example on the shared "
+      "parameters,\n"
+      "                       without locks (--lr is per example; sparse "
+      "data,\n"
+      "                       libsvm:, above all)\n"
+      "  --hogwild-locked     the same with one lock around each update "
+      "(the\n"
+      "                       serial reference HogWild is measured "
+      "against)\n");
 }

@@ -1,0 +1,383 @@
+/* hogwild.c: HogWild (Niu, Recht, Re & Wright, "Hogwild!: A Lock-Free
+ * Approach to Parallelizing Stochastic Gradient Descent", NIPS 2011) for
+ * the linear models, and the row-by-row evaluation of sparse data.
+ *
+ * A HogWild trainer (st_train_config_t.hogwild) owns a pool of threads.
+ * st_trainer_step hands the batch's examples to them, the calling thread
+ * taking a part too; each thread runs one SGD update per example on the
+ * one shared parameter vector: it reads the weights the example touches,
+ * computes that example's gradient, and writes those weights back, with no
+ * lock. Two threads may write the same weight at once and one write is
+ * then lost; on sparse data an example touches few weights, collisions are
+ * rare, and the paper proves the rate of convergence is kept. The loads
+ * and stores are relaxed atomics, so that the races are defined behaviour
+ * in C11 and compile to plain moves. ST_HOGWILD_LOCKED takes one mutex
+ * around each example's read-compute-write instead: the serial SGD that
+ * HogWild is measured against, on the same threads.
+ *
+ * The step ends when every thread has done its part. Between steps no
+ * thread touches the parameters, so the daemon's trainer thread still
+ * averages, snapshots and checkpoints them at step boundaries as for the
+ * batch trainer.
+ *
+ * Model layout (optimizer.h): softmax:D-C holds W (C x D, row-major) then
+ * b (C); linear:D-1 holds w (D) then b (1). The per-example losses are the
+ * batch trainer's: softmax cross-entropy, and 0.5 (y - t)^2. */
+#include "node/train/train.h"
+#include "node/train/train_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One thread's results, padded to its own cache line. */
+typedef struct {
+  double loss; /* sum over its examples */
+  size_t bad;  /* examples with a non-finite loss (not applied) */
+  char pad[48];
+} part_t;
+
+struct st_hogwild_pool_s {
+  st_trainer_t* t;
+  uint32_t threads;
+  pthread_t* tids; /* threads - 1 workers; the caller is part 0 */
+  uint32_t started;
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  uint64_t gen;     /* job number; workers wait for it to change */
+  uint32_t pending; /* workers still on the current job */
+  int stop;
+  /* The current job: t->order[start .. start + rows) at rate lr. */
+  size_t start, rows;
+  float lr;
+  pthread_mutex_t update_lock; /* ST_HOGWILD_LOCKED */
+  part_t* parts;               /* threads */
+  float* logits;               /* threads x classes scratch */
+};
+
+/* ---- Relaxed atomic access to the shared parameters ---------------------- */
+
+static inline float load_relaxed(const float* p) {
+  float v;
+  __atomic_load(p, &v, __ATOMIC_RELAXED);
+  return v;
+}
+
+static inline void store_relaxed(float* p, float v) {
+  __atomic_store(p, &v, __ATOMIC_RELAXED);
+}
+
+/* ---- One example ----------------------------------------------------------
+ */
+
+/* Example i's features: col NULL for a dense row (val = the row, nnz =
+ * dim). */
+typedef struct {
+  const uint32_t* col;
+  const float* val;
+  size_t nnz;
+} row_t;
+
+static row_t example_row(const st_dataset_t* ds, size_t i) {
+  row_t r;
+  if (ds->row_ptr != NULL) {
+    size_t a = ds->row_ptr[i];
+    r.col = ds->col + a;
+    r.val = ds->val + a;
+    r.nnz = ds->row_ptr[i + 1] - a;
+  } else {
+    r.col = NULL;
+    r.val = ds->x + i * ds->dim;
+    r.nnz = ds->dim;
+  }
+  return r;
+}
+
+static inline size_t feature(const row_t* r, size_t k) {
+  return r->col != NULL ? r->col[k] : k;
+}
+
+/* w . x + b, reading w and b relaxed. */
+static float dot(const float* w, float b, const row_t* r) {
+  float z = b;
+  for (size_t k = 0; k < r->nnz; k++)
+    z += load_relaxed(&w[feature(r, k)]) * r->val[k];
+  return z;
+}
+
+/* w -= g * x, b -= g: the example's update of one output. */
+static void axpy(float* w, float* b, float g, const row_t* r) {
+  for (size_t k = 0; k < r->nnz; k++) {
+    float* p = &w[feature(r, k)];
+    store_relaxed(p, load_relaxed(p) - g * r->val[k]);
+  }
+  store_relaxed(b, load_relaxed(b) - g);
+}
+
+/* The logits of a softmax:D-C model for row r into z (C floats), and the
+ * example's cross-entropy against class y. */
+static double softmax_loss(const float* params, size_t D, size_t C,
+                           const row_t* r, size_t y, float* z) {
+  const float* b = params + C * D;
+  float m = -INFINITY;
+  for (size_t c = 0; c < C; c++) {
+    z[c] = dot(params + c * D, load_relaxed(&b[c]), r);
+    if (z[c] > m)
+      m = z[c];
+  }
+  double s = 0;
+  for (size_t c = 0; c < C; c++)
+    s += exp((double) z[c] - m);
+  return (double) m + log(s) - (double) z[y];
+}
+
+/* One SGD update of the model on example i; returns its loss (before the
+ * update), applying nothing when it is not finite. */
+static double update_one(const st_model_spec_t* spec, float* params,
+                         const st_dataset_t* ds, size_t i, float lr, float* z) {
+  row_t r = example_row(ds, i);
+  size_t D = spec->sizes[0];
+  if (spec->kind == ST_MODEL_LINEAR) {
+    float out = dot(params, load_relaxed(&params[D]), &r);
+    double diff = (double) out - (double) ds->y[i];
+    double loss = 0.5 * diff * diff;
+    if (isfinite(loss))
+      axpy(params, &params[D], lr * (float) diff, &r);
+    return loss;
+  }
+  size_t C = spec->sizes[1];
+  size_t y = (size_t) ds->y[i];
+  double loss = softmax_loss(params, D, C, &r, y, z);
+  if (!isfinite(loss))
+    return loss;
+  double lse = loss + (double) z[y];
+  for (size_t c = 0; c < C; c++) {
+    float g = (float) exp((double) z[c] - lse) - (c == y ? 1.0f : 0.0f);
+    if (g != 0)
+      axpy(params + c * D, params + C * D + c, lr * g, &r);
+  }
+  return loss;
+}
+
+/* ---- The pool -------------------------------------------------------------
+ */
+
+/* Part w of the current job. */
+static void run_part(st_hogwild_pool_t* p, uint32_t w) {
+  st_trainer_t* t = p->t;
+  size_t a = p->start + p->rows * w / p->threads;
+  size_t e = p->start + p->rows * (w + 1) / p->threads;
+  size_t C = st_model_spec_classes(&t->cfg.model);
+  float* z = p->logits + (size_t) w * (C > 0 ? C : 1);
+  part_t* out = &p->parts[w];
+  int locked = t->cfg.hogwild == ST_HOGWILD_LOCKED;
+  out->loss = 0;
+  out->bad = 0;
+  for (size_t k = a; k < e; k++) {
+    if (locked)
+      pthread_mutex_lock(&p->update_lock);
+    double loss = update_one(&t->cfg.model, t->model.params, t->train,
+                             t->order[k], p->lr, z);
+    if (locked)
+      pthread_mutex_unlock(&p->update_lock);
+    if (isfinite(loss))
+      out->loss += loss;
+    else
+      out->bad++;
+  }
+}
+
+typedef struct {
+  st_hogwild_pool_t* p;
+  uint32_t w;
+} worker_arg_t;
+
+static void* worker(void* arg) {
+  worker_arg_t a = *(worker_arg_t*) arg;
+  free(arg);
+  st_hogwild_pool_t* p = a.p;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (p->gen == seen && !p->stop)
+      pthread_cond_wait(&p->go, &p->mu);
+    if (p->stop)
+      break;
+    seen = p->gen;
+    pthread_mutex_unlock(&p->mu);
+    run_part(p, a.w);
+    pthread_mutex_lock(&p->mu);
+    if (--p->pending == 0)
+      pthread_cond_signal(&p->done);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+int st__hogwild_check(const st_train_config_t* cfg, const st_backend_t* be,
+                      char* err, size_t err_len) {
+  char model[256];
+  st_model_spec_format(&cfg->model, model, sizeof(model));
+  if (cfg->model.kind == ST_MODEL_MLP) {
+    st_set_err(err, err_len,
+               "--hogwild trains the linear models (softmax:D-C, linear:D-1), "
+               "not %s: its updates touch only an example's own features",
+               model);
+    return -EINVAL;
+  }
+  if (st_backend_kind(be) != ST_BACKEND_CPU) {
+    st_set_err(err, err_len,
+               "--hogwild runs threads on the CPU's memory; use --device cpu "
+               "(this is %s)",
+               st_backend_describe(be));
+    return -EINVAL;
+  }
+  if (cfg->opt.kind != ST_OPT_SGD || cfg->opt.weight_decay != 0 ||
+      cfg->opt.clip_norm != 0) {
+    st_set_err(err, err_len,
+               "--hogwild takes plain SGD steps per example: drop --optimizer "
+               "%s, --momentum, --weight-decay and --clip-norm",
+               st_opt_kind_name(cfg->opt.kind));
+    return -EINVAL;
+  }
+  if (cfg->threads < 1 || cfg->threads > ST_HOGWILD_MAX_THREADS) {
+    st_set_err(err, err_len, "--hogwild: %u threads; want 1 to %d",
+               cfg->threads, ST_HOGWILD_MAX_THREADS);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+void st__hogwild_stop(st_hogwild_pool_t* p) {
+  if (p == NULL)
+    return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+  for (uint32_t i = 0; i < p->started; i++)
+    pthread_join(p->tids[i], NULL);
+  pthread_mutex_destroy(&p->mu);
+  pthread_mutex_destroy(&p->update_lock);
+  pthread_cond_destroy(&p->go);
+  pthread_cond_destroy(&p->done);
+  free(p->tids);
+  free(p->parts);
+  free(p->logits);
+  free(p);
+}
+
+int st__hogwild_start(st_trainer_t* t, st_hogwild_pool_t** out, char* err,
+                      size_t err_len) {
+  uint32_t n = t->cfg.threads;
+  size_t C = st_model_spec_classes(&t->cfg.model);
+  st_hogwild_pool_t* p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return -ENOMEM;
+  p->t = t;
+  p->threads = n;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_mutex_init(&p->update_lock, NULL);
+  pthread_cond_init(&p->go, NULL);
+  pthread_cond_init(&p->done, NULL);
+  p->tids = calloc(n, sizeof(pthread_t));
+  p->parts = calloc(n, sizeof(part_t));
+  p->logits = calloc((size_t) n * (C > 0 ? C : 1), sizeof(float));
+  if (p->tids == NULL || p->parts == NULL || p->logits == NULL) {
+    st__hogwild_stop(p);
+    return -ENOMEM;
+  }
+  for (uint32_t w = 1; w < n; w++) {
+    worker_arg_t* a = malloc(sizeof(*a));
+    int rc = a == NULL ? ENOMEM : 0;
+    if (a != NULL) {
+      a->p = p;
+      a->w = w;
+      rc = pthread_create(&p->tids[p->started], NULL, worker, a);
+      if (rc != 0)
+        free(a);
+    }
+    if (rc != 0) {
+      st_set_err(err, err_len, "--hogwild: cannot start thread %u of %u: %s",
+                 w + 1, n, strerror(rc));
+      st__hogwild_stop(p);
+      return -rc;
+    }
+    p->started++;
+  }
+  *out = p;
+  return 0;
+}
+
+int st__hogwild_step(st_hogwild_pool_t* p, size_t start, size_t rows, float lr,
+                     double* loss) {
+  pthread_mutex_lock(&p->mu);
+  p->start = start;
+  p->rows = rows;
+  p->lr = lr;
+  p->pending = p->threads - 1;
+  p->gen++;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+  run_part(p, 0);
+  pthread_mutex_lock(&p->mu);
+  while (p->pending > 0)
+    pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+  double sum = 0;
+  size_t bad = 0;
+  for (uint32_t w = 0; w < p->threads; w++) {
+    sum += p->parts[w].loss;
+    bad += p->parts[w].bad;
+  }
+  *loss = bad > 0 ? NAN : sum / (double) rows;
+  return bad > 0 ? -EDOM : 0;
+}
+
+/* ---- Evaluation of sparse data on a linear model ------------------------ */
+
+bool st__rowwise_eval(const st_model_spec_t* spec, const st_backend_t* be,
+                      const st_dataset_t* ds) {
+  return st_dataset_is_sparse(ds) && spec->kind != ST_MODEL_MLP &&
+         st_backend_kind(be) == ST_BACKEND_CPU;
+}
+
+int st__rowwise_evaluate(const st_model_spec_t* spec, const float* params,
+                         const st_dataset_t* ds, size_t start, size_t rows,
+                         double* loss_sum, size_t* correct, float* out) {
+  size_t D = spec->sizes[0], C = st_model_spec_classes(spec);
+  float* z = malloc((C > 0 ? C : 1) * sizeof(float));
+  if (z == NULL)
+    return -ENOMEM;
+  for (size_t i = start; i < start + rows; i++) {
+    row_t r = example_row(ds, i);
+    if (C == 0) {
+      float o = dot(params, params[D], &r);
+      double diff = (double) o - (double) ds->y[i];
+      if (loss_sum != NULL)
+        *loss_sum += 0.5 * diff * diff;
+      if (out != NULL)
+        out[i - start] = o;
+      continue;
+    }
+    size_t y = (size_t) ds->y[i];
+    double loss = softmax_loss(params, D, C, &r, y < C ? y : 0, z);
+    if (loss_sum != NULL)
+      *loss_sum += loss;
+    size_t best = 0;
+    for (size_t c = 1; c < C; c++)
+      if (z[c] > z[best])
+        best = c; /* ties keep the lowest index, as cpu_argmax_correct */
+    if (correct != NULL)
+      *correct += best == y;
+    if (out != NULL) {
+      double lse = loss + (double) z[y < C ? y : 0];
+      for (size_t c = 0; c < C; c++)
+        out[(i - start) * C + c] = (float) exp((double) z[c] - lse);
+    }
+  }
+  free(z);
+  return 0;
+}
