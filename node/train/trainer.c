@@ -72,6 +72,37 @@ static int check_fit(const st_dataset_t* ds, const st_model_spec_t* spec,
   return 0;
 }
 
+/* The indices of the trainer's shard of train into t->shard. */
+static int take_shard(st_trainer_t* t, const st_dataset_t* train,
+                      const st_train_config_t* cfg, char* err, size_t err_len) {
+  int rc;
+  if (train->shard_n > 1) {
+    /* The data holds our shard already (st_data_options_t), in the order
+     * of the file: its rows are the shard's indices, one for one, so the
+     * epochs see the batches they would over the whole set. */
+    if (train->shard_k != cfg->shard_k || train->shard_n != cfg->shard_n) {
+      st_set_err(err, err_len,
+                 "%s was loaded as shard %u/%u, but training wants shard "
+                 "%u/%u",
+                 train->source, train->shard_k, train->shard_n, cfg->shard_k,
+                 cfg->shard_n);
+      return -EINVAL;
+    }
+    rc = st_shard_indices(train->n, 0, 1, &t->shard, &t->shard_count);
+  } else {
+    rc = st_shard_indices(train->n, cfg->shard_k, cfg->shard_n, &t->shard,
+                          &t->shard_count);
+  }
+  if (rc != 0)
+    return rc;
+  if (t->shard_count == 0) {
+    st_set_err(err, err_len, "shard %u/%u of %s is empty (%zu examples)",
+               cfg->shard_k, cfg->shard_n, train->source, train->n);
+    return -EINVAL;
+  }
+  return 0;
+}
+
 int st_trainer_init(st_trainer_t* t, st_backend_t* be,
                     const st_dataset_t* train, const st_train_config_t* cfg,
                     char* err, size_t err_len) {
@@ -90,32 +121,9 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
   t->be = be;
   t->train = train;
   t->cfg = *cfg;
-  if (train->shard_n > 1) {
-    /* The data holds our shard already (st_data_options_t), in the order
-     * of the file: its rows are the shard's indices, one for one, so the
-     * epochs see the batches they would over the whole set. */
-    if (train->shard_k != cfg->shard_k || train->shard_n != cfg->shard_n) {
-      st_set_err(err, err_len,
-                 "%s was loaded as shard %u/%u, but training wants shard "
-                 "%u/%u",
-                 train->source, train->shard_k, train->shard_n, cfg->shard_k,
-                 cfg->shard_n);
-      rc = -EINVAL;
-      goto fail;
-    }
-    rc = st_shard_indices(train->n, 0, 1, &t->shard, &t->shard_count);
-  } else {
-    rc = st_shard_indices(train->n, cfg->shard_k, cfg->shard_n, &t->shard,
-                          &t->shard_count);
-  }
+  rc = take_shard(t, train, cfg, err, err_len);
   if (rc != 0)
     goto fail;
-  if (t->shard_count == 0) {
-    st_set_err(err, err_len, "shard %u/%u of %s is empty (%zu examples)",
-               cfg->shard_k, cfg->shard_n, train->source, train->n);
-    rc = -EINVAL;
-    goto fail;
-  }
   t->steps_per_epoch = (t->shard_count + cfg->batch - 1) / cfg->batch;
   if (t->cfg.sched.total_steps == 0)
     t->cfg.sched.total_steps = (uint64_t) t->steps_per_epoch * cfg->epochs;
