@@ -11,7 +11,15 @@
  * then lost; on sparse data an example touches few weights, collisions are
  * rare, and the paper proves the rate of convergence is kept. The loads
  * and stores are relaxed atomics, so that the races are defined behaviour
- * in C11 and compile to plain moves. ST_HOGWILD_LOCKED takes one mutex
+ * in C11 and compile to plain moves.
+ *
+ * The biases are the exception: every example writes all of them, so
+ * shared they would bounce one cache line between the cores at every
+ * example, and two threads ran slower than one. With several lock-free
+ * threads each keeps its own change to the biases during a step (reading
+ * the shared value plus its own change) and the changes are added to the
+ * shared biases when the step ends: a delayed update of the one dense part
+ * of the model. ST_HOGWILD_LOCKED takes one mutex
  * around each example's read-compute-write instead: the serial SGD that
  * HogWild is measured against, on the same threads.
  *
@@ -54,8 +62,26 @@ struct st_hogwild_pool_s {
   float lr;
   pthread_mutex_t update_lock; /* ST_HOGWILD_LOCKED */
   part_t* parts;               /* threads */
-  float* logits;               /* threads x classes scratch */
+  float* logits;               /* threads x outputs scratch */
+  float* bias_delta;           /* threads x outputs: each thread's change to the
+                                  biases in this step; NULL when the biases are
+                                  updated in place (one thread, or locked) */
+  size_t outputs;
+  size_t stride; /* floats between two threads' rows of logits and
+                    bias_delta: outputs rounded up to a cache line, so
+                    that no two threads write one line */
 };
+
+const char* st_hogwild_name(st_hogwild_t mode) {
+  switch (mode) {
+    case ST_HOGWILD_LOCKFREE:
+      return "lock-free";
+    case ST_HOGWILD_LOCKED:
+      return "locked";
+    default:
+      return "off";
+  }
+}
 
 /* ---- Relaxed atomic access to the shared parameters ---------------------- */
 
@@ -107,23 +133,39 @@ static float dot(const float* w, float b, const row_t* r) {
   return z;
 }
 
-/* w -= g * x, b -= g: the example's update of one output. */
-static void axpy(float* w, float* b, float g, const row_t* r) {
+/* w -= g * x: the example's update of one output's weights. */
+static void axpy(float* w, float g, const row_t* r) {
   for (size_t k = 0; k < r->nnz; k++) {
     float* p = &w[feature(r, k)];
     store_relaxed(p, load_relaxed(p) - g * r->val[k]);
   }
-  store_relaxed(b, load_relaxed(b) - g);
 }
 
-/* The logits of a softmax:D-C model for row r into z (C floats), and the
- * example's cross-entropy against class y. */
-static double softmax_loss(const float* params, size_t D, size_t C,
-                           const row_t* r, size_t y, float* z) {
-  const float* b = params + C * D;
+/* The biases of one thread: the shared ones b, plus its own change bd in
+ * this step when it keeps one (bd NULL: b is updated in place). */
+typedef struct {
+  float* b;
+  float* bd;
+} bias_t;
+
+static inline float bias_get(const bias_t* bs, size_t c) {
+  return load_relaxed(&bs->b[c]) + (bs->bd != NULL ? bs->bd[c] : 0.0f);
+}
+
+static inline void bias_sub(const bias_t* bs, size_t c, float g) {
+  if (bs->bd != NULL)
+    bs->bd[c] -= g;
+  else
+    store_relaxed(&bs->b[c], load_relaxed(&bs->b[c]) - g);
+}
+
+/* The logits of a softmax:D-C model (biases bs) for row r into z (C
+ * floats), and the example's cross-entropy against class y. */
+static double softmax_loss(const float* params, const bias_t* bs, size_t D,
+                           size_t C, const row_t* r, size_t y, float* z) {
   float m = -INFINITY;
   for (size_t c = 0; c < C; c++) {
-    z[c] = dot(params + c * D, load_relaxed(&b[c]), r);
+    z[c] = dot(params + c * D, bias_get(bs, c), r);
     if (z[c] > m)
       m = z[c];
   }
@@ -136,29 +178,39 @@ static double softmax_loss(const float* params, size_t D, size_t C,
 /* One SGD update of the model on example i; returns its loss (before the
  * update), applying nothing when it is not finite. */
 static double update_one(const st_model_spec_t* spec, float* params,
-                         const st_dataset_t* ds, size_t i, float lr, float* z) {
+                         const bias_t* bs, const st_dataset_t* ds, size_t i,
+                         float lr, float* z) {
   row_t r = example_row(ds, i);
   size_t D = spec->sizes[0];
   if (spec->kind == ST_MODEL_LINEAR) {
-    float out = dot(params, load_relaxed(&params[D]), &r);
+    float out = dot(params, bias_get(bs, 0), &r);
     double diff = (double) out - (double) ds->y[i];
     double loss = 0.5 * diff * diff;
-    if (isfinite(loss))
-      axpy(params, &params[D], lr * (float) diff, &r);
+    if (isfinite(loss)) {
+      axpy(params, lr * (float) diff, &r);
+      bias_sub(bs, 0, lr * (float) diff);
+    }
     return loss;
   }
   size_t C = spec->sizes[1];
   size_t y = (size_t) ds->y[i];
-  double loss = softmax_loss(params, D, C, &r, y, z);
+  double loss = softmax_loss(params, bs, D, C, &r, y, z);
   if (!isfinite(loss))
     return loss;
   double lse = loss + (double) z[y];
   for (size_t c = 0; c < C; c++) {
     float g = (float) exp((double) z[c] - lse) - (c == y ? 1.0f : 0.0f);
-    if (g != 0)
-      axpy(params + c * D, params + C * D + c, lr * g, &r);
+    if (g != 0) {
+      axpy(params + c * D, lr * g, &r);
+      bias_sub(bs, c, lr * g);
+    }
   }
   return loss;
+}
+
+/* Where the model's biases are: after the weights (outputs x inputs). */
+static float* biases(const st_trainer_t* t) {
+  return t->model.params + t->cfg.model.sizes[0] * t->cfg.model.sizes[1];
 }
 
 /* ---- The pool -------------------------------------------------------------
@@ -169,24 +221,27 @@ static void run_part(st_hogwild_pool_t* p, uint32_t w) {
   st_trainer_t* t = p->t;
   size_t a = p->start + p->rows * w / p->threads;
   size_t e = p->start + p->rows * (w + 1) / p->threads;
-  size_t C = st_model_spec_classes(&t->cfg.model);
-  float* z = p->logits + (size_t) w * (C > 0 ? C : 1);
-  part_t* out = &p->parts[w];
+  float* z = p->logits + (size_t) w * p->stride;
+  bias_t bs = {biases(t), p->bias_delta != NULL
+                              ? p->bias_delta + (size_t) w * p->stride
+                              : NULL};
+  double loss_sum = 0;
+  size_t bad = 0;
   int locked = t->cfg.hogwild == ST_HOGWILD_LOCKED;
-  out->loss = 0;
-  out->bad = 0;
   for (size_t k = a; k < e; k++) {
     if (locked)
       pthread_mutex_lock(&p->update_lock);
-    double loss = update_one(&t->cfg.model, t->model.params, t->train,
+    double loss = update_one(&t->cfg.model, t->model.params, &bs, t->train,
                              t->order[k], p->lr, z);
     if (locked)
       pthread_mutex_unlock(&p->update_lock);
     if (isfinite(loss))
-      out->loss += loss;
+      loss_sum += loss;
     else
-      out->bad++;
+      bad++;
   }
+  p->parts[w].loss = loss_sum;
+  p->parts[w].bad = bad;
 }
 
 typedef struct {
@@ -266,26 +321,41 @@ void st__hogwild_stop(st_hogwild_pool_t* p) {
   free(p->tids);
   free(p->parts);
   free(p->logits);
+  free(p->bias_delta);
   free(p);
+}
+
+/* count zeroed floats on whole cache lines of their own (count a multiple
+ * of 16), so that each thread's stride of them shares no line. */
+static void* lines_alloc(size_t count) {
+  void* p = aligned_alloc(64, count * sizeof(float));
+  if (p != NULL)
+    memset(p, 0, count * sizeof(float));
+  return p;
 }
 
 int st__hogwild_start(st_trainer_t* t, st_hogwild_pool_t** out, char* err,
                       size_t err_len) {
   uint32_t n = t->cfg.threads;
-  size_t C = st_model_spec_classes(&t->cfg.model);
   st_hogwild_pool_t* p = calloc(1, sizeof(*p));
   if (p == NULL)
     return -ENOMEM;
   p->t = t;
   p->threads = n;
+  p->outputs = t->cfg.model.sizes[1];
+  p->stride = (p->outputs + 15) / 16 * 16;
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_init(&p->update_lock, NULL);
   pthread_cond_init(&p->go, NULL);
   pthread_cond_init(&p->done, NULL);
   p->tids = calloc(n, sizeof(pthread_t));
-  p->parts = calloc(n, sizeof(part_t));
-  p->logits = calloc((size_t) n * (C > 0 ? C : 1), sizeof(float));
-  if (p->tids == NULL || p->parts == NULL || p->logits == NULL) {
+  p->parts = lines_alloc(n * (sizeof(part_t) / sizeof(float)));
+  p->logits = lines_alloc((size_t) n * p->stride);
+  int delayed = n > 1 && t->cfg.hogwild == ST_HOGWILD_LOCKFREE;
+  if (delayed)
+    p->bias_delta = lines_alloc((size_t) n * p->stride);
+  if (p->tids == NULL || p->parts == NULL || p->logits == NULL ||
+      (delayed && p->bias_delta == NULL)) {
     st__hogwild_stop(p);
     return -ENOMEM;
   }
@@ -332,6 +402,14 @@ int st__hogwild_step(st_hogwild_pool_t* p, size_t start, size_t rows, float lr,
     sum += p->parts[w].loss;
     bad += p->parts[w].bad;
   }
+  if (p->bias_delta != NULL) { /* the threads' changes to the biases */
+    float* b = biases(p->t);
+    for (uint32_t w = 0; w < p->threads; w++)
+      for (size_t c = 0; c < p->outputs; c++) {
+        b[c] += p->bias_delta[(size_t) w * p->stride + c];
+        p->bias_delta[(size_t) w * p->stride + c] = 0;
+      }
+  }
   *loss = bad > 0 ? NAN : sum / (double) rows;
   return bad > 0 ? -EDOM : 0;
 }
@@ -363,7 +441,8 @@ int st__rowwise_evaluate(const st_model_spec_t* spec, const float* params,
       continue;
     }
     size_t y = (size_t) ds->y[i];
-    double loss = softmax_loss(params, D, C, &r, y < C ? y : 0, z);
+    bias_t bs = {(float*) params + C * D, NULL};
+    double loss = softmax_loss(params, &bs, D, C, &r, y < C ? y : 0, z);
     if (loss_sum != NULL)
       *loss_sum += loss;
     size_t best = 0;

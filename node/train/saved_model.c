@@ -285,8 +285,14 @@ int st_saved_model_prepare(const st_saved_model_t* sm, st_dataset_t* ds,
       v[i] = (float) ((double) v[i] * from / sm->input_scale);
     ds->input_scale = sm->input_scale;
   }
-  if (sm->norm_len == 0)
-    return 0; /* trained on data as loaded (libsvm) */
+  /* Data that was not normalized (the identity, mean 0 and std 1: libsvm
+   * sets, --no-normalize) is used as loaded, sparse or not; (x - 0) / 1 is
+   * x to the bit anyway. */
+  int identity = 1;
+  for (size_t j = 0; j < sm->norm_len; j++)
+    identity &= sm->norm_mean[j] == 0.0f && sm->norm_std[j] == 1.0f;
+  if (identity)
+    return 0;
   return st_dataset_normalize(ds, sm->norm_mean, sm->norm_std, sm->norm_len,
                               err, err_len);
 }

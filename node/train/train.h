@@ -265,6 +265,9 @@ typedef enum {
                           the reference HogWild is measured against */
 } st_hogwild_t;
 
+/* "off", "lock-free" or "locked". */
+const char* st_hogwild_name(st_hogwild_t mode);
+
 typedef struct {
   st_model_spec_t model;
   st_opt_config_t opt;

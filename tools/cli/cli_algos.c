@@ -218,6 +218,14 @@ int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
   int rc = st_data_open(&d, a->data, &opt, err, err_len);
   if (rc != 0)
     return rc;
+  if (st_dataset_is_sparse(&d.train)) {
+    st_set_err(err, err_len,
+               "%s is sparse (libsvm): k-means and least squares read dense "
+               "data (csv:, idx:, fashion-mnist)",
+               d.train.source);
+    st_data_close(&d);
+    return -EINVAL;
+  }
   *ds = d.train; /* taken over */
   memset(&d.train, 0, sizeof(d.train));
   st_data_close(&d);

@@ -249,6 +249,11 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
   fprintf(f,
           ", \"epochs\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"batch\": %zu",
           t->epoch, t->step, t->cfg.batch);
+  if (t->cfg.hogwild != ST_HOGWILD_OFF)
+    fprintf(f, ", \"hogwild\": \"%s\", \"hogwild_threads\": %u",
+            st_hogwild_name(t->cfg.hogwild), t->cfg.threads);
+  else
+    fprintf(f, ", \"hogwild\": null, \"hogwild_threads\": null");
   /* Without a test set the evaluation ran on the training set: say so in
    * the key names rather than pass training accuracy off as test accuracy. */
   if (strcmp(eval_name, "test") != 0)
@@ -377,6 +382,12 @@ static int open_run(const train_args_t* a, FILE* log, st_data_t* data,
           model, t->model.n_params, st_opt_kind_name(a->f.cfg.opt.kind),
           t->shard_count, a->f.cfg.shard_k, a->f.cfg.shard_n, data->train.total,
           data->test.n, t->steps_per_epoch);
+  if (a->f.cfg.hogwild != ST_HOGWILD_OFF)
+    fprintf(log,
+            "hogwild: %u threads, %s: one SGD step per example at --lr, %zu "
+            "examples a step\n",
+            a->f.cfg.threads, st_hogwild_name(a->f.cfg.hogwild),
+            a->f.cfg.batch);
   return 0;
 }
 

@@ -25,9 +25,18 @@ import numpy as np
 
 def examples(rng, n, dim, nnz, weights, noise, popularity):
     """n rows: (sorted feature indices, values, label)."""
+    # Draw 3 * nnz candidates per row from the popularity's CDF and keep
+    # the first nnz distinct ones; the rare row with too few is redrawn.
+    cdf = np.cumsum(popularity)
+    cand = np.searchsorted(cdf, rng.uniform(0, cdf[-1], size=(n, 3 * nnz)))
+    cand = np.minimum(cand, dim - 1)
     idx = np.empty((n, nnz), dtype=np.int64)
     for i in range(n):
-        idx[i] = np.sort(rng.choice(dim, size=nnz, replace=False, p=popularity))
+        _, first = np.unique(cand[i], return_index=True)
+        if len(first) >= nnz:
+            idx[i] = np.sort(cand[i][np.sort(first)[:nnz]])
+        else:
+            idx[i] = np.sort(rng.choice(dim, size=nnz, replace=False, p=popularity))
     val = rng.uniform(0.5, 1.5, size=(n, nnz))
     val /= np.linalg.norm(val, axis=1, keepdims=True)
     scores = np.einsum("nk,cnk->nc", val, weights[:, idx])
