@@ -157,6 +157,8 @@ static int take_feature(lsvm_t* s, const char* tok, const char* end,
   double v;
   if (parse_number(colon + 1, end, &v) != 0)
     return bad(s, "a feature value is not a finite number:", tok, len);
+  if (index > s->max_index) /* a trailing "D:0" still sets the width */
+    s->max_index = index;
   if (v == 0)
     return 0;
   if (s->nnz == s->cap_nnz) {
@@ -167,8 +169,6 @@ static int take_feature(lsvm_t* s, const char* tok, const char* end,
   s->col[s->nnz] = (uint32_t) (index - 1);
   s->val[s->nnz] = (float) v;
   s->nnz++;
-  if (index > s->max_index)
-    s->max_index = index;
   return 0;
 }
 

@@ -16,10 +16,14 @@
  * The biases are the exception: every example writes all of them, so
  * shared they would bounce one cache line between the cores at every
  * example, and two threads ran slower than one. With several lock-free
- * threads each keeps its own change to the biases during a step (reading
- * the shared value plus its own change) and the changes are added to the
- * shared biases when the step ends: a delayed update of the one dense part
- * of the model. ST_HOGWILD_LOCKED takes one mutex
+ * threads each keeps its own change to the biases (reading the shared
+ * value plus its own change) and adds it to the shared biases every
+ * ST__BIAS_FLUSH examples, with a compare-and-swap so that no flush is
+ * lost. Keeping the change for a whole step instead made the threads'
+ * bias corrections overshoot (each blind to the others' for B/T
+ * examples): the loss ended 16-32% above the locked run's at batch 256 on
+ * 4 threads, against 0.3% at most flushing every 8. ST_HOGWILD_LOCKED
+ * takes one mutex
  * around each example's read-compute-write instead: the serial SGD that
  * HogWild is measured against, on the same threads.
  *
@@ -37,8 +41,12 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Examples between two flushes of a thread's change to the biases. */
+#define ST__BIAS_FLUSH 8
 
 /* One thread's results, padded to its own cache line. */
 typedef struct {
@@ -64,8 +72,9 @@ struct st_hogwild_pool_s {
   part_t* parts;               /* threads */
   float* logits;               /* threads x outputs scratch */
   float* bias_delta;           /* threads x outputs: each thread's change to the
-                                  biases in this step; NULL when the biases are
-                                  updated in place (one thread, or locked) */
+                                  biases since its last flush; NULL when the
+                                  biases are updated in place (one thread, or
+                                  locked) */
   size_t outputs;
   size_t stride; /* floats between two threads' rows of logits and
                     bias_delta: outputs rounded up to a cache line, so
@@ -159,6 +168,22 @@ static inline void bias_sub(const bias_t* bs, size_t c, float g) {
     store_relaxed(&bs->b[c], load_relaxed(&bs->b[c]) - g);
 }
 
+/* Adds the thread's change to the shared biases (n of them) and clears
+ * it: a compare-and-swap per bias, so that two threads flushing at once
+ * both count. */
+static void bias_flush(const bias_t* bs, size_t n) {
+  if (bs->bd == NULL)
+    return;
+  for (size_t c = 0; c < n; c++) {
+    float cur = load_relaxed(&bs->b[c]), next;
+    do
+      next = cur + bs->bd[c];
+    while (!__atomic_compare_exchange(&bs->b[c], &cur, &next, true,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    bs->bd[c] = 0;
+  }
+}
+
 /* The logits of a softmax:D-C model (biases bs) for row r into z (C
  * floats), and the example's cross-entropy against class y. */
 static double softmax_loss(const float* params, const bias_t* bs, size_t D,
@@ -239,7 +264,10 @@ static void run_part(st_hogwild_pool_t* p, uint32_t w) {
       loss_sum += loss;
     else
       bad++;
+    if ((k - a) % ST__BIAS_FLUSH == ST__BIAS_FLUSH - 1)
+      bias_flush(&bs, p->outputs);
   }
+  bias_flush(&bs, p->outputs);
   p->parts[w].loss = loss_sum;
   p->parts[w].bad = bad;
 }
@@ -289,12 +317,17 @@ int st__hogwild_check(const st_train_config_t* cfg, const st_backend_t* be,
                st_backend_describe(be));
     return -EINVAL;
   }
-  if (cfg->opt.kind != ST_OPT_SGD || cfg->opt.weight_decay != 0 ||
-      cfg->opt.clip_norm != 0) {
+  char what[64] = "";
+  if (cfg->opt.kind != ST_OPT_SGD)
+    snprintf(what, sizeof what, "--optimizer %s (and --momentum)",
+             st_opt_kind_name(cfg->opt.kind));
+  else if (cfg->opt.weight_decay != 0)
+    snprintf(what, sizeof what, "--weight-decay");
+  else if (cfg->opt.clip_norm != 0)
+    snprintf(what, sizeof what, "--clip-norm");
+  if (what[0] != '\0') {
     st_set_err(err, err_len,
-               "--hogwild takes plain SGD steps per example: drop --optimizer "
-               "%s, --momentum, --weight-decay and --clip-norm",
-               st_opt_kind_name(cfg->opt.kind));
+               "--hogwild takes plain SGD steps per example: drop %s", what);
     return -EINVAL;
   }
   if (cfg->threads < 1 || cfg->threads > ST_HOGWILD_MAX_THREADS) {
@@ -401,14 +434,6 @@ int st__hogwild_step(st_hogwild_pool_t* p, size_t start, size_t rows, float lr,
   for (uint32_t w = 0; w < p->threads; w++) {
     sum += p->parts[w].loss;
     bad += p->parts[w].bad;
-  }
-  if (p->bias_delta != NULL) { /* the threads' changes to the biases */
-    float* b = biases(p->t);
-    for (uint32_t w = 0; w < p->threads; w++)
-      for (size_t c = 0; c < p->outputs; c++) {
-        b[c] += p->bias_delta[(size_t) w * p->stride + c];
-        p->bias_delta[(size_t) w * p->stride + c] = 0;
-      }
   }
   *loss = bad > 0 ? NAN : sum / (double) rows;
   return bad > 0 ? -EDOM : 0;

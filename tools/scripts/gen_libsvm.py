@@ -4,14 +4,15 @@ format, for HogWild's tests and benchmark (docs/training.md, "Sparse data
 and HogWild").
 
 Like a bag-of-words set: each example names --nnz features drawn from
---dim with a Zipf-like popularity (a few frequent features, a long tail),
+--dim with a Zipf-like popularity (feature of rank r drawn in proportion to
+1 / r^--zipf: a few frequent features, a long tail; --zipf 0: uniform),
 values positive and scaled so each row has unit norm; its class is the
 argmax of a planted linear model's scores plus Gumbel noise (--noise), so
 the classes overlap and a linear model cannot reach zero loss. Seeded,
 so the same arguments write the same files.
 
     gen_libsvm.py OUT_PREFIX [--train N] [--test N] [--dim D] [--nnz K]
-                  [--classes C] [--noise S] [--seed S]
+                  [--classes C] [--noise S] [--zipf S] [--seed S]
 
 writes OUT_PREFIX.train and OUT_PREFIX.test and prints one line of JSON
 (paths, sizes).
@@ -62,13 +63,14 @@ def main():
     p.add_argument("--nnz", type=int, default=20)
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--noise", type=float, default=0.5)
+    p.add_argument("--zipf", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     if not (0 < a.nnz <= a.dim and a.classes >= 2 and a.train > 0 and a.test > 0):
         sys.exit("gen_libsvm.py: want 0 < nnz <= dim, classes >= 2, train, test > 0")
     rng = np.random.default_rng(a.seed)
     rank = np.arange(1, a.dim + 1, dtype=np.float64)
-    popularity = 1.0 / rank**0.8
+    popularity = 1.0 / rank**a.zipf
     popularity /= popularity.sum()
     popularity = popularity[rng.permutation(a.dim)]
     weights = rng.normal(size=(a.classes, a.dim)) * 3.0
