@@ -278,6 +278,11 @@ static int forward(st_model_t* m, size_t rows) {
 }
 
 int st_model_step(st_model_t* m, size_t rows, double* loss) {
+  return st_model_step_hooked(m, rows, loss, NULL, NULL);
+}
+
+int st_model_step_hooked(st_model_t* m, size_t rows, double* loss,
+                         void (*layer_done)(void* arg, int layer), void* arg) {
   if (rows == 0 || rows > m->max_batch)
     return -EINVAL;
   const st_model_spec_t* s = &m->spec;
@@ -312,6 +317,8 @@ int st_model_step(st_model_t* m, size_t rows, double* loss) {
                  0.0f, m->grads + m->w_off[l], in);
     if (rc == 0)
       rc = st_bias_grad(m->be, m->grads + m->b_off[l], delta, rows, out);
+    if (rc == 0 && layer_done != NULL)
+      layer_done(arg, l);
     if (rc == 0 && l > 0) {
       rc = st_gemm(m->be, 0, 0, rows, in, out, 1.0f, delta, out,
                    m->params + m->w_off[l], in, 0.0f, next, in);

@@ -106,6 +106,16 @@ float* st_model_targets(st_model_t* m);
  * 1 <= rows <= max_batch. */
 int st_model_step(st_model_t* m, size_t rows, double* loss);
 
+/* The same, calling layer_done(arg, l) as soon as layer l's gradient (W_l
+ * and b_l, the floats [w_off[l], b_off[l] + sizes[l + 1]) of m->grads) is
+ * written, from the last layer down to layer 0, while the rest of the
+ * backward pass is still to run: so that a caller can start sending it
+ * (synchronous data-parallel SGD's buckets). On a device backend the
+ * gradient is issued, not finished: read it with st_copy_to_host, which
+ * waits. layer_done may be NULL. */
+int st_model_step_hooked(st_model_t* m, size_t rows, double* loss,
+                         void (*layer_done)(void* arg, int layer), void* arg);
+
 /* Forward pass only: adds the batch's summed loss to *loss_sum and, for
  * classifiers, its number of correct predictions to *correct. */
 int st_model_eval(st_model_t* m, size_t rows, double* loss_sum,

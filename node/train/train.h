@@ -328,6 +328,20 @@ void st_trainer_close(st_trainer_t* t);
  * when the loss or the gradient is not finite. */
 int st_trainer_step(st_trainer_t* t, double* loss);
 
+/* st_trainer_step in two halves, for synchronous data-parallel SGD, which
+ * averages the gradient over the members between them (`starling train
+ * --sync`). st_trainer_gradient: the next batch's forward and backward
+ * pass, the gradient left in t->model.grads (layer_done and arg as
+ * st_model_step_hooked; may be NULL), -EDOM when the loss is not finite.
+ * st_trainer_apply: the optimizer's step with t->model.grads, then the
+ * position moves on, as st_trainer_step. st_trainer_skip: the position
+ * moves on with nothing applied (a step dropped on every member). Not for
+ * HogWild trainers (-EINVAL). */
+int st_trainer_gradient(st_trainer_t* t, double* loss,
+                        void (*layer_done)(void* arg, int layer), void* arg);
+int st_trainer_apply(st_trainer_t* t);
+void st_trainer_skip(st_trainer_t* t);
+
 /* Moves the trainer to global step `step`, as if it had run `step` steps
  * from the start: epoch = step / steps_per_epoch, pos = step %
  * steps_per_epoch, the epoch's order recomputed from (seed, epoch), and the

@@ -228,11 +228,11 @@ static void advance(st_trainer_t* t, double lr) {
 }
 
 int st_trainer_step(st_trainer_t* t, double* loss) {
-  size_t start = t->pos * t->cfg.batch;
-  size_t rows = t->shard_count - start;
-  if (rows > t->cfg.batch)
-    rows = t->cfg.batch;
   if (t->pool != NULL) {
+    size_t start = t->pos * t->cfg.batch;
+    size_t rows = t->shard_count - start;
+    if (rows > t->cfg.batch)
+      rows = t->cfg.batch;
     double lr = st_schedule_lr(&t->cfg.sched, t->step), mean = 0;
     int rc = st__hogwild_step(t->pool, start, rows, (float) lr, &mean);
     if (loss != NULL)
@@ -242,12 +242,24 @@ int st_trainer_step(st_trainer_t* t, double* loss) {
     advance(t, lr);
     return 0;
   }
+  int rc = st_trainer_gradient(t, loss, NULL, NULL);
+  return rc != 0 ? rc : st_trainer_apply(t);
+}
+
+int st_trainer_gradient(st_trainer_t* t, double* loss,
+                        void (*layer_done)(void* arg, int layer), void* arg) {
+  if (t->pool != NULL)
+    return -EINVAL;
+  size_t start = t->pos * t->cfg.batch;
+  size_t rows = t->shard_count - start;
+  if (rows > t->cfg.batch)
+    rows = t->cfg.batch;
   int rc = load_batch(t, t->train, t->order + start, rows, 0);
   if (rc != 0)
     return rc;
-
   double batch_loss = 0;
-  rc = st_model_step(&t->model, rows, loss ? &batch_loss : NULL);
+  rc = st_model_step_hooked(&t->model, rows, loss ? &batch_loss : NULL,
+                            layer_done, arg);
   if (rc != 0)
     return rc;
   if (loss != NULL) {
@@ -257,16 +269,26 @@ int st_trainer_step(st_trainer_t* t, double* loss) {
     if (!isfinite(batch_loss))
       return -EDOM;
   }
+  return 0;
+}
+
+int st_trainer_apply(st_trainer_t* t) {
+  if (t->pool != NULL)
+    return -EINVAL;
   double lr = st_schedule_lr(&t->cfg.sched, t->step);
   double gnorm = 0;
-  rc = st_optim_step(&t->optim, t->model.params, t->model.grads, (float) lr,
-                     t->cfg.opt.clip_norm > 0 ? &gnorm : NULL);
+  int rc = st_optim_step(&t->optim, t->model.params, t->model.grads, (float) lr,
+                         t->cfg.opt.clip_norm > 0 ? &gnorm : NULL);
   if (rc != 0)
     return rc;
   if (t->cfg.opt.clip_norm > 0 && !isfinite(gnorm))
     return -EDOM;
   advance(t, lr);
   return 0;
+}
+
+void st_trainer_skip(st_trainer_t* t) {
+  advance(t, st_schedule_lr(&t->cfg.sched, t->step));
 }
 
 int st_trainer_set_position(st_trainer_t* t, uint64_t step) {

@@ -228,6 +228,40 @@ int st__train_flags_finish(const char* cmd, st__train_flags_t* f);
  * so that a command prints its own running options next. */
 void st__train_flags_usage(FILE* out);
 
+/* ==== Synchronous SGD (cli_train_sync.c) =================================
+ *
+ * `starling train --sync`: the built-in trainer's gradient averaged over
+ * the members every step through the local node's collectives. */
+
+typedef struct st__sync_s st__sync_t;
+
+typedef struct {
+  uint64_t steps;        /* steps whose gradients were averaged */
+  uint64_t failed_steps; /* steps dropped by a failure */
+  uint64_t reforms;      /* times the group re-formed */
+  size_t size, rank;     /* the group now, and this member's rank */
+} st__sync_stats_t;
+
+/* Opens a communicator on the node at socket; the members of group (NULL:
+ * every member alive now, then kept as that list) check that they train
+ * alike (the model, batch, epochs, optimizer, rate, schedule, shard count:
+ * a difference is an error naming it), agree on the fewest steps per
+ * epoch (set in t), and take rank 0's parameters. *out is set even on
+ * failure (close it). err names what failed. */
+int st__sync_open(st__sync_t** out, const char* socket, const char* group,
+                  double timeout_s, st_trainer_t* t, FILE* log, char* err,
+                  size_t err_len);
+/* One step: the gradient (its buckets all-reduced as backward writes
+ * them), then the optimizer's step. 0: applied; 1: dropped on every member
+ * and the group re-formed from the survivors (logged); -EDOM: the loss is
+ * not finite; another negative errno: the node went away, or the group
+ * could not re-form (said on stderr). */
+int st__sync_step(st__sync_t* s, st_trainer_t* t, double* loss);
+void st__sync_info(const st__sync_t* s, st__sync_stats_t* st);
+/* Stops the communication thread and closes the communicator; NULL is
+ * fine. */
+void st__sync_close(st__sync_t* s);
+
 /* ==== Algorithms over the cluster (cli_kmeans.c, cli_lstsq.c; shared
  * parts in cli_algos.c) ======================================================
  *

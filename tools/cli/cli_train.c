@@ -81,12 +81,34 @@ static void usage(FILE* f) {
       "0: every\n"
       "                       step), or a line every N steps (500steps)\n"
       "  --json               print the results as one JSON object on stdout\n"
+      "\n"
+      "Synchronous data-parallel SGD (every member runs this next to its "
+      "node):\n"
+      "  --sync               every step applies the mean gradient of the "
+      "group's\n"
+      "                       members (each on its own --shard K/N): N "
+      "members of\n"
+      "                       batch b step as one process of batch N*b; a "
+      "member\n"
+      "                       that fails is dropped and the rest go on\n"
+      "  --data-dir DIR       the node's data directory (its control "
+      "socket)\n"
+      "  --socket PATH        or the node's control socket itself\n"
+      "  --group LIST         the members, comma-separated ids (default: "
+      "every\n"
+      "                       member alive at the start)\n"
+      "  --sync-timeout S     seconds an all-reduce may wait before the step "
+      "fails\n"
+      "                       (default 60)\n"
       "  -h, --help           this help\n"
       "\n"
       "Example:\n"
       "  starling train --model mlp:784-256-128-10 --data fashion-mnist "
       "--epochs 10 \\\n"
-      "      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n");
+      "      --batch 64 --lr 0.05 --momentum 0.9 --schedule cosine\n"
+      "  starling train --sync --data-dir state --shard 0/4 --model "
+      "mlp:784-256-10 \\\n"
+      "      --data fashion-mnist --batch 32 --lr 0.05 --momentum 0.9\n");
 }
 
 /* The options of `starling train` beyond the training flags
@@ -98,7 +120,12 @@ enum {
   OPT_LOG_EVERY,
   OPT_JSON,
   OPT_STOP_AFTER,
-  OPT_NO_CHECKPOINT
+  OPT_NO_CHECKPOINT,
+  OPT_SYNC,
+  OPT_DATA_DIR,
+  OPT_SOCKET,
+  OPT_GROUP,
+  OPT_SYNC_TIMEOUT
 };
 
 static const struct option own_opts[] = {
@@ -109,6 +136,11 @@ static const struct option own_opts[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"stop-after-steps", required_argument, NULL, OPT_STOP_AFTER},
     {"no-checkpoint", no_argument, NULL, OPT_NO_CHECKPOINT},
+    {"sync", no_argument, NULL, OPT_SYNC},
+    {"data-dir", required_argument, NULL, OPT_DATA_DIR},
+    {"socket", required_argument, NULL, OPT_SOCKET},
+    {"group", required_argument, NULL, OPT_GROUP},
+    {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -127,6 +159,12 @@ typedef struct {
   int json;
   int no_checkpoint;      /* --no-checkpoint */
   int default_checkpoint; /* checkpoint is DEFAULT_CHECKPOINT */
+  int sync;               /* --sync */
+  const char* data_dir;   /* --data-dir, for --sync */
+  const char* socket;     /* --socket, or DATA_DIR/control.sock */
+  char socket_buf[4096];
+  const char* group; /* --group; NULL: "all" at the start */
+  double sync_timeout_s;
 } train_args_t;
 
 /* After the options: the checkpoint is --checkpoint, none with
@@ -142,7 +180,55 @@ static int finish_args(train_args_t* a) {
     a->checkpoint = DEFAULT_CHECKPOINT;
     a->default_checkpoint = 1;
   }
+  if (!a->sync && (a->socket || a->data_dir || a->group)) {
+    fprintf(stderr,
+            "starling train: --socket, --data-dir and --group go "
+            "with --sync\n");
+    return 2;
+  }
+  if (a->sync && a->socket == NULL) {
+    if (a->data_dir == NULL) {
+      fprintf(stderr,
+              "starling train: --sync needs the node: --data-dir "
+              "DIR or --socket PATH\n");
+      return 2;
+    }
+    int len = snprintf(a->socket_buf, sizeof a->socket_buf, "%s/control.sock",
+                       a->data_dir);
+    if (len < 0 || (size_t) len >= sizeof a->socket_buf) {
+      fprintf(stderr, "starling train: --data-dir: the path is too long\n");
+      return 2;
+    }
+    a->socket = a->socket_buf;
+  }
   return st__train_flags_finish(CMD, &a->f);
+}
+
+/* The options of --sync: 0 (taken), 2 (a bad value, reported) or 1 (not
+ * one of them). */
+static int sync_flag(train_args_t* a, int c, const char* v) {
+  int rc = 0;
+  switch (c) {
+    case OPT_SYNC:
+      a->sync = 1;
+      break;
+    case OPT_DATA_DIR:
+      a->data_dir = v;
+      break;
+    case OPT_SOCKET:
+      a->socket = v;
+      break;
+    case OPT_GROUP:
+      a->group = strcmp(v, "all") == 0 ? NULL : v;
+      break;
+    case OPT_SYNC_TIMEOUT:
+      rc = st__parse_double(CMD, "--sync-timeout", v, 0.1, 1e6,
+                            &a->sync_timeout_s);
+      break;
+    default:
+      return 1;
+  }
+  return rc == 0 ? 0 : 2;
 }
 
 /* Parses argv into *a. Returns 0, or 2 (usage error, already reported), or
@@ -151,6 +237,7 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
   memset(a, 0, sizeof(*a));
   st__train_flags_init(&a->f);
   a->log_every = 10.0;
+  a->sync_timeout_s = 60.0;
   /* The training flags, then this command's own (with the terminator). */
   struct option opts[ST__TRAIN_OPT_COUNT + N_OWN_OPTS];
   size_t n_train = st__train_long_opts_count();
@@ -196,7 +283,9 @@ static int parse_args(int argc, char** argv, train_args_t* a) {
         fprintf(stderr, "starling train: %s needs a value\n", argv[optind - 1]);
         return 2;
       default:
-        rc = st__train_flag(CMD, c, v, &a->f);
+        rc = sync_flag(a, c, v);
+        if (rc == 1)
+          rc = st__train_flag(CMD, c, v, &a->f);
         if (rc == 1) {
           fprintf(stderr,
                   "starling train: unknown option '%s'; see "
@@ -234,7 +323,7 @@ typedef struct {
 static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
                        const st_backend_t* be, const progress_t* p,
                        const char* eval_name, double wall,
-                       const char* ckpt_written) {
+                       const char* ckpt_written, const st__sync_t* sync) {
   char model[256];
   st_model_spec_format(&t->cfg.model, model, sizeof(model));
   fprintf(f, "{\"model\": ");
@@ -254,6 +343,16 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
             st_hogwild_name(t->cfg.hogwild), t->cfg.threads);
   else
     fprintf(f, ", \"hogwild\": null, \"hogwild_threads\": null");
+  if (sync != NULL) {
+    st__sync_stats_t ss;
+    st__sync_info(sync, &ss);
+    fprintf(f,
+            ", \"sync\": {\"members\": %zu, \"rank\": %zu, \"steps\": %" PRIu64
+            ", \"failed_steps\": %" PRIu64 ", \"reforms\": %" PRIu64 "}",
+            ss.size, ss.rank, ss.steps, ss.failed_steps, ss.reforms);
+  } else {
+    fprintf(f, ", \"sync\": null");
+  }
   /* Without a test set the evaluation ran on the training set: say so in
    * the key names rather than pass training accuracy off as test accuracy. */
   if (strcmp(eval_name, "test") != 0)
@@ -407,6 +506,7 @@ typedef struct {
   uint64_t log_samples;
   double log_loss;
   size_t log_n;
+  st__sync_t* sync; /* --sync; NULL otherwise */
 } run_t;
 
 /* A progress line every quarter epoch, and at least every --log-every
@@ -482,8 +582,13 @@ static int train_step(run_t* r) {
   if (rows > t->cfg.batch)
     rows = t->cfg.batch;
   double loss = 0, t0 = st_now_s();
-  int rc = st_trainer_step(t, &loss);
+  int rc = r->sync != NULL ? st__sync_step(r->sync, t, &loss)
+                           : st_trainer_step(t, &loss);
   double t1 = st_now_s();
+  if (rc == 1) { /* dropped on every member; the group re-formed */
+    r->p.train_seconds += t1 - t0;
+    return t->epoch != epoch_before ? end_epoch(r) : 0;
+  }
   if (rc == -EDOM) {
     fprintf(stderr,
             "starling train: training diverged at step %" PRIu64
@@ -492,6 +597,8 @@ static int train_step(run_t* r) {
             t->step, loss);
     return -1;
   }
+  if (rc != 0 && r->sync != NULL)
+    return -1; /* st__sync_step said why */
   if (rc != 0) {
     fprintf(stderr, "starling train: step %" PRIu64 " failed: %s\n", t->step,
             *st_backend_last_error(r->be) ? st_backend_last_error(r->be)
@@ -556,7 +663,8 @@ static int finish_run(run_t* r, int stopped, double t_start) {
             "--data %s\n",
             r->ckpt_written, r->ckpt_written, a->f.data);
   if (a->json)
-    print_json(stdout, a, t, r->be, p, r->eval_name, wall, r->ckpt_written);
+    print_json(stdout, a, t, r->be, p, r->eval_name, wall, r->ckpt_written,
+               r->sync);
   return 0;
 }
 
@@ -582,13 +690,13 @@ int st__cmd_train(int argc, char** argv) {
   if (open_run(&a, log, &data, &be, &t) != 0)
     return 1;
   int status = 1;
+  run_t r = {0};
   /* The default directory is made once the run is known to start, so that
    * a refused run leaves nothing behind. */
   if (a.default_checkpoint &&
       (make_default_dir() != 0 || check_checkpoint_dir(a.checkpoint) != 0))
     goto out;
 
-  run_t r = {0};
   r.a = &a;
   r.t = &t;
   r.be = be;
@@ -598,6 +706,14 @@ int st__cmd_train(int argc, char** argv) {
   r.last_log = st_now_s();
   r.epoch_start = r.last_log;
   r.last_save = r.last_log;
+  if (a.sync) {
+    char err[1024];
+    if (st__sync_open(&r.sync, a.socket, a.group, a.sync_timeout_s, &t, log,
+                      err, sizeof err) != 0) {
+      fprintf(stderr, "starling train: --sync: %s\n", err);
+      goto out;
+    }
+  }
   int stopped = 0;
   while (!st_trainer_done(&t) && !stop_signal && !stopped) {
     if (train_step(&r) != 0)
@@ -607,6 +723,7 @@ int st__cmd_train(int argc, char** argv) {
   }
   status = finish_run(&r, stopped, t_start);
 out:
+  st__sync_close(r.sync);
   st_trainer_close(&t);
   st_backend_close(be);
   st_data_close(&data);
