@@ -21,10 +21,10 @@ common=(--model mlp:784-32-10 --data fashion-mnist --epochs 2 --batch 32
         --momentum 0.9 --device cpu --threads 1)
 
 # --- help and usage ------------------------------------------------------------
-"$STARLING" eval --help | grep -q -- "--checkpoint FILE" || fail "eval --help"
-"$STARLING" predict --help | grep -q -- "--format csv|json" || fail "predict --help"
-"$STARLING" train --help | grep -q -- "--no-checkpoint" || fail "train --help"
-"$STARLING" --help | grep -q "predict" || fail "starling --help lists predict"
+grep -q -- "--checkpoint FILE" <<<"$("$STARLING" eval --help)" || fail "eval --help"
+grep -q -- "--format csv|json" <<<"$("$STARLING" predict --help)" || fail "predict --help"
+grep -q -- "--no-checkpoint" <<<"$("$STARLING" train --help)" || fail "train --help"
+grep -q "predict" <<<"$("$STARLING" --help)" || fail "starling --help lists predict"
 pass "help"
 expect_fail "eval without arguments" 2 "--checkpoint and --data are required" -- \
   "$STARLING" eval

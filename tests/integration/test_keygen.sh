@@ -12,7 +12,7 @@ PY=/usr/bin/python3
 "$STARLING" keygen --help >"$SCRATCH/help" || fail "keygen --help exit status"
 grep -q -- "--out FILE" "$SCRATCH/help" || fail "keygen --help lacks --out"
 grep -q -- "--show FILE" "$SCRATCH/help" || fail "keygen --help lacks --show"
-"$STARLING" --help | grep -q "keygen" || fail "starling --help lacks keygen"
+grep -q "keygen" <<<"$("$STARLING" --help)" || fail "starling --help lacks keygen"
 pass "help"
 expect_fail "no --out" 2 "--out FILE is required: secret keys are never written to stdout" -- \
   "$STARLING" keygen

@@ -86,7 +86,7 @@ expect_fail "(c) bad --advertise" 1 "--advertise" -- \
 expect_fail "(c) a duration without a known unit" 2 "'5x' is not a duration" -- \
   "$STARLING" node --listen 127.0.0.1:0 --log-every 5x --cluster-key "$KEY" \
   --data-dir "$SCRATCH/bad" "${ARGS[@]}"
-"$STARLING" version --help | grep -q "^usage: starling version" ||
+grep -q "^usage: starling version" <<<"$("$STARLING" version --help)" ||
   fail "(c) starling version --help prints no usage"
 pass "(c) bad addresses, durations and a missing node are refused with their reason"
 

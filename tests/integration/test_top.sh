@@ -48,7 +48,7 @@ expect_fail "(a) --once --count 2" 2 "--once and --count 2 disagree" -- \
 expect_fail "(a) no node at the socket" 1 \
   "starling top: no node is running at '$SCRATCH/none/control.sock'" -- \
   "$STARLING" top --once --data-dir "$SCRATCH/none"
-"$STARLING" top --help | grep -q -- "--interval S" || fail "(a) top --help"
+grep -q -- "--interval S" <<<"$("$STARLING" top --help)" || fail "(a) top --help"
 expect_fail "(a) monitor: no node at the socket" 1 \
   "starling monitor: no node is running at '$SCRATCH/none/control.sock'" -- \
   "$STARLING" monitor --data-dir "$SCRATCH/none"

@@ -12,8 +12,8 @@ common=(--model mlp:784-64-10 --data fashion-mnist --shard 0/10 --batch 32
         --lr 0.05 --momentum 0.9 --schedule cosine --threads 1 --device cpu)
 
 # --- --help and usage errors -------------------------------------------------
-"$STARLING" train --help | grep -q -- "--model SPEC" || fail "train --help"
-"$STARLING" --help | grep -q "train" || fail "starling --help"
+grep -q -- "--model SPEC" <<<"$("$STARLING" train --help)" || fail "train --help"
+grep -q "train" <<<"$("$STARLING" --help)" || fail "starling --help"
 pass "help"
 expect_fail "no arguments" 2 "--model and --data are required" -- "$STARLING" train
 expect_fail "unknown option" 2 "unknown option '--bogus'" -- "$STARLING" train --bogus

@@ -18,9 +18,9 @@ common=(--model softmax:3000-4 --data "$DATA" --epochs 6 --batch 500 --lr 0.5
         --schedule cosine --device cpu)
 
 # --- help, refusals -------------------------------------------------------------
-"$STARLING" train --help | grep -q -- "--hogwild " || fail "train --help lacks --hogwild"
-"$STARLING" train --help | grep -q "libsvm:TRAIN" || fail "train --help lacks libsvm:"
-"$STARLING" node --help | grep -q -- "--hogwild " || fail "node --help lacks --hogwild"
+grep -q -- "--hogwild " <<<"$("$STARLING" train --help)" || fail "train --help lacks --hogwild"
+grep -q "libsvm:TRAIN" <<<"$("$STARLING" train --help)" || fail "train --help lacks libsvm:"
+grep -q -- "--hogwild " <<<"$("$STARLING" node --help)" || fail "node --help lacks --hogwild"
 pass "help"
 expect_fail "hogwild on an mlp" 1 "--hogwild trains the linear models .* not mlp:3000-16-4" -- \
   "$STARLING" train --model mlp:3000-16-4 --data "$DATA" --hogwild --no-checkpoint
