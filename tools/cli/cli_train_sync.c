@@ -51,6 +51,7 @@ struct st__sync_s {
   float* host; /* n_params staging of the gradient (device backends) */
   member_id_t group[MAX_MEMBERS];
   size_t size, rank;
+  member_id_t self; /* this node's id */
   char group_text[MAX_MEMBERS * 33];
   /* The communication thread and its queue of layers for this step. */
   pthread_t thread;
@@ -108,11 +109,24 @@ static bool named_gone(const char* failure, const char* id) {
 /* The survivors of a failed step: the group less the members the failure
  * names and those the node no longer lists, once a member is out (waiting
  * up to DETECT_S for the failure detector) and the list has settled for
- * SETTLE_S. Returns 0 with the new group in s, or a negative errno. */
+ * SETTLE_S. Returns 0 with the new group in s, -ECANCELED when the
+ * failure names this member as not heard from (the others go on without
+ * it), or another negative errno. */
 static int survivors(st__sync_t* s) {
   member_id_t now[MAX_MEMBERS], prev[MAX_MEMBERS], next[MAX_MEMBERS];
   size_t n_now = 0, n_prev = 0, n_next = 0;
   double start = st_now_s(), stable_since = start;
+  if (named_gone(s->failure, s->self)) {
+    /* The others did not hear from this member in time: they go on
+     * without it, and it must not go on alone. */
+    char why[sizeof s->failure];
+    snprintf(why, sizeof why, "%s", s->failure);
+    snprintf(s->failure, sizeof s->failure,
+             "this member was too slow for the others (named among those "
+             "not heard from; raise --sync-timeout): %s",
+             why);
+    return -ECANCELED;
+  }
   for (;;) {
     int rc = members_now(s, now, &n_now);
     if (rc != 0)
@@ -252,7 +266,7 @@ static int reform(st__sync_t* s) {
               s->size, s->rank, s->failure);
       return 0;
     }
-    if (rc == -ENOTCONN || st_now_s() - start >= RECOVER_S)
+    if (rc == -ENOTCONN || rc == -ECANCELED || st_now_s() - start >= RECOVER_S)
       return rc;
     snprintf(s->failure, sizeof s->failure, "%s", st_comm_error(s->comm));
   }
@@ -355,8 +369,13 @@ static int freeze_group(st__sync_t* s, const char* group, char* err,
                         size_t err_len) {
   uint32_t rank = 0, size = 0;
   st_comm_last_group(s->comm, &rank, &size);
+  member_id_t ids[MAX_MEMBERS];
+  size_t n = 0, self = 0;
+  int rc = st_comm_members(s->comm, ids, MAX_MEMBERS, &n, &self);
+  if (rc == 0 && self < n && self < MAX_MEMBERS)
+    memcpy(s->self, ids[self], sizeof(member_id_t));
   if (group == NULL) {
-    int rc = members_now(s, s->group, &s->size);
+    rc = members_now(s, s->group, &s->size);
     if (rc == 0 && s->size != size)
       rc = -EAGAIN;
     if (rc != 0) {
