@@ -123,7 +123,7 @@ static int survivors(st__sync_t* s) {
     snprintf(why, sizeof why, "%s", s->failure);
     snprintf(s->failure, sizeof s->failure,
              "this member was too slow for the others (named among those "
-             "not heard from; raise --sync-timeout): %s",
+             "not heard from; raise --sync-timeout): %.400s",
              why);
     return -ECANCELED;
   }
