@@ -10,7 +10,7 @@
  * is checked before the model is built, and a file that lacks some is
  * refused with the list of what is missing, so that nobody evaluates a
  * model on inputs it was not trained on. Evaluation runs in the trainer's
- * chunks (ST__EVAL_BATCH_ROWS) through the same st_model_eval, so its loss
+ * chunks (st__eval_rows) through the same st_model_eval, so its loss
  * and accuracy are those `starling train` reports for the same parameters.
  */
 #include "node/train/train.h"
@@ -24,7 +24,7 @@
 #include <string.h>
 
 _Static_assert(ST_SAVED_MODEL_MAX_ROWS == ST__EVAL_BATCH_ROWS,
-               "predictions run in the evaluation's chunks");
+               "a saved model holds the largest evaluation chunk");
 
 /* ---- Reading the description
  * ----------------------------------------------------------- */
@@ -366,10 +366,11 @@ int st_saved_model_evaluate(st_saved_model_t* sm, const st_dataset_t* ds,
   }
   double loss_sum = 0;
   size_t correct = 0;
-  for (size_t start = 0; start < ds->n; start += ST__EVAL_BATCH_ROWS) {
+  size_t chunk = st__eval_rows(&sm->model.spec); /* the trainer's */
+  for (size_t start = 0; start < ds->n; start += chunk) {
     size_t rows = ds->n - start;
-    if (rows > ST__EVAL_BATCH_ROWS)
-      rows = ST__EVAL_BATCH_ROWS;
+    if (rows > chunk)
+      rows = chunk;
     if (st__rowwise_eval(&sm->model.spec, sm->model.be, ds)) {
       rc = st__rowwise_evaluate(&sm->model.spec, sm->model.params, ds, start,
                                 rows, &loss_sum, &correct, NULL);

@@ -11,9 +11,20 @@
 
 /* Rows per forward pass during evaluation: large enough that the matrix
  * products run at full speed, small enough to bound the workspace. The
- * trainer and a saved model (saved_model.c) evaluate in the same chunks, so
- * that their sums run in the same order and agree to the bit. */
+ * trainer and a saved model (saved_model.c) evaluate in the same chunks
+ * (st__eval_rows), so that their sums run in the same order and agree to
+ * the bit. */
 #define ST__EVAL_BATCH_ROWS 1000
+/* The workspace evaluation may take, in floats (16 MiB). */
+#define ST__EVAL_WORKSPACE_FLOATS (1u << 22)
+
+/* The evaluation chunk of a model: ST__EVAL_BATCH_ROWS, or fewer rows (at
+ * least 64) when that many would take more than ST__EVAL_WORKSPACE_FLOATS
+ * of workspace (every layer's activations and two of the widest layer per
+ * row, optimizer/model.c): 1000 rows of a 10M-parameter mlp:784-4096-1664-10
+ * took 59 MB, a node's largest buffer after the parameters. A function of
+ * the spec alone. */
+size_t st__eval_rows(const st_model_spec_t* spec);
 
 /* The "format" metadata of a checkpoint st_trainer_save writes. */
 #define ST__CHECKPOINT_FORMAT "starling-checkpoint-1"

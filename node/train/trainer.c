@@ -16,7 +16,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EVAL_BATCH_ROWS ST__EVAL_BATCH_ROWS
+size_t st__eval_rows(const st_model_spec_t* spec) {
+  size_t per_row = 0, widest = 0;
+  for (int l = 0; l <= spec->n_layers; l++) {
+    per_row += spec->sizes[l];
+    if (spec->sizes[l] > widest)
+      widest = spec->sizes[l];
+  }
+  per_row += 2 * widest + 2; /* dact, dact2, targets, row_loss */
+  size_t rows = ST__EVAL_WORKSPACE_FLOATS / per_row;
+  if (rows > ST__EVAL_BATCH_ROWS)
+    rows = ST__EVAL_BATCH_ROWS;
+  return rows < 64 ? 64 : rows;
+}
 
 void st_train_config_default(st_train_config_t* cfg) {
   memset(cfg, 0, sizeof(*cfg));
@@ -132,8 +144,9 @@ int st_trainer_init(st_trainer_t* t, st_backend_t* be,
    * example) or an evaluation chunk (none for sparse data on a linear
    * model, evaluated row by row). */
   size_t rows = cfg->hogwild != ST_HOGWILD_OFF ? 1 : cfg->batch;
-  if (!st__rowwise_eval(&cfg->model, be, train) && rows < EVAL_BATCH_ROWS)
-    rows = EVAL_BATCH_ROWS;
+  size_t eval_rows = st__eval_rows(&cfg->model);
+  if (!st__rowwise_eval(&cfg->model, be, train) && rows < eval_rows)
+    rows = eval_rows;
   t->order = malloc(t->shard_count * sizeof(size_t));
   int staged = st_backend_kind(be) != ST_BACKEND_CPU; /* batches go through
                                                          host memory */
@@ -318,8 +331,9 @@ int st_trainer_evaluate_between(st_trainer_t* t, const st_dataset_t* ds,
   int rowwise = st__rowwise_eval(&t->cfg.model, t->be, ds);
   /* A dense set on a workspace sized for none (a HogWild trainer of sparse
    * data asked about dense examples) goes in the chunks it holds. */
-  size_t chunk = rowwise || t->model.max_batch >= EVAL_BATCH_ROWS
-                     ? EVAL_BATCH_ROWS
+  size_t eval_rows = st__eval_rows(&t->cfg.model);
+  size_t chunk = rowwise || t->model.max_batch >= eval_rows
+                     ? eval_rows
                      : t->model.max_batch;
   for (size_t start = 0; start < ds->n; start += chunk) {
     size_t rows = ds->n - start;

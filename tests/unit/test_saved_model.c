@@ -13,6 +13,7 @@
 
 #include "base/base.h"
 #include "node/train/train.h"
+#include "node/train/train_internal.h"
 #include "tests/unit/testutil.h"
 
 static char dir[512];
@@ -165,6 +166,58 @@ static void train_and_save(st_backend_t* be, st_data_t* d, const char* model,
       err);
 }
 
+/* The evaluation chunk shrinks for wide models (their workspace stays
+ * near ST__EVAL_WORKSPACE_FLOATS) and is the spec's alone. */
+START_TEST(test_eval_rows) {
+  static const struct {
+    const char* model;
+    size_t rows;
+  } cases[] = {
+      {"mlp:784-256-128-10", 1000},  /* 2746 floats a row: 1527, capped */
+      {"mlp:784-4096-1664-10", 284}, /* 14748 a row */
+      {"mlp:3-20000-3", 69},         /* 60008 a row */
+      {"softmax:16000000-2", 64},    /* the floor */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    st_model_spec_t spec;
+    ck_assert_int_eq(st_model_spec_parse(cases[i].model, &spec, err, 512), 0);
+    ck_assert_msg(st__eval_rows(&spec) == cases[i].rows, "%s: %zu, want %zu",
+                  cases[i].model, st__eval_rows(&spec), cases[i].rows);
+  }
+}
+END_TEST
+
+/* A wide model evaluates 100 examples in chunks of 69: the saved model
+ * takes the trainer's chunks and scores exactly what it scores. */
+START_TEST(test_wide_model_matches_trainer) {
+  write_csv("train.csv", 300, 3);
+  write_csv("test.csv", 100, 4);
+  st_backend_t* be = NULL;
+  ck_assert_int_eq(st_backend_open(&be, "cpu", 1, err, 512), 0);
+  st_data_t d, raw;
+  st_trainer_t t;
+  open_csv(&d, 1);
+  train_and_save(be, &d, "mlp:3-20000-3", &t);
+  ck_assert_uint_eq(t.model.max_batch, 69);
+  double loss0, acc0, loss1, acc1;
+  ck_assert_int_eq(st_trainer_evaluate(&t, &d.test, &loss0, &acc0), 0);
+  st_saved_model_t sm;
+  ck_assert_msg(st_saved_model_open(&sm, be, path_in("ckpt"), err, 1024) == 0,
+                "%s", err);
+  open_csv(&raw, 0);
+  ck_assert_int_eq(st_saved_model_prepare(&sm, &raw.test, err, 1024), 0);
+  ck_assert_int_eq(
+      st_saved_model_evaluate(&sm, &raw.test, &loss1, &acc1, err, 1024), 0);
+  ck_assert(loss0 == loss1);
+  ck_assert(acc0 == acc1);
+  st_saved_model_close(&sm);
+  st_trainer_close(&t);
+  st_data_close(&d);
+  st_data_close(&raw);
+  st_backend_close(be);
+}
+END_TEST
+
 /* The saved model scores the raw test set exactly as the trainer scored
  * the normalized one, and its predictions are that model's. */
 START_TEST(test_round_trip_matches_trainer) {
@@ -312,6 +365,8 @@ static Suite* saved_model_suite(void) {
   tcase_add_test(tc, test_csv_stats_recorded);
   tcase_add_test(tc, test_idx_shape_and_unlabelled);
   tcase_add_test(tc, test_round_trip_matches_trainer);
+  tcase_add_test(tc, test_eval_rows);
+  tcase_add_test(tc, test_wide_model_matches_trainer);
   tcase_add_test(tc, test_unnormalized_regression);
   tcase_add_test(tc, test_refusals);
   tcase_set_timeout(tc, 60);
