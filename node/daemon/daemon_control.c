@@ -406,7 +406,9 @@ static void status_json(st__daemon_t* d, st_json_buf_t* b) {
   kv_u64(b, &first, "bytes_out", d->c.bytes_out);
   kv_u64(b, &first, "packets_in", d->c.packets_in);
   kv_u64(b, &first, "packets_out", d->c.packets_out);
-  kv_u64(b, &first, "connections", d->n_conns);
+  /* The table's count: evicted or refused ones whose close is still to
+   * run (released) hold no slot and are not counted. */
+  kv_u64(b, &first, "connections", d->n_conns - d->n_released);
   kv_u64(b, &first, "connections_preauth", d->n_preauth);
   kv_u64(b, &first, "fetches_serving", (uint64_t) d->fetch_serving);
   kv_num(b, &first, "uptime_s", (double) (st__dnow(d) - d->started_ms) / 1e3);

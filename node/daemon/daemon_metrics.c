@@ -285,8 +285,9 @@ static void render_members(st__daemon_t* d, st_json_buf_t* b) {
   sample_u64(b, "starling_members", "state=\"alive\"", alive);
   sample_u64(b, "starling_members", "state=\"suspect\"", suspect);
   sample_u64(b, "starling_members", "state=\"dead\"", dead);
-  gauge(b, "starling_connections", "TCP connections this node holds.",
-        (double) d->n_conns);
+  gauge(b, "starling_connections",
+        "TCP connections this node holds (not those being closed).",
+        (double) (d->n_conns - d->n_released));
   gauge(b, "starling_connections_preauth",
         "TCP connections still in their handshake.", (double) d->n_preauth);
   gauge(b, "starling_state_transfers_serving",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_node_sync_sgd.sh: `starling train --sync`, synchronous data-parallel
 # SGD of the built-in trainer over the nodes' collectives (issue 15;
-# docs/collectives.md, "Synchronous SGD (starling train --sync)"). Four
+# docs/collectives.md, "Synchronous SGD (starling train --sync)"). Five
 # nodes with nothing of their own to train; members next to them:
 #   (a) on nodes 0, 1, 2: a member's program killed -9 mid-run (its node
 #       alive): the step is dropped on the others, which re-form without
@@ -13,7 +13,11 @@
 #       `starling train` of batch 32 on all 32 would: after 20 steps of SGD
 #       with momentum the parameters agree within 1e-5 of their largest
 #       (float32), and the members' are bit-identical;
-#   (d) members whose flags differ refuse, naming the flag.
+#   (d) members whose flags differ refuse, naming the flag;
+#   (e) on nodes 0, 1, 4: a member stopped (SIGSTOP) past the timeout is
+#       left out by the others, which go on; resumed, it finds itself
+#       named as not heard from and stops, saying so. (Of two members,
+#       each would go on alone: neither can tell which was slow.)
 # (a) and (b) run on groups of their own (an explicit list of members): a
 # node numbers each group's operations, and a program killed mid-step
 # leaves its group's count behind (docs/collectives.md). Their survivors
@@ -35,12 +39,12 @@ IDLE=(--model softmax:2-2 --data "csv:$SCRATCH/idle.csv" --epochs 1 --batch 1 --
 node_start 0 "${IDLE[@]}"
 node_up 0
 seed=$NODE_ADDR
-for k in 1 2 3; do node_start "$k" --join "$seed" "${IDLE[@]}"; done
-for k in 0 1 2 3; do node_up "$k"; done
-sees_all() { [ "$(node_peers "$1" | grep -o '"state":"alive"' | wc -l)" -ge 4 ]; }
-for k in 0 1 2 3; do wait_for 20 "node $k seeing all 4" sees_all "$k"; done
+for k in 1 2 3 4; do node_start "$k" --join "$seed" "${IDLE[@]}"; done
+for k in 0 1 2 3 4; do node_up "$k"; done
+sees_all() { [ "$(node_peers "$1" | grep -o '"state":"alive"' | wc -l)" -ge 5 ]; }
+for k in 0 1 2 3 4; do wait_for 20 "node $k seeing all 5" sees_all "$k"; done
 ID=()
-for k in 0 1 2 3; do ID[$k]=$(node_field "$k" id); done
+for k in 0 1 2 3 4; do ID[k]=$(node_field "$k" id); done
 
 TRAIN=(--data "csv:$SCRATCH/d.csv" --device cpu --threads 1 --log-every 0)
 declare -A MEMBER=()
@@ -172,3 +176,25 @@ expect_fail "--group without --sync" 2 "--socket, --data-dir and --group go with
 expect_fail "--sync with --hogwild" 1 "--sync and --hogwild are two ways to train" -- \
   "$STARLING" train --sync --data-dir "$(node_dir 0)" --hogwild --model softmax:4-3 "${TRAIN[@]}" --no-checkpoint
 pass "(d) members with other flags refuse, naming the flag"
+
+# ---- (e) a member too slow for the others ---------------------------------------------
+g3e="${ID[0]},${ID[1]},${ID[4]}"
+member e0 0 "$g3e" --shard 0/3 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRATCH/e0.st"
+member e1 1 "$g3e" --shard 1/3 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRATCH/e1.st"
+member e2 4 "$g3e" --shard 2/3 "${LONG[@]}" --sync-timeout 2 --no-checkpoint
+wait_for 30 "member 2 past 50 steps" past_steps e2 50
+kill -STOP "${MEMBER[e2]}"
+sleep "$(scaled 5)"
+kill -CONT "${MEMBER[e2]}"
+finished e0
+finished e1
+for k in 0 1; do
+  [ "$(sync_field "e$k" members)" = 2 ] && [ "$(sync_field "e$k" reforms)" = 1 ] ||
+    fail "(e) member $k: $(grep -o '"sync": {[^}]*}' "$SCRATCH/e$k.json")"
+done
+same_params "$SCRATCH/e0.st" "$SCRATCH/e1.st"
+member_exit e2 60
+[ "$MEMBER_STATUS" -ne 0 ] || fail "(e) the stopped member went on alone"
+grep -q "this member was too slow for the others (named among those not heard from; raise --sync-timeout)" \
+  "$SCRATCH/e2.err" || fail "(e) member 2 does not say it was too slow: $(grep -v '^epoch' "$SCRATCH/e2.err" | tail -n 3)"
+pass "(e) a member stopped past the timeout: the others went on without it, and it stopped on resuming ($(elapsed) s)"
