@@ -253,9 +253,10 @@ int st__sync_open(st__sync_t** out, const char* socket, const char* group,
                   size_t err_len);
 /* One step: the gradient (its buckets all-reduced as backward writes
  * them), then the optimizer's step. 0: applied; 1: dropped on every member
- * and the group re-formed from the survivors (logged); -EDOM: the loss is
- * not finite; another negative errno: the node went away, or the group
- * could not re-form (said on stderr). */
+ * and the group re-formed from the survivors (logged); -EDOM: the loss or
+ * the gradient is not finite (for the caller to say); another negative
+ * errno, already said on stderr: a device error, the node went away, or
+ * the group could not re-form. */
 int st__sync_step(st__sync_t* s, st_trainer_t* t, double* loss);
 void st__sync_info(const st__sync_t* s, st__sync_stats_t* st);
 /* Stops the communication thread and closes the communicator; NULL is

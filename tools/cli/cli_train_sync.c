@@ -272,17 +272,31 @@ static int reform(st__sync_t* s) {
   }
 }
 
+/* A device error of step t->step, said on stderr; returns rc. */
+static int step_failed(const st_trainer_t* t, int rc) {
+  const char* why = st_backend_last_error(t->model.be);
+  fprintf(stderr, "starling train: step %" PRIu64 " failed: %s\n", t->step,
+          *why ? why : strerror(-rc));
+  return rc;
+}
+
 int st__sync_step(st__sync_t* s, st_trainer_t* t, double* loss) {
   int rc = st_trainer_gradient(t, loss, layer_ready, s);
   int comm_rc = wait_buckets(s);
+  if (rc == -EDOM)
+    return rc; /* diverged: the caller says so, as without --sync */
   if (rc != 0)
-    return rc; /* diverged or a device error: stop, as without --sync */
+    return step_failed(t, rc);
   if (comm_rc == 0) {
-    if (s->host != NULL && st_copy_to_device(t->model.be, t->model.grads,
-                                             s->host, t->model.n_params) != 0)
-      return -EIO;
+    if (s->host != NULL) {
+      rc = st_copy_to_device(t->model.be, t->model.grads, s->host,
+                             t->model.n_params);
+      if (rc != 0)
+        return step_failed(t, rc);
+    }
     s->stats.steps++;
-    return st_trainer_apply(t);
+    rc = st_trainer_apply(t);
+    return rc == 0 || rc == -EDOM ? rc : step_failed(t, rc);
   }
   if (comm_rc == -ENOTCONN) {
     fprintf(stderr,
