@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -25,6 +26,8 @@
 /* How long opening waits for the node's "ready", and how long past the
  * caller's timeout a reply may take (the node enforces the timeout). */
 #define OPEN_TIMEOUT_S 10.0
+/* A publish copies up to 1 GiB into the node: a minute at most. */
+#define STORE_TIMEOUT_S 60.0
 #define REPLY_GRACE_S 10.0
 #define REPLY_JSON_MAX (64u * 1024u)
 
@@ -245,6 +248,12 @@ static int verdict(st_comm_t* c, const st_json_t* root) {
     return -EINVAL;
   if (strcmp(res, "timeout") == 0)
     return -ETIMEDOUT;
+  if (strcmp(res, "missing") == 0)
+    return -ENOENT;
+  if (strcmp(res, "busy") == 0)
+    return -EBUSY;
+  if (strcmp(res, "full") == 0)
+    return -ENOSPC;
   return -ECONNABORTED;
 }
 
@@ -330,7 +339,7 @@ static int shm_take(st_comm_t* c, const st_json_t* root, int64_t off,
   if (v == NULL || !v->is_int || v->integer < 0 || (uint64_t) v->integer > cap)
     return fail(c, -EPROTO, "the node's answer lacks the result's size");
   uint8_t* at = c->shm + off;
-  if (v->integer > 0 && (uint8_t*) data != at)
+  if (v->integer > 0 && data != NULL && (uint8_t*) data != at)
     memcpy(data, at, (size_t) v->integer);
   *got = (uint64_t) v->integer;
   return 0;
@@ -400,18 +409,49 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
   return rc;
 }
 
-static const char* const p2p_names[] = {"push", "pull", "notify", "wait"};
+static const char* const p2p_names[] = {"push",  "pull",    "notify",   "wait",
+                                        "fetch", "publish", "unpublish"};
+enum { P_PUSH, P_PULL, P_NOTIFY, P_WAIT, P_FETCH, P_PUBLISH, P_UNPUBLISH };
 
-/* A point-to-point call: which indexes p2p_names; data/count/dtype for
- * push and pull (pull receives into data). */
+/* The request of a named call (which indexes p2p_names) into b. */
+static void p2p_request(st_json_buf_t* b, int which, const char* peer,
+                        const char* name, uint64_t count, st_comm_dtype_t dtype,
+                        double timeout_s, uint64_t wire, int64_t off) {
+  bool moves = which <= P_PULL || which == P_FETCH || which == P_PUBLISH;
+  char head[256];
+  snprintf(head, sizeof head,
+           "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
+           ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
+           p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
+           moves ? count : 0, (uint64_t) llround(timeout_s * 1000), wire);
+  st_json_buf_puts(b, head);
+  put_shm(b, off);
+  if (which <= P_FETCH) {
+    st_json_buf_puts(b, ",\"peer\":\"");
+    for (int k = 0; k < 32; k++) {
+      char ch[2] = {(char) tolower((unsigned char) peer[k]), '\0'};
+      st_json_buf_puts(b, ch);
+    }
+    st_json_buf_puts(b, "\"");
+  }
+  st_json_buf_puts(b, ",\"name\":");
+  st_json_buf_string(b, name);
+  st_json_buf_puts(b, "}");
+}
+
+/* A call on a name: point to point with peer (push, pull, notify, wait,
+ * fetch), or on this node's store (publish, unpublish); data/count/dtype
+ * for those that move data (pull and fetch receive into data). */
 static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
                    void* data, uint64_t count, st_comm_dtype_t dtype,
                    double timeout_s) {
   if (c == NULL)
     return -EINVAL;
-  bool moves = which <= 1;
-  if (peer == NULL || strlen(peer) != 32 ||
-      strspn(peer, "0123456789abcdefABCDEF") != 32)
+  bool sends = which == P_PUSH || which == P_PUBLISH;
+  bool receives = which == P_PULL || which == P_FETCH;
+  bool moves = sends || receives;
+  if (which <= P_FETCH && (peer == NULL || strlen(peer) != 32 ||
+                           strspn(peer, "0123456789abcdefABCDEF") != 32))
     return fail(c, -EINVAL, "peer \"%s\": a member id of 32 hex digits",
                 peer != NULL ? peer : "(null)");
   if (name == NULL || name[0] == '\0' || strlen(name) > 128)
@@ -423,44 +463,30 @@ static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
                 ") or timeout",
                 count);
   uint64_t bytes = moves ? count * (dtype == ST_COMM_F64 ? 8 : 4) : 0;
-  int64_t off = shm_place(c, data, bytes, which == 0);
+  int64_t off = shm_place(c, data, bytes, sends);
   uint64_t wire = off >= 0 ? 0 : bytes; /* the operand's bytes on the socket */
   st_json_buf_t b;
   st_json_buf_init(&b);
-  char head[256];
-  snprintf(head, sizeof head,
-           "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
-           ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
-           p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
-           moves ? count : 0, (uint64_t) llround(timeout_s * 1000),
-           which == 0 ? wire : 0);
-  st_json_buf_puts(&b, head);
-  put_shm(&b, off);
-  st_json_buf_puts(&b, ",\"peer\":\"");
-  for (int k = 0; k < 32; k++) {
-    char ch[2] = {(char) tolower((unsigned char) peer[k]), '\0'};
-    st_json_buf_puts(&b, ch);
-  }
-  st_json_buf_puts(&b, "\",\"name\":");
-  st_json_buf_string(&b, name);
-  st_json_buf_puts(&b, "}");
+  p2p_request(&b, which, peer, name, count, dtype, timeout_s, sends ? wire : 0,
+              off);
   int rc = b.failed ? -ENOMEM : 0;
   st_json_doc_t* doc = NULL;
   uint64_t got = 0;
   if (rc == 0)
-    rc = roundtrip(c, b.p, data, which == 0 ? wire : 0, timeout_s, &doc,
-                   which == 1 ? data : NULL, which == 1 ? wire : 0, &got);
+    rc = roundtrip(c, b.p, data, sends ? wire : 0,
+                   which <= P_FETCH ? timeout_s : STORE_TIMEOUT_S, &doc,
+                   receives ? data : NULL, receives ? wire : 0, &got);
   st_json_buf_free(&b);
   if (rc != 0)
     return rc;
   rc = verdict(c, st_json_root(doc));
-  if (rc == 0 && off >= 0)
-    rc = shm_take(c, st_json_root(doc), off, which == 1 ? data : NULL,
-                  which == 1 ? bytes : 0, &got);
-  if (rc == 0 && which == 1 && got != bytes)
-    rc = fail(c, -EPROTO,
-              "the node sent %" PRIu64 " bytes for a pull of %" PRIu64, got,
-              bytes);
+  if (rc == 0 && off >= 0 && which != P_PUBLISH)
+    rc = shm_take(c, st_json_root(doc), off, receives ? data : NULL,
+                  receives ? bytes : 0, &got);
+  if (rc == 0 && receives && got != bytes)
+    rc =
+        fail(c, -EPROTO, "the node sent %" PRIu64 " bytes for a %s of %" PRIu64,
+             got, p2p_names[which], bytes);
   st_json_free(doc);
   return rc;
 }
@@ -468,22 +494,50 @@ static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
 int st_comm_push(st_comm_t* c, const char* peer, const char* name,
                  const void* data, uint64_t count, st_comm_dtype_t dtype,
                  double timeout_s) {
-  return run_p2p(c, 0, peer, name, (void*) data, count, dtype, timeout_s);
+  return run_p2p(c, P_PUSH, peer, name, (void*) data, count, dtype, timeout_s);
 }
 
 int st_comm_pull(st_comm_t* c, const char* peer, const char* name, void* data,
                  uint64_t count, st_comm_dtype_t dtype, double timeout_s) {
-  return run_p2p(c, 1, peer, name, data, count, dtype, timeout_s);
+  return run_p2p(c, P_PULL, peer, name, data, count, dtype, timeout_s);
 }
 
 int st_comm_notify(st_comm_t* c, const char* peer, const char* name,
                    double timeout_s) {
-  return run_p2p(c, 2, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
+  return run_p2p(c, P_NOTIFY, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
 }
 
 int st_comm_wait(st_comm_t* c, const char* peer, const char* name,
                  double timeout_s) {
-  return run_p2p(c, 3, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
+  return run_p2p(c, P_WAIT, peer, name, NULL, 0, ST_COMM_F32, timeout_s);
+}
+
+int st_comm_publish(st_comm_t* c, const char* name, const void* data,
+                    uint64_t count, st_comm_dtype_t dtype) {
+  return run_p2p(c, P_PUBLISH, NULL, name, (void*) data, count, dtype, 0);
+}
+
+int st_comm_unpublish(st_comm_t* c, const char* name) {
+  return run_p2p(c, P_UNPUBLISH, NULL, name, NULL, 0, ST_COMM_F32, 0);
+}
+
+/* A busy publisher is asked again, after 10 ms doubling to 0.5 s, until
+ * the caller's timeout. */
+int st_comm_fetch(st_comm_t* c, const char* peer, const char* name, void* data,
+                  uint64_t count, st_comm_dtype_t dtype, double timeout_s) {
+  double end = timeout_s > 0 ? st_now_s() + timeout_s : INFINITY;
+  double pause = 0.01;
+  for (;;) {
+    double left = timeout_s > 0 ? end - st_now_s() : 0;
+    int rc = run_p2p(c, P_FETCH, peer, name, data, count, dtype,
+                     timeout_s > 0 && left < 0.001 ? 0.001 : left);
+    if (rc != -EBUSY || st_now_s() + pause >= end)
+      return rc;
+    struct timespec ts = {(time_t) pause,
+                          (long) ((pause - (double) (time_t) pause) * 1e9)};
+    nanosleep(&ts, NULL);
+    pause = pause * 2 < 0.5 ? pause * 2 : 0.5;
+  }
 }
 
 int st_comm_all_reduce(st_comm_t* c, const char* group, void* data,

@@ -110,7 +110,8 @@ typedef enum {
   ST_MSG_COLL_HELLO = 48, /* gossip.h, "User collectives" */
   ST_MSG_COLL_SEG = 49,
   ST_MSG_COLL_ABORT = 50,
-  ST_MSG_ADMIN_REQ = 52, /* gossip.h, "Cluster requests" */
+  ST_MSG_COLL_FETCH = 51, /* a published tensor asked for, or refused */
+  ST_MSG_ADMIN_REQ = 52,  /* gossip.h, "Cluster requests" */
   ST_MSG_ADMIN_REPLY = 53
 } st_msg_type_t;
 
@@ -372,6 +373,27 @@ typedef struct {
   uint32_t reason_len; /* <= ST_COLL_REASON_MAX */
 } st_msg_coll_abort_t;
 
+/* A fetch of a tensor another member published (docs/collectives.md,
+ * "Publish and fetch"): ASK, from the fetching member, names it (text: the
+ * name, 1 to ST_COLL_FETCH_NAME_MAX bytes); the publisher answers with
+ * the broadcast of operation op_id over the pair, rooted at itself, or
+ * with MISSING or BUSY (text: the sentence, at most ST_COLL_REASON_MAX
+ * bytes). */
+typedef enum {
+  ST_COLL_FETCH_ASK = 0,
+  ST_COLL_FETCH_MISSING = 1, /* nothing published under the name */
+  ST_COLL_FETCH_BUSY = 2,    /* too many fetches served at once: retry */
+  ST_COLL_FETCH_CODE_COUNT
+} st_coll_fetch_code_t;
+#define ST_COLL_FETCH_NAME_MAX 128u
+
+typedef struct {
+  uint64_t op_id;
+  uint8_t code;      /* st_coll_fetch_code_t */
+  const char* text;  /* not NUL-terminated; borrowed when decoded */
+  uint32_t text_len; /* as the code says */
+} st_msg_coll_fetch_t;
+
 /* Cluster requests: one member asks another to do what an operator
  * command does there (`starling keys --cluster`, `starling force-leave
  * --cluster`; node/daemon/daemon_admin_net.c decides, by rules that let
@@ -462,6 +484,7 @@ typedef struct {
     st_msg_coll_hello_t coll_hello;
     st_msg_coll_seg_t coll_seg;
     st_msg_coll_abort_t coll_abort;
+    st_msg_coll_fetch_t coll_fetch;
     st_msg_admin_req_t admin_req;
     st_msg_admin_reply_t admin_reply;
   } u;
@@ -1627,6 +1650,7 @@ st_lanes_verdict_t st_lanes_end(st_lanes_t* s, uint32_t lane);
  *               n u32, members_hash u64, data bin]
  *   COLL_SEG   [op u64, phase u8, step u32, offset u64, data bin]
  *   COLL_ABORT [op u64, reason str]
+ *   COLL_FETCH [op u64, code u8, text str] (st_msg_coll_fetch_t)
  * data is little-endian elements of the dtype; offset is in elements from
  * the start of the vector; phase 0 and 1 are the ring's reduce-scatter and
  * all-gather (step within the phase), 2 the broadcast chain (step 0).

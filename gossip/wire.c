@@ -128,6 +128,8 @@ static size_t field_count(uint64_t type) {
       return 5;
     case ST_MSG_COLL_ABORT:
       return 2;
+    case ST_MSG_COLL_FETCH:
+      return 3;
     case ST_MSG_ADMIN_REQ:
       return 3;
     case ST_MSG_ADMIN_REPLY:
@@ -275,6 +277,23 @@ static int coll_seg_check(const st_msg_coll_seg_t* g, st_wire_drop_t* why) {
 static int coll_abort_check(const st_msg_coll_abort_t* a, st_wire_drop_t* why) {
   if (a->reason_len > ST_COLL_REASON_MAX) {
     *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  return 0;
+}
+
+/* A fetch's code is known; an ASK names 1 to ST_COLL_FETCH_NAME_MAX
+ * bytes, a refusal says why in at most ST_COLL_REASON_MAX. */
+static int coll_fetch_check(const st_msg_coll_fetch_t* f, st_wire_drop_t* why) {
+  uint32_t max = f->code == ST_COLL_FETCH_ASK ? ST_COLL_FETCH_NAME_MAX
+                                              : ST_COLL_REASON_MAX;
+  if (f->text_len > max) {
+    *why = ST_WIRE_DROP_LIMIT;
+    return -1;
+  }
+  if (f->code >= ST_COLL_FETCH_CODE_COUNT ||
+      (f->code == ST_COLL_FETCH_ASK && f->text_len == 0)) {
+    *why = ST_WIRE_DROP_FIELD;
     return -1;
   }
   return 0;
@@ -456,6 +475,36 @@ static int encode_check_exchange(const st_msg_t* msg) {
 
 /* The encoder's checks of a message before any byte is packed: the fields
  * a decoder would refuse. 0 or -EINVAL. */
+/* encode_check for the user collectives' messages. */
+static int encode_check_coll(const st_msg_t* msg) {
+  st_wire_drop_t why;
+  switch (msg->type) {
+    case ST_MSG_COLL_HELLO:
+      if (coll_hello_check(&msg->u.coll_hello, &why) != 0 ||
+          (msg->u.coll_hello.data == NULL && msg->u.coll_hello.data_len > 0))
+        return -EINVAL;
+      return 0;
+    case ST_MSG_COLL_SEG:
+      if (coll_seg_check(&msg->u.coll_seg, &why) != 0 ||
+          (msg->u.coll_seg.data == NULL && msg->u.coll_seg.data_len > 0))
+        return -EINVAL;
+      return 0;
+    case ST_MSG_COLL_ABORT:
+      if (coll_abort_check(&msg->u.coll_abort, &why) != 0 ||
+          (msg->u.coll_abort.reason == NULL &&
+           msg->u.coll_abort.reason_len > 0))
+        return -EINVAL;
+      return 0;
+    case ST_MSG_COLL_FETCH:
+      if (coll_fetch_check(&msg->u.coll_fetch, &why) != 0 ||
+          (msg->u.coll_fetch.text == NULL && msg->u.coll_fetch.text_len > 0))
+        return -EINVAL;
+      return 0;
+    default:
+      return 0;
+  }
+}
+
 static int encode_check(const st_msg_t* msg) {
   st_wire_drop_t why;
   switch (msg->type) {
@@ -503,21 +552,10 @@ static int encode_check(const st_msg_t* msg) {
         return -EINVAL;
       break;
     case ST_MSG_COLL_HELLO:
-      if (coll_hello_check(&msg->u.coll_hello, &why) != 0 ||
-          (msg->u.coll_hello.data == NULL && msg->u.coll_hello.data_len > 0))
-        return -EINVAL;
-      break;
     case ST_MSG_COLL_SEG:
-      if (coll_seg_check(&msg->u.coll_seg, &why) != 0 ||
-          (msg->u.coll_seg.data == NULL && msg->u.coll_seg.data_len > 0))
-        return -EINVAL;
-      break;
     case ST_MSG_COLL_ABORT:
-      if (coll_abort_check(&msg->u.coll_abort, &why) != 0 ||
-          (msg->u.coll_abort.reason == NULL &&
-           msg->u.coll_abort.reason_len > 0))
-        return -EINVAL;
-      break;
+    case ST_MSG_COLL_FETCH:
+      return encode_check_coll(msg);
     case ST_MSG_ADMIN_REQ:
       if (admin_req_check(&msg->u.admin_req) != 0)
         return -EINVAL;
@@ -773,6 +811,13 @@ static int pack_coll(msgpack_packer* pk, const st_msg_t* msg) {
            msgpack_pack_str_body(pk, m->reason, m->reason_len);
       break;
     }
+    case ST_MSG_COLL_FETCH: {
+      const st_msg_coll_fetch_t* m = &msg->u.coll_fetch;
+      r |= msgpack_pack_uint64(pk, m->op_id) | msgpack_pack_uint8(pk, m->code) |
+           msgpack_pack_str(pk, m->text_len) |
+           msgpack_pack_str_body(pk, m->text, m->text_len);
+      break;
+    }
     default:
       break;
   }
@@ -815,6 +860,7 @@ static int pack_fields(msgpack_packer* pk, const st_msg_t* msg) {
     case ST_MSG_COLL_HELLO:
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
+    case ST_MSG_COLL_FETCH:
       return pack_coll(pk, msg);
     case ST_MSG_ADMIN_REQ:
     case ST_MSG_ADMIN_REPLY:
@@ -1320,6 +1366,15 @@ static int get_coll(st_msg_type_t type, const msgpack_object* f,
       m->reason_len = f[1].via.str.size;
       return coll_abort_check(m, why);
     }
+    case ST_MSG_COLL_FETCH: {
+      st_msg_coll_fetch_t* m = &msg->u.coll_fetch;
+      if (get_u64(&f[0], &m->op_id) | get_u8(&f[1], &m->code) ||
+          f[2].type != MSGPACK_OBJECT_STR)
+        return -1;
+      m->text = f[2].via.str.ptr;
+      m->text_len = f[2].via.str.size;
+      return coll_fetch_check(m, why);
+    }
     default:
       return -1;
   }
@@ -1393,6 +1448,7 @@ static int get_fields(st_msg_type_t type, const msgpack_object* f,
     case ST_MSG_COLL_HELLO:
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
+    case ST_MSG_COLL_FETCH:
       return get_coll(type, f, buf, len, msg, why);
     case ST_MSG_ADMIN_REQ:
     case ST_MSG_ADMIN_REPLY:

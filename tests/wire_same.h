@@ -184,6 +184,13 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
              (a->u.coll_abort.reason_len == 0 ||
               memcmp(a->u.coll_abort.reason, b->u.coll_abort.reason,
                      a->u.coll_abort.reason_len) == 0);
+    case ST_MSG_COLL_FETCH:
+      return a->u.coll_fetch.op_id == b->u.coll_fetch.op_id &&
+             a->u.coll_fetch.code == b->u.coll_fetch.code &&
+             a->u.coll_fetch.text_len == b->u.coll_fetch.text_len &&
+             (a->u.coll_fetch.text_len == 0 ||
+              memcmp(a->u.coll_fetch.text, b->u.coll_fetch.text,
+                     a->u.coll_fetch.text_len) == 0);
     case ST_MSG_ADMIN_REQ: {
       const st_msg_admin_req_t *x = &a->u.admin_req, *y = &b->u.admin_req;
       return x->op == y->op && x->key_id == y->key_id &&

@@ -251,6 +251,33 @@ ST_CLIENT_API int st_comm_notify(st_comm_t* c, const char* peer,
 /* Returns once peer has notified this member under name. */
 ST_CLIENT_API int st_comm_wait(st_comm_t* c, const char* peer, const char* name,
                                double timeout_s);
+/* Publish and fetch (one-sided): a program publishes a named tensor on
+ * its node, which keeps a copy; any member may then fetch it, any number
+ * of times, without a call by the publisher's program (which may even
+ * have gone: the node keeps what was published until it is published
+ * again, unpublished, or the node stops). Names are this node's own
+ * (1 to 128 bytes), apart from push/pull's. A node keeps at most 1024
+ * names and 1 GiB. Every member holding the cluster key may fetch what is
+ * published: publish nothing the cluster should not read. */
+
+/* Keeps a copy of data[0..count) under name on this node, replacing what
+ * was published under it (a fetch in progress finishes with the old
+ * copy). -ENOSPC past the node's bounds (err says which), -EINVAL. */
+ST_CLIENT_API int st_comm_publish(st_comm_t* c, const char* name,
+                                  const void* data, uint64_t count,
+                                  st_comm_dtype_t dtype);
+/* Forgets what this node published under name: -ENOENT when nothing. */
+ST_CLIENT_API int st_comm_unpublish(st_comm_t* c, const char* name);
+/* Fills data[0..count) with what member peer has published under name,
+ * as it is when peer's node receives the request. -ENOENT: nothing is
+ * published under name there; -EINVAL: it holds another count or dtype
+ * (the error names both); -EBUSY: peer's node serves as many fetches as
+ * it may at once (retry); -ECONNABORTED: peer died, left or its node
+ * stopped; -ETIMEDOUT as for every call. */
+ST_CLIENT_API int st_comm_fetch(st_comm_t* c, const char* peer,
+                                const char* name, void* data, uint64_t count,
+                                st_comm_dtype_t dtype, double timeout_s);
+
 /* This member's rank and the group's size in the last operation that
  * succeeded (0 and 0 before any). */
 ST_CLIENT_API void st_comm_last_group(const st_comm_t* c, uint32_t* rank,

@@ -240,6 +240,27 @@ static int send_to(st__daemon_t* d, const st_node_id_t* id, const uint8_t* msg,
   return 0;
 }
 
+uint64_t st__coll_frames_queued(st__daemon_t* d, const st_node_id_t* id) {
+  uint64_t n = 0;
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next) {
+    if (!c->initiator || st__conn_purpose(c) != ST__CONN_COLL ||
+        (id != NULL && memcmp(&c->peer, id, sizeof(*id)) != 0))
+      continue;
+    n += c->frames_out_pending;
+    for (const out_t* o = c->coll_out_head; o != NULL; o = o->next)
+      n++;
+  }
+  return n;
+}
+
+int st__coll_send_msg(st__daemon_t* d, const st_node_id_t* id,
+                      const st_msg_t* msg) {
+  uint8_t buf[ST__COLL_NAME_MAX + ST_COLL_REASON_MAX + 64];
+  size_t len = 0;
+  int rc = st_wire_encode(msg, buf, sizeof buf, &len);
+  return rc != 0 ? rc : send_to(d, id, buf, len);
+}
+
 /* The stream is up: what waited goes out, in order. */
 int st__coll_on_open(st__conn_t* c) {
   while (c->coll_out_head != NULL) {
@@ -345,8 +366,11 @@ static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
     if (!op->withdrawn) /* a withdrawn number is used again */
       remember_finished(d, op->g.op_id);
     op_unlink(d, op);
-    st__coll_session_done(op, a.result, msg);
-    return true; /* the session freed op */
+    if (op->serving != NULL)
+      st__store_served(d, op, a.result);
+    else
+      st__coll_session_done(op, a.result, msg);
+    return true; /* the session (or the store) freed op */
   }
   return false;
 }
@@ -445,6 +469,30 @@ static st__coll_op_t* find_op(st__daemon_t* d, uint64_t op_id) {
   return NULL;
 }
 
+/* A COLL_FETCH: an ASK for a tensor published here (an op id in use or
+ * just ended here is a replay, dropped), or the publisher's refusal of
+ * one of our fetches, which ends it naming the publisher. */
+static void on_fetch(st__conn_t* c, const st_msg_coll_fetch_t* f) {
+  st__daemon_t* d = c->d;
+  st__coll_op_t* op = find_op(d, f->op_id);
+  if (f->code == ST_COLL_FETCH_ASK) {
+    if (op != NULL || recently_finished(d, f->op_id)) {
+      d->c.coll_dropped++;
+      return;
+    }
+    if (st__store_on_ask(c, f) != 0)
+      remember_finished(d, f->op_id); /* its ABORT is dropped quietly */
+    return;
+  }
+  if (op == NULL || !op->fetch || rank_of(op, &c->peer) != (int) op->root) {
+    d->c.coll_dropped++;
+    return;
+  }
+  op->refused = f->code;
+  op_fail(d, op, ST_COLL_FAIL_ABORTED, &c->peer, "%.*s", (int) f->text_len,
+          f->text);
+}
+
 /* A frame on a COLL connection: to its operation, or kept for it. */
 void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
   st__daemon_t* d = c->d;
@@ -453,6 +501,11 @@ void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
   if (st_wire_decode(msg, len, &m, &d->wc) != 0) {
     d->c.coll_dropped++;
     st__conn_close(c);
+    return;
+  }
+  if (m.type == ST_MSG_COLL_FETCH) {
+    on_fetch(c, &m.u.coll_fetch);
+    st_wire_msg_free(&m);
     return;
   }
   uint64_t op_id = m.type == ST_MSG_COLL_HELLO   ? m.u.coll_hello.op_id
@@ -611,6 +664,7 @@ void st__coll_close(st__daemon_t* d) {
     free(e);
   }
   d->coll.pending_bytes = 0;
+  st__store_close(d);
   free(d->coll.seqs);
   d->coll.seqs = NULL;
   d->coll.n_seqs = d->coll.cap_seqs = 0;

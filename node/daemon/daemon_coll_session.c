@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -163,7 +164,12 @@ void st__coll_session_done(st__coll_op_t* op, st_coll_result_t result,
       reply(s, json, res, bytes);
     }
   } else {
-    reply_error(s, st_coll_result_name(result), "%s", msg);
+    reply_error(s,
+                op->refused == ST_COLL_FETCH_MISSING ? "missing"
+                : op->refused == ST_COLL_FETCH_BUSY
+                    ? "busy"
+                    : st_coll_result_name(result),
+                "%s", msg);
   }
   bool large = op->count * st_coll_elem_bytes(op->dtype) >= LARGE_BYTES;
   st_coll_free(op->m);
@@ -300,8 +306,9 @@ static const char* const kinds[] = {"all_reduce", "reduce", "broadcast",
  * a broadcast ends once its data is sent, so a push and a notify return
  * without waiting for the pull or the wait; the receiver's node keeps what
  * came early (ST__COLL_PENDING_MAX, ST__COLL_PENDING_MS). */
-enum { P2P_NONE = -1, P2P_PUSH, P2P_PULL, P2P_NOTIFY, P2P_WAIT };
-static const char* const p2p_kinds[] = {"push", "pull", "notify", "wait"};
+enum { P2P_NONE = -1, P2P_PUSH, P2P_PULL, P2P_NOTIFY, P2P_WAIT, P2P_FETCH };
+static const char* const p2p_kinds[] = {"push", "pull", "notify", "wait",
+                                        "fetch"};
 static const char* const rops[] = {"sum", "mean", "min", "max"};
 static const char* const dtypes[] = {"float32", "float64"};
 
@@ -338,6 +345,15 @@ static int op_fields(const st_json_t* root, st__coll_op_t* op, int kind,
                       " elements of %s; %" PRIu64 " expected",
                       bytes, op->count, dtypes[dt], want),
            -EINVAL;
+  return 0;
+}
+
+/* A fetch's operation id: random, so that no two fetches share one. */
+static int fetch_id(uint64_t* id) {
+  do {
+    if (getrandom(id, sizeof *id, 0) != (ssize_t) sizeof *id)
+      return -EIO;
+  } while (*id == 0);
   return 0;
 }
 
@@ -378,10 +394,15 @@ static int p2p_group(session_t* s, const st_json_t* root, int p2p,
     return rc;
   bool sends = p2p == P2P_PUSH || p2p == P2P_NOTIFY;
   const st_node_id_t* from = sends ? &ids[0] : &ids[1];
-  op->g.tag = st__coll_tag(p2p <= P2P_PULL ? "push" : "notify", from, name->str,
-                           name->str_len);
   op->root = st_node_id_compare(&op->g.ids[0], from) == 0 ? 0 : 1;
   op->no_result = p2p == P2P_PUSH;
+  if (p2p == P2P_FETCH) {
+    /* Numbered by no key: the publisher's program makes no call. */
+    op->fetch = true;
+    return fetch_id(&op->g.op_id);
+  }
+  op->g.tag = st__coll_tag(p2p <= P2P_PULL ? "push" : "notify", from, name->str,
+                           name->str_len);
   return 0;
 }
 
@@ -427,8 +448,21 @@ static int shm_operand(session_t* s, const st_json_t* root, int kind, int p2p,
   *off = o;
   s->d->c.coll_shm_ops++;
   *data = s->shm + o;
-  *bytes = p2p == P2P_PULL ? 0 : want;
+  *bytes = p2p == P2P_PULL || p2p == P2P_FETCH ? 0 : want;
   return 0;
+}
+
+/* Sends a fetch's ASK to the publisher, before its operation starts: the
+ * answer (the broadcast, or a refusal) can only follow it. */
+static int ask(st__daemon_t* d, const st__coll_op_t* op,
+               const st_json_t* root) {
+  const st_json_t* name = st_json_get(root, "name");
+  st_msg_t m = {.type = ST_MSG_COLL_FETCH};
+  m.u.coll_fetch = (st_msg_coll_fetch_t){.op_id = op->g.op_id,
+                                         .code = ST_COLL_FETCH_ASK,
+                                         .text = name->str,
+                                         .text_len = (uint32_t) name->str_len};
+  return st__coll_send_msg(d, &op->g.ids[op->root], &m) != 0 ? -EPIPE : 0;
 }
 
 static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
@@ -472,11 +506,12 @@ static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
     free(op);
     return;
   }
-  int rc = st__coll_number(d, &op->g);
+  int rc = op->fetch ? ask(d, op, root) : st__coll_number(d, &op->g);
   if (rc != 0) {
     reply_error(s, "invalid",
                 rc == -ENOSPC ? "this node numbers calls for %u groups and "
                                 "names at most: reuse push and notify names"
+                : op->fetch   ? "cannot reach the member to fetch from"
                               : "out of memory",
                 ST__COLL_MAX_KEYS);
     st__coll_group_free(&op->g);
@@ -494,6 +529,51 @@ static void start_op(session_t* s, const st_json_t* root, int kind, int p2p,
     st__coll_group_free(&op->g);
     free(op);
   }
+}
+
+/* "publish" {name, dtype, count, and the bytes or "shm"}: the node keeps
+ * a copy (daemon_store.c); "unpublish" {name} forgets it. */
+static void publish(session_t* s, const st_json_t* root, bool keep,
+                    const uint8_t* data, uint64_t bytes) {
+  const st_json_t* name = st_json_get(root, "name");
+  char err[400];
+  if (name == NULL || name->type != ST_JSON_STRING || name->str_len == 0 ||
+      name->str_len > ST__COLL_NAME_MAX) {
+    reply_error(s, "invalid", "\"name\" is a string of 1 to %u bytes",
+                ST__COLL_NAME_MAX);
+    return;
+  }
+  if (!keep) {
+    if (st__store_unpublish(s->d, name->str, name->str_len) != 0)
+      reply_error(s, "missing", "nothing is published under \"%s\" here",
+                  name->str);
+    else
+      reply(s, "{\"ok\":true}", NULL, 0);
+    return;
+  }
+  int64_t off = -1;
+  st__coll_op_t f = {.kind = ST_COLL_BROADCAST};
+  if (shm_operand(s, root, ST_COLL_BROADCAST, P2P_PUSH, &off, &data, &bytes,
+                  err, sizeof err) != 0 ||
+      op_fields(root, &f, ST_COLL_BROADCAST, bytes, err, sizeof err) != 0) {
+    reply_error(s, "invalid", "%s", err);
+    return;
+  }
+  if (bytes == 0 && f.count > 0) { /* op_fields lets a broadcast's be */
+    reply_error(s, "invalid", "a publish carries its %" PRIu64 " elements",
+                f.count);
+    return;
+  }
+  uint64_t version = 0;
+  int rc = st__store_publish(s->d, name->str, name->str_len, f.dtype, f.count,
+                             data, &version, err, sizeof err);
+  if (rc != 0) {
+    reply_error(s, rc == -ENOSPC ? "full" : "invalid", "%s", err);
+    return;
+  }
+  char json[80];
+  snprintf(json, sizeof json, "{\"ok\":true,\"version\":%" PRIu64 "}", version);
+  reply(s, json, NULL, 0);
 }
 
 /* One whole request is in rbuf[0..want). */
@@ -514,9 +594,12 @@ static void handle(session_t* s) {
   const st_json_t* root = st_json_root(doc);
   const char* op = str_of(root, "op");
   int kind = pick(op, kinds, 4);
-  int p2p = pick(op, p2p_kinds, 4);
+  int p2p = pick(op, p2p_kinds, 5);
   if (op != NULL && strcmp(op, "members") == 0)
     members_reply(s);
+  else if (op != NULL &&
+           (strcmp(op, "publish") == 0 || strcmp(op, "unpublish") == 0))
+    publish(s, root, op[0] == 'p', data, bytes);
   else if (kind >= 0)
     start_op(s, root, kind, P2P_NONE, data, bytes);
   else if (p2p >= 0)
@@ -524,7 +607,8 @@ static void handle(session_t* s) {
   else
     reply_error(s, "invalid",
                 "unknown \"op\"; expected members, all_reduce, reduce, "
-                "broadcast, barrier, push, pull, notify or wait");
+                "broadcast, barrier, push, pull, notify, wait, publish, "
+                "unpublish or fetch");
   st_json_free(doc);
   if (s->op == NULL && !s->closing) {
     memmove(s->rbuf, s->rbuf + s->want, s->rlen - s->want);

@@ -147,10 +147,11 @@ static const struct {
   st_msg_type_t type;
   const st__conn_ops_t* ops;
 } ops_by_first_message[] = {
-    {ST_MSG_PUSH_PULL, &pp_ops},   {ST_MSG_XCHG_REQ, &xchg_ops},
-    {ST_MSG_RING_LANE, &ring_ops}, {ST_MSG_COLL_HELLO, &coll_ops},
-    {ST_MSG_COLL_SEG, &coll_ops},  {ST_MSG_COLL_ABORT, &coll_ops},
-    {ST_MSG_ADMIN_REQ, &keys_ops}, {ST_MSG_SYNC_REQ, &sync_ops},
+    {ST_MSG_PUSH_PULL, &pp_ops},    {ST_MSG_XCHG_REQ, &xchg_ops},
+    {ST_MSG_RING_LANE, &ring_ops},  {ST_MSG_COLL_HELLO, &coll_ops},
+    {ST_MSG_COLL_SEG, &coll_ops},   {ST_MSG_COLL_ABORT, &coll_ops},
+    {ST_MSG_COLL_FETCH, &coll_ops}, {ST_MSG_ADMIN_REQ, &keys_ops},
+    {ST_MSG_SYNC_REQ, &sync_ops},
 };
 
 const st__conn_ops_t* st__conn_ops_of(st__conn_purpose_t purpose) {

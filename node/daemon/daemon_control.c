@@ -337,6 +337,12 @@ static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "sessions_refused", d->c.coll_sessions_refused);
   kv_u64(b, &f2, "shm_ops", d->c.coll_shm_ops);
   kv_u64(b, &f2, "shm_failed", d->c.coll_shm_failed);
+  kv_u64(b, &f2, "published", d->store.n);
+  kv_u64(b, &f2, "published_bytes", d->store.bytes);
+  kv_u64(b, &f2, "publishes", d->c.store_published);
+  kv_u64(b, &f2, "fetches_served", d->c.store_served);
+  kv_u64(b, &f2, "fetches_missing", d->c.store_missing);
+  kv_u64(b, &f2, "fetches_busy", d->c.store_busy);
   st_json_buf_puts(b, "}");
 }
 

@@ -213,7 +213,29 @@ typedef struct st__coll_op_s {
   int64_t shm_off; /* the operand and result in the session's segment at
                       this offset; -1: on the socket */
   void* work;      /* with shm_off: the machine works there, in place */
+  /* A fetch this node serves (daemon_store.c): the entry it sends, and no
+   * session; NULL for a program's operation. */
+  struct st__store_entry_s* serving;
+  /* A program's fetch: the publisher refused it (st_coll_fetch_code_t;
+   * 0: it did not). */
+  bool fetch;
+  uint8_t refused;
 } st__coll_op_t;
+
+/* Published tensors (daemon_store.c): at most this many names and bytes
+ * kept; a fetch is refused as busy while more frames than this (segments
+ * of 256 KiB: 256 MiB) wait to go to its member, or twice this to all; a
+ * fetch still serving after ST__STORE_SERVE_MS fails. */
+#define ST__STORE_MAX_NAMES 1024u
+#define ST__STORE_MAX_BYTES (UINT64_C(1) << 30)
+#define ST__STORE_QUEUED_FRAMES 1024u
+#define ST__STORE_SERVE_MS 600000u
+
+typedef struct {
+  struct st__store_entry_s* entries;
+  size_t n;
+  uint64_t bytes;
+} st__store_t;
 
 typedef struct {
   st__coll_op_t* ops;
@@ -313,6 +335,10 @@ typedef struct {
   uint64_t coll_bytes_in, coll_bytes_out;
   uint64_t coll_sessions_refused;
   uint64_t coll_shm_ops, coll_shm_failed;
+  /* Published tensors (daemon_store.c): publishes, fetches served to the
+   * end, and fetches refused: nothing under the name, or too many at
+   * once. */
+  uint64_t store_published, store_served, store_missing, store_busy;
   /* Compressed averaging (daemon_compress.c): anchors taken from ring
    * rounds, averaging exchanges that went compressed, and compressed
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
@@ -526,6 +552,7 @@ struct st__daemon_s {
   bool node_started;
 
   st__coll_t coll;
+  st__store_t store;
   struct st__admin_op_s* admin_op; /* `starling keys --cluster` running */
   st__dcounters_t c;
   st__heard_t heard[ST__HEARD_SLOTS];
@@ -636,6 +663,35 @@ void st__coll_on_closed(st__conn_t* c);
  * close. */
 void st__coll_on_member_gone(st__daemon_t* d, const st_node_id_t* id,
                              bool left);
+
+/* Sends msg to member id on the COLL connection to it (dialled when
+ * there is none). 0, or -errno. */
+int st__coll_send_msg(st__daemon_t* d, const st_node_id_t* id,
+                      const st_msg_t* msg);
+
+/* Frames accepted for the COLL connection dialled to member id (NULL: to
+ * every member) and not written yet. */
+uint64_t st__coll_frames_queued(st__daemon_t* d, const st_node_id_t* id);
+
+/* daemon_store.c: published tensors, and serving fetches of them. */
+/* Keeps a copy of data (count elements of dtype) under name, replacing
+ * what was there (fetches in progress finish with the old bytes); its
+ * version (1, 2, ... per name) into *version. -ENOSPC past the bounds,
+ * -ENOMEM; err says which. */
+int st__store_publish(st__daemon_t* d, const char* name, size_t len,
+                      st_coll_dtype_t dtype, uint64_t count, const void* data,
+                      uint64_t* version, char* err, size_t err_len);
+/* Forgets name: 0, or -ENOENT when nothing is published under it. */
+int st__store_unpublish(st__daemon_t* d, const char* name, size_t len);
+/* An ASK from c's member for an op id no operation here uses: serves it
+ * (a broadcast rooted here; 0), or refuses it (COLL_FETCH MISSING or
+ * BUSY) or drops it (the asker is no alive member; out of memory): 1. */
+int st__store_on_ask(st__conn_t* c, const st_msg_coll_fetch_t* f);
+/* A served fetch ended (op->serving set): frees op. */
+void st__store_served(st__daemon_t* d, st__coll_op_t* op,
+                      st_coll_result_t result);
+/* Frees every entry (after every operation has ended). */
+void st__store_close(st__daemon_t* d);
 
 /* daemon_coll_session.c: the programs' side. */
 /* The control connection fd said "collectives" (shm: "collectives shm",

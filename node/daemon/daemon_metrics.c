@@ -419,6 +419,23 @@ static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
           "Collectives sessions that asked for a shared segment and got none "
           "(the system refused the memfd; they use the socket).",
           d->c.coll_shm_failed);
+  gauge(b, "starling_published_tensors",
+        "Tensors programs published on this node (Comm.publish).",
+        (double) d->store.n);
+  gauge(b, "starling_published_bytes",
+        "Bytes of the tensors published on this node.",
+        (double) d->store.bytes);
+  counter(b, "starling_publishes_total",
+          "Tensors published on this node (new names and replacements).",
+          d->c.store_published);
+  family(b, "starling_fetches_total", "counter",
+         "Fetches of this node's published tensors by other members, by "
+         "answer: served, nothing published under the name, busy.");
+  sample_u64(b, "starling_fetches_total", "result=\"served\"",
+             d->c.store_served);
+  sample_u64(b, "starling_fetches_total", "result=\"missing\"",
+             d->c.store_missing);
+  sample_u64(b, "starling_fetches_total", "result=\"busy\"", d->c.store_busy);
 }
 
 /* Cluster requests from members: status --json's "cluster_requests". */

@@ -97,6 +97,12 @@ COLLECTIVES = {
     "sessions_refused": ("starling_collectives_sessions_refused_total", {}),
     "shm_ops": ("starling_collectives_shm_operations_total", {}),
     "shm_failed": ("starling_collectives_shm_failed_total", {}),
+    "published": ("starling_published_tensors", {}),
+    "published_bytes": ("starling_published_bytes", {}),
+    "publishes": ("starling_publishes_total", {}),
+    "fetches_served": ("starling_fetches_total", {"result": "served"}),
+    "fetches_missing": ("starling_fetches_total", {"result": "missing"}),
+    "fetches_busy": ("starling_fetches_total", {"result": "busy"}),
 }
 COMPRESSION = {
     "coded_bytes": ("starling_compression_coded_bytes", {}),

@@ -22,6 +22,11 @@ values computed here.
     calls;
   - a member that never comes: the others' barrier raises
     CollectiveTimeout (or MemberFailed, relayed) naming it;
+  - publish and fetch: a tensor published on one node (by a program that
+    then went away) fetched by the others, large and small, again after
+    it is published anew; two programs fetching 256 MiB at once from one
+    publisher; NotPublished, a size that differs, unpublish, the node's
+    bound on names;
   - NodeUnavailable with no node, and once the node went away;
   - (expected to fail until the node is fixed) members() after an
     operation on an explicit group leaves "all" in step.
@@ -396,7 +401,7 @@ def test_p2p_requests_checked_by_the_node(members: Members) -> None:
     me, other = members.ids[0], members.ids[1]
     base = {"dtype": "float32", "timeout_ms": 1000, "bytes": 0}
     cases = [
-        ({"op": "send", "count": 0}, "push, pull, notify or wait"),
+        ({"op": "send", "count": 0}, "push, pull, notify, wait, publish"),
         ({"op": "push", "peer": other, "count": 0}, '"name"'),
         ({"op": "push", "peer": me, "name": "x", "count": 0}, "is this node"),
         ({"op": "pull", "peer": "xyz", "name": "x", "count": 1}, '"peer"'),
@@ -414,6 +419,113 @@ def test_p2p_requests_checked_by_the_node(members: Members) -> None:
         assert s.recv(1) == b""  # and the node closed the session
     # The node serves the others as before.
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
+
+
+def test_publish_fetch(members: Members) -> None:
+    """A program on node 0 publishes a large and a small tensor and goes
+    away; the others fetch them (at the same time, with no call on node
+    0), exactly; published anew, the next fetch sees the new values; the
+    publisher's node counts what it served."""
+    k0 = members.ranks.index(0)
+    sock = members.cluster.nodes[k0].sock
+    big = np.arange(300000, dtype=np.float32) * 0.25  # 1.2 MB: the chain
+    with starling.open_comm(sock, timeout=30) as pub:
+        pub.publish("weights", big)
+        pub.publish("step", [7.0])
+    served = members.cluster.nodes[k0].status()["collectives"]["fetches_served"]
+
+    def fetch(comm: Any, rank: int) -> Any:
+        if rank == 0:
+            return None
+        w = comm.fetch(members.ids[0], "weights", np.zeros(300000, np.float32))
+        return w, comm.fetch(members.ids[0], "step", [0.0], timeout=30)
+
+    for out in (members.ok(fetch), members.ok(fetch)):
+        for r in (1, 2):
+            np.testing.assert_array_equal(out[r][0], big)
+            assert out[r][1] == [7.0], out[r][1]
+    with starling.open_comm(sock, timeout=30) as pub:
+        pub.publish("step", [8.0])
+    assert members.comms[members.ranks.index(1)].fetch(
+        members.ids[0], "step", [0.0], timeout=30
+    ) == [8.0]
+    st = members.cluster.nodes[k0].status()["collectives"]
+    assert st["fetches_served"] - served == 9, st
+    assert st["published"] == 2 and st["published_bytes"] == 1200008, st
+
+
+def test_fetches_at_once(members: Members) -> None:
+    """Two programs on one node fetch 256 MiB from another at once: the
+    publisher's send queue holds one fetch at a time (busy beyond); the
+    library asks again, and both get every byte."""
+    k0, k1 = members.ranks.index(0), members.ranks.index(1)
+    n = 64 << 20  # float32: 256 MiB
+    want = (np.arange(n, dtype=np.int64) % 999983).astype(np.float32)  # exact
+    with starling.open_comm(members.cluster.nodes[k0].sock, timeout=30) as pub:
+        pub.publish("huge", want)
+    comms = [starling.open_comm(members.cluster.nodes[k1].sock) for _ in range(2)]
+    got: Dict[int, Any] = {}
+
+    def body(i: int) -> None:
+        try:
+            got[i] = comms[i].fetch(
+                members.ids[0], "huge", np.empty(n, np.float32), timeout=120 * SLOW
+            )
+        except Exception as e:  # handed to the test
+            got[i] = e
+
+    try:
+        threads = [threading.Thread(target=body, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180 * SLOW)
+        for i in range(2):
+            assert isinstance(got.get(i), np.ndarray), got.get(i)
+            assert np.array_equal(got[i], want)
+            del got[i]
+    finally:
+        for c in comms:
+            c.close()
+        with starling.open_comm(members.cluster.nodes[k0].sock, timeout=30) as pub:
+            pub.unpublish("huge")
+
+
+def test_fetch_failures(members: Members) -> None:
+    """Nothing published: NotPublished naming the name; another size than
+    the published one: an error naming both calls; unpublish forgets (a
+    second one raises NotPublished); names past the node's 1024 are
+    refused, saying so; bad names and peers are refused before the node."""
+    k0 = members.ranks.index(0)
+    me = members.comms[members.ranks.index(1)]
+    have = members.cluster.nodes[k0].status()["collectives"]["published"]
+    with starling.open_comm(members.cluster.nodes[k0].sock, timeout=30) as pub:
+        pub.publish("m", np.zeros(10, np.float32))
+        with pytest.raises(starling.NotPublished, match='"absent"'):
+            me.fetch(members.ids[0], "absent", [0.0], timeout=30)
+        with pytest.raises(starling.CollectiveError, match="of 11 float32") as e:
+            me.fetch(members.ids[0], "m", np.zeros(11, np.float32), timeout=30)
+        assert "of 10 float32" in str(e.value), e.value
+        with pytest.raises(starling.CollectiveError, match="float64"):
+            me.fetch(members.ids[0], "m", np.zeros(10), timeout=30)
+        pub.unpublish("m")
+        with pytest.raises(starling.NotPublished):
+            pub.unpublish("m")
+        with pytest.raises(starling.NotPublished, match='"m"'):
+            me.fetch(members.ids[0], "m", np.zeros(10, np.float32), timeout=30)
+        for i in range(1024 - have):
+            pub.publish(f"n{i}", [float(i)])
+        with pytest.raises(starling.CollectiveError, match="at most 1024"):
+            pub.publish("one-too-many", [1.0])
+        assert me.fetch(members.ids[0], "n7", [0.0], timeout=30) == [7.0]
+        for i in range(1024 - have):
+            pub.unpublish(f"n{i}")
+        with pytest.raises(starling.CollectiveError, match="1 to 128 bytes"):
+            pub.publish("x" * 129, [1.0])
+        with pytest.raises(starling.CollectiveError, match="32 hex digits"):
+            me.fetch("zz", "m", [0.0])
+    st = members.cluster.nodes[k0].status()["collectives"]
+    assert st["published"] == have and st["fetches_missing"] >= 2, st
 
 
 def shm_session(path: str) -> Any:

@@ -475,6 +475,7 @@ static void rand_msg(st_msg_type_t t, st_msg_t* m, uint8_t* data,
     case ST_MSG_COLL_HELLO:
     case ST_MSG_COLL_SEG:
     case ST_MSG_COLL_ABORT:
+    case ST_MSG_COLL_FETCH:
     case ST_MSG_ADMIN_REQ: /* test_keys_messages */
     case ST_MSG_ADMIN_REPLY:
       break;

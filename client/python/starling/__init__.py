@@ -25,7 +25,11 @@ through a communicator on any node's control socket::
         comm.all_reduce(tensor, op="mean")   # numpy or torch, in place
 
 and fail with CollectiveError (CollectiveMismatch, MemberFailed,
-CollectiveTimeout) or NodeUnavailable.
+CollectiveTimeout) or NodeUnavailable. A program can also publish a tensor
+on its node for any member to fetch later, one-sided::
+
+    comm.publish("weights", w)                  # on one member
+    comm.fetch(publisher_id, "weights", w2)     # on any other, any time
 
 Synchronous data-parallel SGD over those collectives (gradients averaged
 in buckets while backward runs; a failed member leaves the group)::
@@ -45,6 +49,8 @@ from .errors import (
     NodeBusy,
     NodeUnavailable,
     NonFiniteParameters,
+    NotPublished,
+    PublisherBusy,
     StarlingError,
 )
 
@@ -90,6 +96,8 @@ __all__ = [
     "CollectiveMismatch",
     "MemberFailed",
     "CollectiveTimeout",
+    "NotPublished",
+    "PublisherBusy",
     "SyncDataParallel",
     "SyncError",
     "DID_APPLY",

@@ -138,6 +138,12 @@ def _declare_comm(lib: ctypes.CDLL) -> None:
     lib.st_comm_push.restype = i
     lib.st_comm_pull.argtypes = [c, s, s, c, u64, i, f64]
     lib.st_comm_pull.restype = i
+    lib.st_comm_publish.argtypes = [c, s, c, u64, i]
+    lib.st_comm_publish.restype = i
+    lib.st_comm_unpublish.argtypes = [c, s]
+    lib.st_comm_unpublish.restype = i
+    lib.st_comm_fetch.argtypes = [c, s, s, c, u64, i, f64]
+    lib.st_comm_fetch.restype = i
     lib.st_comm_notify.argtypes = [c, s, s, f64]
     lib.st_comm_notify.restype = i
     lib.st_comm_wait.argtypes = [c, s, s, f64]

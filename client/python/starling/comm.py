@@ -325,6 +325,50 @@ class Comm:
         with self._lock:
             self._check(self._lib.st_comm_wait(self._require(), p, n, t))
 
+    # ---- publish and fetch (one-sided) ----------------------------------
+    #
+    # A program publishes a named tensor on its node, which keeps a copy;
+    # any member fetches it whenever it likes, with no call by the
+    # publisher's program (which may have gone). Every holder of the
+    # cluster key may fetch what is published.
+
+    def publish(self, name: str, x: Any) -> None:
+        """Keeps a copy of ``x`` under ``name`` on this node, replacing what
+        was published under it."""
+        o, n = _operand(x), self._name(name)
+        with self._lock:
+            self._check(
+                self._lib.st_comm_publish(self._require(), n, o.ptr, o.count, o.dtype),
+                store=True,
+            )
+
+    def unpublish(self, name: str) -> None:
+        """Forgets what this node published under ``name`` (NotPublished
+        when nothing)."""
+        n = self._name(name)
+        with self._lock:
+            self._check(self._lib.st_comm_unpublish(self._require(), n), store=True)
+
+    def fetch(
+        self, peer: str, name: str, x: Any, timeout: Optional[float] = None
+    ) -> Any:
+        """Fills ``x`` (the published dtype and number of elements) with
+        what member ``peer`` has published under ``name``. Raises
+        NotPublished when nothing is, PublisherBusy when its node serves too
+        many fetches at once, CollectiveError naming both when the dtype or
+        size differs. Returns as all_reduce does."""
+        o, p, n, t = _operand(x), self._peer(peer), self._name(name), self._t(timeout)
+        with self._lock:
+            self._check(
+                self._lib.st_comm_fetch(
+                    self._require(), p, n, o.ptr, o.count, o.dtype, t
+                ),
+                store=True,
+            )
+        if o.back is not None:
+            o.back()
+        return o.result()
+
     # ---- closing --------------------------------------------------------
 
     @property
@@ -363,10 +407,11 @@ class Comm:
             raise StarlingError("the communicator is closed; open another")
         return self._c
 
-    def _check(self, rc: int) -> None:
+    def _check(self, rc: int, store: bool = False) -> None:
         if rc != 0:
             msg = self._lib.st_comm_error(self._c)
-            raise comm_error_for(rc, msg.decode("utf-8", "replace") if msg else "")
+            text = msg.decode("utf-8", "replace") if msg else ""
+            raise comm_error_for(rc, text, store)
 
     def _t(self, timeout: Optional[float]) -> float:
         t = self.timeout if timeout is None else timeout

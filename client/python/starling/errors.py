@@ -22,6 +22,8 @@ __all__ = [
     "CollectiveMismatch",
     "MemberFailed",
     "CollectiveTimeout",
+    "NotPublished",
+    "PublisherBusy",
     "error_for",
     "comm_error_for",
 ]
@@ -96,6 +98,20 @@ class CollectiveTimeout(CollectiveError):
     kind = "timeout"
 
 
+class NotPublished(CollectiveError):
+    """A fetch (or unpublish) found nothing published under the name on
+    that member's node."""
+
+    kind = "missing"
+
+
+class PublisherBusy(CollectiveError):
+    """The publisher's node serves as many fetches as it may at once: try
+    again shortly."""
+
+    kind = "busy"
+
+
 _MISMATCH = _re.compile(r"rank \d+ called .*; rank \d+ \(this member\) called ")
 _FULL_ID = _re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 _SILENT = _re.compile(r"no word yet from ((?:[0-9a-f]{12}(?:, )?)+)")
@@ -140,18 +156,26 @@ def error_for(rc: int, message: str, attaching: bool) -> StarlingError:
     return (cls or StarlingError)(text, code)
 
 
-def comm_error_for(rc: int, message: str) -> StarlingError:
+def comm_error_for(rc: int, message: str, store: bool = False) -> StarlingError:
     """The exception for a collective's negative return ``rc`` (client.h,
     "Collectives"): a sentence that names two calls is a mismatch (with
     -EINVAL, or -ECONNABORTED on a member that heard of it from another);
     another -EINVAL is a refused argument; -ECONNABORTED a failed member;
     -ETIMEDOUT the caller's timeout; -ENOTCONN and the connection errnos
     mean the node went away (NodeUnavailable); -EBUSY the node refused the
-    communicator (NodeBusy)."""
+    communicator (NodeBusy). For a call on published tensors (``store``:
+    fetch, publish, unpublish), -ENOENT is NotPublished, -EBUSY
+    PublisherBusy and -ENOSPC a CollectiveError (the node's bounds)."""
     code = -rc
     text = message or _errno.errorcode.get(code, f"error {code}")
     cls: type = StarlingError
-    if code in _UNAVAILABLE:
+    if store and code == _errno.ENOENT:
+        cls = NotPublished
+    elif store and code == _errno.EBUSY:
+        cls = PublisherBusy
+    elif store and code == _errno.ENOSPC:
+        cls = CollectiveError
+    elif code in _UNAVAILABLE:
         cls = NodeUnavailable
     elif code == _errno.EBUSY:
         cls = NodeBusy
