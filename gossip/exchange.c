@@ -741,6 +741,10 @@ float* st_xchg_snapshot_buffer(st_xchg_t* x) {
   return x != NULL && x->asked ? x->own : NULL;
 }
 
+const float* st_xchg_own(const st_xchg_t* x) {
+  return x != NULL && x->have_own && !x->coded ? x->own : NULL;
+}
+
 int st_xchg_encoded(st_xchg_t* x, uint64_t now_ms, int rc) {
   (void) now_ms;
   if (x == NULL)
@@ -962,6 +966,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->kind = ST_XACT_APPLY;
       out->values = x->peer;
       out->n = n_floats(x);
+      out->clipped = x->clipped;
       out->step = x->kind == ST_XCHG_FETCH ? x->peer_step : 0;
       break;
     case Q_DONE:

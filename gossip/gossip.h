@@ -910,7 +910,8 @@ typedef struct {
                                parse it as hostile input) */
   size_t peer_tensors_len;
   double delta_norm; /* DONE(OK) of an AVERAGE: |delta| (L2) before clipping */
-  bool clipped;      /* DONE(OK) of an AVERAGE: it was scaled to clip_norm */
+  bool clipped;      /* APPLY and DONE(OK) of an AVERAGE: it was scaled to
+                        clip_norm */
   double clip_norm;  /* DONE(OK) of an AVERAGE: the bound applied (0: none) */
   double clip_base;  /* DONE(OK) of an AVERAGE: the bound before clip_scale */
 } st_xact_t;
@@ -959,6 +960,11 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
  * the trainer write into it and then call st_xchg_snapshot with params ==
  * this buffer, which copies nothing. NULL when no snapshot is asked for. */
 float* st_xchg_snapshot_buffer(st_xchg_t* x);
+/* This side's snapshot as it was taken, once it is in and until the
+ * machine is freed (an AVERAGE's APPLY: the delta is mean - this); NULL
+ * before, and for a compressed exchange (whose buffer then holds the
+ * decoded drift). */
+const float* st_xchg_own(const st_xchg_t* x);
 /* After ENCODE: rc 0 when coded and work were written as asked; any
  * other rc (our snapshot held a NaN or Inf: the codec refuses them) ends
  * the exchange with FAIL_NONFINITE. -EINVAL when no ENCODE is pending. */

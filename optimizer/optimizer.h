@@ -363,9 +363,19 @@ int st_codec_ef_encode(st_codec_ef_t* ef, const float* x, uint8_t* buf,
  *   m      = momentum m + g
  *   anchor = anchor - lr (g + momentum m)
  *
- * With lr 1 and momentum 0 that is the mean: plain averaging. */
+ * With lr 1 and momentum 0 that is the mean: plain averaging.
+ *
+ * NOLOCO is the gossip variant (Kolehmainen et al. 2025, "NoLoCo"): the
+ * same step, taken by each member on the pairwise mean of each of its
+ * gossip exchanges instead of a ring round's global one, from its own
+ * anchor (members' anchors differ; each step pulls a member's toward its
+ * partner's, and gossip mixes them); no all-reduce is needed. */
 
-typedef enum { ST_OUTER_NONE = 0, ST_OUTER_NESTEROV = 1 } st_outer_kind_t;
+typedef enum {
+  ST_OUTER_NONE = 0,
+  ST_OUTER_NESTEROV = 1,
+  ST_OUTER_NOLOCO = 2
+} st_outer_kind_t;
 
 typedef struct {
   st_outer_kind_t kind;
@@ -401,6 +411,11 @@ int st_outer_name(const st_outer_spec_t* spec, char* buf, size_t len);
  * return. A NESTEROV spec only. */
 void st_outer_step(const st_outer_spec_t* spec, float* anchor, float* m,
                    const float* mean, float* delta, size_t n);
+/* The same step where the mean is own + delta (a gossip exchange's: own,
+ * this member's snapshot; delta, what plain averaging adds to it), with
+ * no vector of the mean: delta becomes new anchor - own. */
+void st_outer_step_own(const st_outer_spec_t* spec, float* anchor, float* m,
+                       const float* own, float* delta, size_t n);
 
 #ifdef __cplusplus
 }

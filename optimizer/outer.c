@@ -1,7 +1,7 @@
 /* outer.c: the outer optimizer of averaging (--outer; issue #16): the
  * setting, its canonical name, and the Nesterov step a node takes on the
- * mean of a ring round (optimizer.h, "The outer optimizer of averaging";
- * docs/compression.md, "The outer optimizer").
+ * mean of a ring round, or (noloco) of a gossip exchange (optimizer.h, "The
+ * outer optimizer of averaging"; docs/compression.md, "The outer optimizer").
  */
 #include "optimizer/optimizer.h"
 
@@ -26,9 +26,13 @@ int st_outer_parse_kind(const char* text, st_outer_spec_t* spec, char* err,
     spec->kind = ST_OUTER_NESTEROV;
     return 0;
   }
+  if (text != NULL && strcmp(text, "noloco") == 0) {
+    spec->kind = ST_OUTER_NOLOCO;
+    return 0;
+  }
   st_set_err(err, err_len,
-             "outer optimizer '%s' is unknown; use none (plain averaging) or "
-             "nesterov",
+             "outer optimizer '%s' is unknown; use none (plain averaging), "
+             "nesterov or noloco",
              text != NULL ? text : "");
   return -EINVAL;
 }
@@ -72,14 +76,16 @@ int st_outer_name(const st_outer_spec_t* spec, char* buf, size_t len) {
     memcpy(buf, "none", sizeof "none");
     return 0;
   }
-  if (spec->kind != ST_OUTER_NESTEROV || spec->lr_ppm == 0 ||
-      spec->lr_ppm > ST_OUTER_LR_MAX_PPM ||
+  if ((spec->kind != ST_OUTER_NESTEROV && spec->kind != ST_OUTER_NOLOCO) ||
+      spec->lr_ppm == 0 || spec->lr_ppm > ST_OUTER_LR_MAX_PPM ||
       spec->momentum_ppm > ST_OUTER_MOMENTUM_MAX_PPM)
     return -EINVAL;
   char lr[24], mom[24], tmp[64];
   st_format_millionths(spec->lr_ppm, lr, sizeof lr);
   st_format_millionths(spec->momentum_ppm, mom, sizeof mom);
-  int w = snprintf(tmp, sizeof tmp, "nesterov:%s:%s", lr, mom);
+  int w =
+      snprintf(tmp, sizeof tmp, "%s:%s:%s",
+               spec->kind == ST_OUTER_NOLOCO ? "noloco" : "nesterov", lr, mom);
   if (w < 0 || (size_t) w + 1 > len)
     return -ENOSPC;
   memcpy(buf, tmp, (size_t) w + 1);
@@ -96,6 +102,21 @@ void st_outer_step(const st_outer_spec_t* spec, float* anchor, float* m,
     float next = anchor[i] - lr * (g + mu * mi);
     m[i] = mi;
     delta[i] += next - mean[i];
+    anchor[i] = next;
+  }
+}
+
+void st_outer_step_own(const st_outer_spec_t* spec, float* anchor, float* m,
+                       const float* own, float* delta, size_t n) {
+  const float lr = (float) spec->lr_ppm / 1e6f;
+  const float mu = (float) spec->momentum_ppm / 1e6f;
+  for (size_t i = 0; i < n; i++) {
+    float mean = own[i] + delta[i];
+    float g = anchor[i] - mean;
+    float mi = mu * m[i] + g;
+    float next = anchor[i] - lr * (g + mu * mi);
+    m[i] = mi;
+    delta[i] = next - own[i];
     anchor[i] = next;
   }
 }

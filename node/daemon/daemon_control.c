@@ -352,7 +352,10 @@ static void status_json_outer(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   const st_outer_spec_t* o = &d->cfg->outer;
   put_key(b, first, "outer");
   bool f2 = true;
-  kv_str(b, &f2, "optimizer", o->kind == ST_OUTER_NONE ? "none" : "nesterov");
+  kv_str(b, &f2, "optimizer",
+         o->kind == ST_OUTER_NONE     ? "none"
+         : o->kind == ST_OUTER_NOLOCO ? "noloco"
+                                      : "nesterov");
   kv_num(b, &f2, "lr", o->kind == ST_OUTER_NONE ? 1.0 : o->lr_ppm / 1e6);
   kv_num(b, &f2, "momentum",
          o->kind == ST_OUTER_NONE ? 0.0 : o->momentum_ppm / 1e6);

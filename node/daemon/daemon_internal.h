@@ -833,6 +833,13 @@ void st__outer_mark_model(const st__daemon_t* d);
  * plain averaging). */
 void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
                           size_t n);
+/* --outer noloco: rewrites a gossip exchange's delta (pairwise mean -
+ * own, own the snapshot it was computed from, uncompressed) to the outer
+ * step's new anchor - own, or leaves it for the first exchange (which
+ * takes the mean as the anchor) and while the trainer is at rest. Nothing
+ * for another setting. */
+void st__outer_xchg_apply(st__daemon_t* d, float* delta, const float* own,
+                          size_t n);
 /* A round whose move robust averaging clipped: no outer step (counted). */
 void st__outer_ring_skipped(st__daemon_t* d);
 void st__outer_free(st__daemon_t* d);

@@ -480,8 +480,11 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
   const st_outer_spec_t* o = &d->cfg->outer;
   bool on = o->kind != ST_OUTER_NONE;
   family(b, "starling_outer_info", "gauge",
-         "1, labelled with the outer optimizer of ring rounds (--outer).");
-  label(l, sizeof(l), "optimizer", on ? "nesterov" : "none");
+         "1, labelled with the outer optimizer of averaging (--outer).");
+  label(l, sizeof(l), "optimizer",
+        !on                          ? "none"
+        : o->kind == ST_OUTER_NOLOCO ? "noloco"
+                                     : "nesterov");
   sample_u64(b, "starling_outer_info", l, 1);
   gauge(b, "starling_outer_learning_rate",
         "The outer step's learning rate (1 without --outer).",

@@ -1,5 +1,8 @@
 /* daemon_outer.c: the outer optimizer of averaging (--outer nesterov;
- * issue #16), DiLoCo's step on the mean of a ring round
+ * issue #16), DiLoCo's step on the mean of a ring round, and its gossip
+ * variant (--outer noloco: the same step on each gossip exchange's
+ * pairwise mean, from each member's own anchor; ring rounds are then
+ * plain averaging)
  * (optimizer.h, "The outer optimizer of averaging"; docs/compression.md,
  * "The outer optimizer").
  *
@@ -78,8 +81,9 @@ static bool outer_start(st__daemon_t* d, const float* mean, size_t n) {
 void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
                           size_t n) {
   d->ring_moved_to = mean;
-  if (!st__outer_on(d) || delta == NULL || mean == NULL || n == 0)
-    return;
+  if (d->cfg->outer.kind != ST_OUTER_NESTEROV || delta == NULL ||
+      mean == NULL || n == 0)
+    return; /* noloco: a ring round is plain averaging */
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   bool trained = st.step != d->outer_step || d->outer_anchor == NULL;
@@ -93,6 +97,28 @@ void st__outer_ring_apply(st__daemon_t* d, float* delta, const float* mean,
   }
   st_outer_step(&d->cfg->outer, d->outer_anchor, d->outer_m, mean, delta, n);
   d->ring_moved_to = d->outer_anchor;
+  d->c.outer_steps++;
+}
+
+void st__outer_xchg_apply(st__daemon_t* d, float* delta, const float* own,
+                          size_t n) {
+  if (d->cfg->outer.kind != ST_OUTER_NOLOCO || delta == NULL || own == NULL ||
+      n == 0)
+    return;
+  st__tt_stats_t st;
+  st__tt_stats(d->tt, &st);
+  bool trained = st.step != d->outer_step || d->outer_anchor == NULL;
+  d->outer_step = st.step;
+  if (!trained)
+    return; /* at rest: the pairwise mean */
+  if (d->outer_anchor == NULL || d->outer_n != n) {
+    /* The first exchange: its mean, own + delta, is the anchor. */
+    if (outer_start(d, own, n))
+      for (size_t i = 0; i < n; i++)
+        d->outer_anchor[i] += delta[i];
+    return;
+  }
+  st_outer_step_own(&d->cfg->outer, d->outer_anchor, d->outer_m, own, delta, n);
   d->c.outer_steps++;
 }
 

@@ -151,8 +151,15 @@ static void drain(st__conn_t* c) {
             d->c.fetches_ok++;
             st__daemon_synced(d);
           }
-        } else if (st__tt_request_apply(d->tt, c->id, a.values, 1.0f) == 0) {
-          c->tt_pending++;
+        } else {
+          /* A clipped move is applied as it is (the outer step's state is
+           * not fed a peer robust averaging distrusts). */
+          if (!a.clipped)
+            st__outer_xchg_apply(d, (float*) a.values, st_xchg_own(c->x), a.n);
+          else if (d->cfg->outer.kind == ST_OUTER_NOLOCO)
+            d->c.outer_skipped++;
+          if (st__tt_request_apply(d->tt, c->id, a.values, 1.0f) == 0)
+            c->tt_pending++;
         }
         break;
       case ST_XACT_ENCODE:

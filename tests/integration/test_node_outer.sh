@@ -22,13 +22,19 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
 # --- (a) flag errors ------------------------------------------------------------
-expect_fail "an unknown outer optimizer" 2 "--outer: outer optimizer 'adam' is unknown; use none \(plain averaging\) or nesterov" -- \
+expect_fail "an unknown outer optimizer" 2 "--outer: outer optimizer 'adam' is unknown; use none \(plain averaging\), nesterov or noloco" -- \
   "$STARLING" node --outer adam
 expect_fail "an outer momentum of 1" 2 "--outer-momentum: outer momentum '1' is not a decimal in \[0, 1\)" -- \
   "$STARLING" node --outer nesterov --outer-momentum 1
 expect_fail "--outer-lr without --outer" 2 "--outer-lr and --outer-momentum set the outer optimizer; add --outer nesterov" -- \
   "$STARLING" node --listen 127.0.0.1:0 --cluster-key "$KEY" --data-dir "$SCRATCH/x" \
   "${RECIPE[@]}" --outer-lr 0.5
+expect_fail "--outer noloco without gossip" 2 "--outer noloco steps on the means of gossip exchanges.*set --gossip-every" -- \
+  "$STARLING" node --listen 127.0.0.1:0 --cluster-key "$KEY" --data-dir "$SCRATCH/x" \
+  "${RECIPE[@]}" --outer noloco --gossip-every 0
+expect_fail "--outer noloco with --compress" 2 "--outer noloco works on uncompressed gossip" -- \
+  "$STARLING" node --listen 127.0.0.1:0 --cluster-key "$KEY" --data-dir "$SCRATCH/x" \
+  "${RECIPE[@]}" --outer noloco --compress int8
 expect_fail "--outer with no ring rounds" 2 "--outer steps on the mean of ring rounds.*set --ring-every or --local-steps" -- \
   "$STARLING" node --listen 127.0.0.1:0 --cluster-key "$KEY" --data-dir "$SCRATCH/x" \
   "${RECIPE[@]}" --outer nesterov --ring-every 0
@@ -113,4 +119,43 @@ ratio=${spread##*ratio=}
 ratio=${ratio%% *}
 ge 1e-5 "$ratio" || fail "(c) the nodes' models differ by $ratio of the norm: $spread"
 pass "(c) the four models agree after the last rounds: $spread"
+
+# --- (d) the gossip variant ---------------------------------------------------------
+NOLOCO=(--outer noloco --ring-every 0 --gossip-every 0.2 --min-nodes 2 --checkpoint-every 0)
+node_start 20 "${RECIPE[@]}" --epochs 3 --shard 0/2 "${NOLOCO[@]}"
+node_up 20
+node_start 21 "${RECIPE[@]}" --epochs 3 --shard 1/2 --join "$NODE_ADDR" "${NOLOCO[@]}"
+node_up 21
+pair_done() { node_state_is 20 "done" && node_state_is 21 "done"; }
+wait_for 150 "the two noloco nodes finishing their epochs" pair_done
+sleep $((3 * SLOW)) # exchanges at rest, and the evaluation after the last step
+for k in 0 1; do
+  node_status $((20 + k)) >"$SCRATCH/noloco-$k.json" || node_fail "status of node $k"
+done
+"$NUMPY_PY" - "$SCRATCH" "${ST_SANITIZE:-OFF}" <<'PY' || node_fail "(d) noloco: see above"
+import json, sys
+scratch, sanitize = sys.argv[1], sys.argv[2] == "ON"
+for k in range(2):
+    s = json.load(open("%s/noloco-%d.json" % (scratch, k)))
+    o = s["outer"]
+    print("  node %d: step %d, test accuracy %.4f, exchanges ok %d, ring rounds %d, outer %s"
+          % (k, s["step"], s["test_accuracy"], s["exchanges_ok"], s["ring_rounds_ok"], o))
+    assert o["optimizer"] == "noloco" and o["lr"] == 0.7 and o["momentum"] == 0.9, o
+    assert s["ring_rounds_ok"] == 0, "ring rounds with --ring-every 0"
+    assert o["starts"] == 1, "the outer state started %d times" % o["starts"]
+    assert o["steps"] >= 1, "no outer step in %d exchanges" % s["exchanges_ok"]
+    assert o["steps"] + o["starts"] + o["skipped"] <= s["exchanges_ok"], o
+    if not sanitize:
+        assert s["test_accuracy"] >= 0.82, "test accuracy %.4f" % s["test_accuracy"]
+PY
+pass "(d) 2 nodes took noloco outer steps on their gossip exchanges and reached their accuracy"
+node_leave 20
+node_leave 21
+spread=$("$NUMPY_PY" "$SRC/tests/integration/node_param_spread.py" \
+  "$(node_dir 20)/checkpoint.safetensors" "$(node_dir 21)/checkpoint.safetensors") ||
+  fail "node_param_spread"
+ratio=${spread##*ratio=}
+ratio=${ratio%% *}
+ge 1e-5 "$ratio" || fail "(d) the two noloco models differ by $ratio of the norm: $spread"
+pass "(d) at rest the two agree: $spread"
 echo "all outer optimizer tests passed in $(elapsed) s"

@@ -102,6 +102,54 @@ START_TEST(test_parse_and_name) {
   ck_assert_str_eq(name, "nesterov:1:0");
   s.lr_ppm = 0;
   ck_assert_int_eq(st_outer_name(&s, name, sizeof name), -EINVAL);
+  /* The gossip variant names itself apart: a cluster cannot mix them. */
+  st_outer_spec_default(&s);
+  ck_assert_int_eq(st_outer_parse_kind("noloco", &s, err, sizeof err), 0);
+  ck_assert_int_eq(s.kind, ST_OUTER_NOLOCO);
+  ck_assert_int_eq(st_outer_name(&s, name, sizeof name), 0);
+  ck_assert_str_eq(name, "noloco:0.7:0.9");
+  ck_assert_int_eq(st_outer_parse_kind("nolo", &s, err, sizeof err), -EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "noloco"));
+}
+END_TEST
+
+/* The gossip variant's step, which has no vector of the mean (own +
+ * delta), lands where st_outer_step lands with that mean, float for
+ * float within a rounding of the sum, over 30 exchanges; and the anchor
+ * and momentum it leaves are the same. */
+START_TEST(test_step_own_is_the_step_on_own_plus_delta) {
+  const size_t n = 777;
+  st_outer_spec_t s = {ST_OUTER_NOLOCO, 700000, 900000};
+  float *a1 = calloc(n, 4), *m1 = calloc(n, 4), *a2 = calloc(n, 4),
+        *m2 = calloc(n, 4), *own = calloc(n, 4), *mean = calloc(n, 4),
+        *d1 = calloc(n, 4), *d2 = calloc(n, 4);
+  ck_assert(a1 && m1 && a2 && m2 && own && mean && d1 && d2);
+  st_rng_t rng;
+  st_rng_seed(&rng, 99);
+  for (size_t i = 0; i < n; i++)
+    a1[i] = a2[i] = (float) st_rng_normal(&rng);
+  for (int round = 0; round < 30; round++) {
+    for (size_t i = 0; i < n; i++) {
+      own[i] = a1[i] + (float) (0.05 * st_rng_normal(&rng));
+      d1[i] = d2[i] = (float) (0.02 * st_rng_normal(&rng));
+      mean[i] = own[i] + d1[i];
+    }
+    st_outer_step(&s, a1, m1, mean, d1, n);
+    st_outer_step_own(&s, a2, m2, own, d2, n);
+    for (size_t i = 0; i < n; i++) {
+      float scale = fabsf(a1[i]) + fabsf(own[i]) + 1.0f;
+      ck_assert_msg(fabsf(a1[i] - a2[i]) <= 4e-7f * scale,
+                    "round %d [%zu]: anchor %g vs %g", round, i, a1[i], a2[i]);
+      ck_assert_msg(fabsf(m1[i] - m2[i]) <= 4e-7f * scale, "momentum");
+      /* delta ends as new anchor - own in both. */
+      ck_assert_msg(fabsf((own[i] + d2[i]) - a2[i]) <= 4e-7f * scale,
+                    "round %d [%zu]: own + delta %g, anchor %g", round, i,
+                    own[i] + d2[i], a2[i]);
+      a2[i] = a1[i], m2[i] = m1[i]; /* the next round from the same state */
+    }
+  }
+  free(a1), free(m1), free(a2), free(m2), free(own), free(mean), free(d1),
+      free(d2);
 }
 END_TEST
 
@@ -223,6 +271,7 @@ static Suite* outer_suite(void) {
   tcase_add_loop_test(tc, test_step_follows_float64, 0, 3);
   tcase_add_test(tc, test_lr1_momentum0_is_plain_averaging);
   tcase_add_test(tc, test_momentum_accelerates_a_steady_pull);
+  tcase_add_test(tc, test_step_own_is_the_step_on_own_plus_delta);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -194,13 +194,17 @@ static void usage(FILE* f) {
       "ring\n"
       "                       round's mean; the same on every node\n"
       "                       (docs/compression.md)\n"
-      "  --outer O            what a ring round moves the nodes to: none "
-      "(its mean,\n"
-      "                       the default) or nesterov (DiLoCo's outer "
+      "  --outer O            what averaging moves the nodes to: none "
+      "(the mean,\n"
+      "                       the default), nesterov (DiLoCo's outer "
       "step: a\n"
-      "                       Nesterov step on the mean's move from the "
-      "last\n"
-      "                       round's vector); the same on every node\n"
+      "                       Nesterov step on a ring round's mean's move "
+      "from the\n"
+      "                       last round's vector) or noloco (the same "
+      "step on\n"
+      "                       each gossip exchange's pairwise mean); the "
+      "same on\n"
+      "                       every node\n"
       "  --outer-lr X         its learning rate, in (0, 4] (default 0.7)\n"
       "  --outer-momentum M   its momentum, in [0, 1) (default 0.9)\n"
       "  --local-steps H      while training, a ring round every H steps "
@@ -455,8 +459,9 @@ static int parse_args(int argc, char** argv, const struct option* opts,
   return rc;
 }
 
-/* The outer optimizer's flags together: tuned only with --outer nesterov,
- * which needs ring rounds. 0, or 2 after saying why. */
+/* The outer optimizer's flags together: tuned only with --outer; nesterov
+ * needs ring rounds, noloco uncompressed gossip. 0, or 2 after saying
+ * why. */
 static int check_outer(const st_daemon_config_t* cfg) {
   if (outer_tuned && cfg->outer.kind == ST_OUTER_NONE) {
     fprintf(stderr,
@@ -464,7 +469,21 @@ static int check_outer(const st_daemon_config_t* cfg) {
             "optimizer; add --outer nesterov\n");
     return 2;
   }
-  if (cfg->outer.kind != ST_OUTER_NONE && cfg->ring_every_s <= 0 &&
+  if (cfg->outer.kind == ST_OUTER_NOLOCO && cfg->gossip_every_s <= 0) {
+    fprintf(stderr,
+            "starling node: --outer noloco steps on the means of gossip "
+            "exchanges, and --gossip-every 0 turns them off; set "
+            "--gossip-every\n");
+    return 2;
+  }
+  if (cfg->outer.kind == ST_OUTER_NOLOCO &&
+      cfg->compress.kind != ST_CODEC_NONE) {
+    fprintf(stderr,
+            "starling node: --outer noloco works on uncompressed gossip; "
+            "drop --compress, or use --outer nesterov\n");
+    return 2;
+  }
+  if (cfg->outer.kind == ST_OUTER_NESTEROV && cfg->ring_every_s <= 0 &&
       cfg->local_steps == 0) {
     fprintf(stderr,
             "starling node: --outer steps on the mean of ring rounds, and "
