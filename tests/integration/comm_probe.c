@@ -14,6 +14,13 @@
  *                               members differ); prints the error
  *   comm_probe SOCKET barrier T one barrier with timeout T s; prints "ok" or
  *                               "error: <sentence>", exit 0 or 2
+ *   comm_probe SOCKET publish NAME C   publishes C float32 (element i is
+ *                               i / 4) under NAME; prints "ok" or
+ *                               "error: <sentence>", exit 0 or 2
+ *   comm_probe SOCKET fetch PEER NAME C  fetches C float32 that PEER
+ *                               published under NAME and checks each is
+ *                               i / 4; prints "ok", "FAIL ..." or "error:
+ *                               <sentence>", exit 0, 1 or 2
  *   comm_probe SOCKET bench S R ITERS  all-reduce of S bytes (float32) R
  *                               times per line of output, ITERS lines:
  *                               "allreduce bytes S seconds X cpu_seconds
@@ -37,6 +44,7 @@
  *                               gloo_collectives.py prints the same).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,11 +354,40 @@ static int suite(st_comm_t* c, size_t n, const char* sizes, int rounds,
   return 0;
 }
 
+/* publish NAME C, fetch PEER NAME C. */
+static int store(st_comm_t* c, int argc, char** argv) {
+  bool fetch = strcmp(argv[2], "fetch") == 0;
+  if (argc < (fetch ? 6 : 5)) {
+    fprintf(stderr, "comm_probe: publish NAME C | fetch PEER NAME C\n");
+    return 2;
+  }
+  size_t count = (size_t) atol(argv[fetch ? 5 : 4]);
+  float* v = calloc(count + 1, sizeof(float));
+  if (v == NULL)
+    return 2;
+  for (size_t i = 0; i < count && !fetch; i++)
+    v[i] = (float) i / 4.0f;
+  int rc = fetch ? st_comm_fetch(c, argv[3], argv[4], v, count, ST_COMM_F32, 30)
+                 : st_comm_publish(c, argv[3], v, count, ST_COMM_F32);
+  size_t bad = 0;
+  for (size_t i = 0; rc == 0 && fetch && i < count; i++)
+    bad += v[i] != (float) i / 4.0f;
+  if (rc != 0)
+    printf("error: %s\n", st_comm_error(c));
+  else if (bad > 0)
+    printf("FAIL %zu of %zu elements differ\n", bad, count);
+  else
+    printf("ok\n");
+  free(v);
+  return rc != 0 ? 2 : bad > 0 ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) {
     fprintf(stderr,
             "usage: comm_probe SOCKET check N | count C | barrier T | "
-            "bench BYTES REPS LINES | suite N SIZES ROUNDS ITERS\n");
+            "publish NAME C | fetch PEER NAME C | bench BYTES REPS LINES | "
+            "suite N SIZES ROUNDS ITERS\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -383,6 +420,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(argv[2], "suite") == 0 && argc >= 7) {
     rc =
         suite(c, (size_t) atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
+  } else if (strcmp(argv[2], "publish") == 0 || strcmp(argv[2], "fetch") == 0) {
+    rc = store(c, argc, argv);
   } else if (strcmp(argv[2], "bench") == 0 && argc >= 6) {
     rc = bench(c, (size_t) atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
   } else {

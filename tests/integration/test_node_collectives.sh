@@ -12,6 +12,11 @@
 #       the others, naming the member not heard from;
 #   (d) a member's program killed while it waits in a barrier: the others
 #       fail at once, naming it ("went away");
+#   (g) publish and fetch: a program on node 0 publishes a tensor and exits;
+#       programs on nodes 1 and 2 fetch it (large and small) exactly; a
+#       name nobody published is refused naming it; a cluster-key holder
+#       that is not a member gets no answer to its asks (counted as
+#       dropped), and a malformed ask closes its connection;
 #   (f) a call only one member makes times out, is withdrawn, and leaves
 #       the members in step: the next barrier of all passes;
 #   (e) a member's node killed -9 during a barrier: the others fail within
@@ -75,6 +80,39 @@ done
 grep -qh "of 99 float32.*of 100 float32\|of 100 float32.*of 99 float32" "$SCRATCH"/b.* ||
   node_fail "(b) no error names both calls: $(cat "$SCRATCH"/b.*)"
 pass "(b) a count mismatch fails all $N members: $(head -c 160 "$SCRATCH/b.0")"
+
+# (g) publish and fetch, and hostile asks.
+STORE_PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/store_probe
+[ -x "$STORE_PROBE" ] || fail "store_probe not built at $STORE_PROBE"
+id0=$(node_field 0 id)
+"$PROBE" "$(sock 0)" publish w 300000 >"$SCRATCH/g.pub" 2>&1 || node_fail "(g) publish: $(cat "$SCRATCH/g.pub")"
+"$PROBE" "$(sock 0)" publish s 3 >>"$SCRATCH/g.pub" 2>&1 || node_fail "(g) publish: $(cat "$SCRATCH/g.pub")"
+for k in 1 2; do
+  for spec in "w 300000" "s 3"; do
+    read -r name count <<<"$spec"
+    timeout "$(scaled 60)" "$PROBE" "$(sock $k)" fetch "$id0" "$name" "$count" >"$SCRATCH/g.$k" 2>&1 ||
+      node_fail "(g) member $k fetching $name: $(cat "$SCRATCH/g.$k")"
+  done
+done
+timeout "$(scaled 60)" "$PROBE" "$(sock 1)" fetch "$id0" nobody 3 >"$SCRATCH/g.none" 2>&1 && node_fail "(g) a fetch of nothing passed"
+grep -q '^error: .*nothing is published under "nobody"' "$SCRATCH/g.none" ||
+  node_fail "(g) a fetch of nothing: $(cat "$SCRATCH/g.none")"
+dropped_before=$(node_field 0 collectives.dropped)
+field_before=$(node_field 0 rejected.wire_field)
+out=$(timeout "$(scaled 30)" "$STORE_PROBE" --cluster-key "$KEY" --connect "$(node_field 0 address)" --name w) ||
+  node_fail "(g) store_probe failed: $out"
+[ "$out" = '{"answered":false,"closed":true}' ] || node_fail "(g) store_probe: $out"
+dropped=$(node_field 0 collectives.dropped)
+[ "$dropped" -ge $((dropped_before + 3)) ] ||
+  node_fail "(g) 2 asks and a forged refusal from a non-member: collectives.dropped $dropped_before -> $dropped"
+field=$(node_field 0 rejected.wire_field)
+[ "$field" -ge $((field_before + 1)) ] ||
+  node_fail "(g) a malformed ask: rejected.wire_field $field_before -> $field"
+served=$(node_field 0 collectives.fetches_served)
+[ "$served" -eq 4 ] || node_fail "(g) node 0 served $served fetches, not 4"
+timeout "$(scaled 60)" "$PROBE" "$(sock 2)" fetch "$id0" s 3 >"$SCRATCH/g.after" 2>&1 ||
+  node_fail "(g) a member's fetch after the hostile asks: $(cat "$SCRATCH/g.after")"
+pass "(g) published on node 0, fetched exactly by 1 and 2; nothing published refused by name; a non-member's asks dropped ($dropped_before -> $dropped), a malformed one closed"
 
 # (c) member 2 never arrives: the others time out, naming it.
 id2=$(node_field 2 id)
