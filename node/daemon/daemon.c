@@ -291,6 +291,7 @@ static void tt_async_cb(uv_async_t* a) {
         } else {
           d->c.checkpoints++;
           d->c.checkpoint_step = ev.step;
+          st__outer_save(d, false);
         }
         break;
       case ST__TT_EV_EPOCHS_DONE: {
@@ -337,6 +338,7 @@ static void leave_done_cb(uv_timer_t* t) {
         d->exit_code = 1;
     } else if (ckpt && d->exit_code == 0) {
       st__dlog(d, "checkpoint written to %s", d->checkpoint_path);
+      st__outer_save(d, true);
     }
   }
   st__ring_close(d);
@@ -509,6 +511,7 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
       return rc;
     }
     d->resumed = true;
+    st__outer_resume(d);
   }
   return 0;
 }

@@ -148,6 +148,7 @@ int st__attach_setup(st__daemon_t* d, char* err, size_t err_len) {
     return -ENOMEM;
   }
   d->resumed = true;
+  st__outer_resume(d);
   return 0;
 }
 

@@ -363,6 +363,7 @@ static void status_json_outer(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_u64(b, &f2, "steps", d->c.outer_steps);
   kv_u64(b, &f2, "starts", d->c.outer_starts);
   kv_u64(b, &f2, "skipped", d->c.outer_skipped);
+  kv_u64(b, &f2, "resumed", d->c.outer_resumed);
   st_json_buf_puts(b, "}");
 }
 

@@ -343,10 +343,11 @@ typedef struct {
    * rounds, averaging exchanges that went compressed, and compressed
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
   uint64_t anchors, xchg_coded;
-  /* The outer optimizer (daemon_outer.c): ring rounds that took an outer
-   * step, that started it (this node had no anchor yet: the mean), and
-   * that it sat out (robust averaging clipped the round's move). */
-  uint64_t outer_steps, outer_starts, outer_skipped;
+  /* The outer optimizer (daemon_outer.c): ring rounds (noloco: gossip
+   * exchanges) that took an outer step, that started it (this node had no
+   * anchor yet: the mean), and that it sat out (robust averaging clipped
+   * the move); starts from DATA_DIR/outer.safetensors at a resume. */
+  uint64_t outer_steps, outer_starts, outer_skipped, outer_resumed;
   uint64_t codec_drops[ST_CODEC_DROP_COUNT];
   /* Cluster requests from members (daemon_admin_net.c), by answer;
    * rejected: undecodable, or not from a live member (nothing answered). */
@@ -473,6 +474,7 @@ struct st__daemon_s {
   float* outer_m;
   size_t outer_n;
   uint64_t outer_step; /* the trainer's step at the last round's APPLY */
+  bool outer_saving;   /* a write of outer.safetensors runs on the pool */
   const float* ring_moved_to;
   uint64_t status_seq;
 
@@ -843,6 +845,16 @@ void st__outer_xchg_apply(st__daemon_t* d, float* delta, const float* own,
 /* A round whose move robust averaging clipped: no outer step (counted). */
 void st__outer_ring_skipped(st__daemon_t* d);
 void st__outer_free(st__daemon_t* d);
+/* daemon_outer_state.c: the state across restarts. Writes the anchor and
+ * momentum to DATA_DIR/outer.safetensors (atomic; nothing when there is
+ * no state): now, or on the thread pool from a copy (skipped while one
+ * such write runs). 0, or -errno after a warning. */
+int st__outer_save(st__daemon_t* d, bool now);
+/* At a resume from the checkpoint (d->local's model known): takes the
+ * state from that file when it was written under this setting and model,
+ * else warns naming the file and why and leaves the state to start at
+ * the next round. */
+void st__outer_resume(st__daemon_t* d);
 
 /* Names the current anchor in l (all zero when none) and has c hold it. */
 void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l);

@@ -504,9 +504,13 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
           "node's first: the mean became its anchor).",
           d->c.outer_starts);
   counter(b, "starling_outer_skipped_total",
-          "Ring rounds the outer optimizer sat out: robust averaging "
-          "clipped their move.",
+          "Ring rounds (noloco: exchanges) the outer optimizer sat out: "
+          "robust averaging clipped their move.",
           d->c.outer_skipped);
+  counter(b, "starling_outer_resumed_total",
+          "Starts that took the outer optimizer's state from "
+          "outer.safetensors.",
+          d->c.outer_resumed);
 }
 
 /* Multi-donor state sync (daemon_sync.c), as joiner and as donor. */

@@ -116,6 +116,7 @@ OUTER = {
     "steps": ("starling_outer_steps_total", {}),
     "starts": ("starling_outer_starts_total", {}),
     "skipped": ("starling_outer_skipped_total", {}),
+    "resumed": ("starling_outer_resumed_total", {}),
 }
 SYNC = {
     "donors": ("starling_sync_donors", {}),

@@ -119,6 +119,21 @@ ratio=${spread##*ratio=}
 ratio=${ratio%% *}
 ge 1e-5 "$ratio" || fail "(c) the nodes' models differ by $ratio of the norm: $spread"
 pass "(c) the four models agree after the last rounds: $spread"
+# The outer state went to disk beside each checkpoint at the leave (its
+# resume is test_daemon_state's): anchor and momentum of 235,146 floats.
+for k in 0 1 2 3; do
+  f="$(node_dir $((10 + k)))/outer.safetensors"
+  "$NUMPY_PY" - "$f" <<'PY' || fail "(c) node $k's outer.safetensors"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+assert h["__metadata__"]["outer"] == "nesterov:0.7:0.9", h["__metadata__"]
+for t in ("outer.anchor", "outer.momentum"):
+    assert h[t]["dtype"] == "F32" and h[t]["shape"] == [235146], h[t]
+PY
+done
+pass "(c) each node wrote its outer state at the leave"
 
 # --- (d) the gossip variant ---------------------------------------------------------
 NOLOCO=(--outer noloco --ring-every 0 --gossip-every 0.2 --min-nodes 2 --checkpoint-every 0)
