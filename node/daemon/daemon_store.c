@@ -136,8 +136,23 @@ static bool room_for(st__daemon_t* d, const st_node_id_t* peer) {
   return mine <= ST__STORE_QUEUED_FRAMES && all <= 2 * ST__STORE_QUEUED_FRAMES;
 }
 
+/* The pair {this node, c's member} into g; false (counted as dropped)
+ * when that member is not alive here: a non-member gets no answer, not
+ * even a refusal. */
+static bool pair_of(st__conn_t* c, st__coll_group_t* g) {
+  st_node_id_t ids[2] = {c->d->ident.id, c->peer};
+  char err[200];
+  if (st__coll_group(c->d, ids, 2, false, g, err, sizeof err) == 0)
+    return true;
+  c->d->c.coll_dropped++;
+  return false;
+}
+
 int st__store_on_ask(st__conn_t* c, const st_msg_coll_fetch_t* f) {
   st__daemon_t* d = c->d;
+  st__coll_group_t g;
+  if (!pair_of(c, &g))
+    return 1;
   char name[ST__COLL_NAME_MAX + 1];
   size_t len =
       f->text_len < ST__COLL_NAME_MAX ? f->text_len : ST__COLL_NAME_MAX;
@@ -145,28 +160,23 @@ int st__store_on_ask(st__conn_t* c, const st_msg_coll_fetch_t* f) {
   name[len] = '\0';
   entry_t* e = *find(d, f->text, len);
   char text[ST__COLL_NAME_MAX + 200];
+  st__coll_op_t* op = NULL;
   if (e == NULL) {
     snprintf(text, sizeof text, "nothing is published under \"%s\" there",
              name);
     refuse(c, f->op_id, ST_COLL_FETCH_MISSING, text);
-    return 1;
-  }
-  if (!room_for(d, &c->peer)) {
+  } else if (!room_for(d, &c->peer)) {
     snprintf(text, sizeof text,
              "it serves as many fetches as it may at once; try again");
     refuse(c, f->op_id, ST_COLL_FETCH_BUSY, text);
+  } else {
+    op = calloc(1, sizeof(*op));
+  }
+  if (op == NULL) {
+    st__coll_group_free(&g);
     return 1;
   }
-  st__coll_op_t* op = calloc(1, sizeof(*op));
-  if (op == NULL)
-    return 1;
-  st_node_id_t ids[2] = {d->ident.id, c->peer};
-  char err[200];
-  if (st__coll_group(d, ids, 2, false, &op->g, err, sizeof err) != 0) {
-    free(op); /* the asker is not an alive member: nothing to answer */
-    d->c.coll_dropped++;
-    return 1;
-  }
+  op->g = g;
   op->g.op_id = f->op_id;
   op->kind = ST_COLL_BROADCAST;
   op->rop = ST_COLL_SUM;

@@ -12,7 +12,8 @@
  * would refuse, then waits for the node to close it. Prints one JSON
  * object, {"answered":B,"closed":B}: whether the node sent anything on
  * the first connection (it must not: only alive members are answered)
- * and whether it closed the second (it must). Exit status: 0 done, 1 a
+ * (whether NAME is published there or not) and whether it closed the
+ * second (it must). Exit status: 0 done, 1 a
  * connection or handshake failed, 2 bad usage. */
 #include <errno.h>
 #include <poll.h>

@@ -15,8 +15,9 @@
 #   (g) publish and fetch: a program on node 0 publishes a tensor and exits;
 #       programs on nodes 1 and 2 fetch it (large and small) exactly; a
 #       name nobody published is refused naming it; a cluster-key holder
-#       that is not a member gets no answer to its asks (counted as
-#       dropped), and a malformed ask closes its connection;
+#       that is not a member gets no answer to its asks, for a published
+#       name or not (counted as dropped), and a malformed ask closes its
+#       connection;
 #   (f) a call only one member makes times out, is withdrawn, and leaves
 #       the members in step: the next barrier of all passes;
 #   (e) a member's node killed -9 during a barrier: the others fail within
@@ -99,20 +100,23 @@ grep -q '^error: .*nothing is published under "nobody"' "$SCRATCH/g.none" ||
   node_fail "(g) a fetch of nothing: $(cat "$SCRATCH/g.none")"
 dropped_before=$(node_field 0 collectives.dropped)
 field_before=$(node_field 0 rejected.wire_field)
-out=$(timeout "$(scaled 30)" "$STORE_PROBE" --cluster-key "$KEY" --connect "$(node_field 0 address)" --name w) ||
-  node_fail "(g) store_probe failed: $out"
-[ "$out" = '{"answered":false,"closed":true}' ] || node_fail "(g) store_probe: $out"
+# A name published there and one that is not: neither is answered.
+for name in w nobody; do
+  out=$(timeout "$(scaled 30)" "$STORE_PROBE" --cluster-key "$KEY" --connect "$(node_field 0 address)" --name "$name") ||
+    node_fail "(g) store_probe failed: $out"
+  [ "$out" = '{"answered":false,"closed":true}' ] || node_fail "(g) store_probe --name $name: $out"
+done
 dropped=$(node_field 0 collectives.dropped)
-[ "$dropped" -ge $((dropped_before + 3)) ] ||
-  node_fail "(g) 2 asks and a forged refusal from a non-member: collectives.dropped $dropped_before -> $dropped"
+[ "$dropped" -ge $((dropped_before + 6)) ] ||
+  node_fail "(g) 4 asks and 2 forged refusals from a non-member: collectives.dropped $dropped_before -> $dropped"
 field=$(node_field 0 rejected.wire_field)
-[ "$field" -ge $((field_before + 1)) ] ||
-  node_fail "(g) a malformed ask: rejected.wire_field $field_before -> $field"
+[ "$field" -ge $((field_before + 2)) ] ||
+  node_fail "(g) 2 malformed asks: rejected.wire_field $field_before -> $field"
 served=$(node_field 0 collectives.fetches_served)
 [ "$served" -eq 4 ] || node_fail "(g) node 0 served $served fetches, not 4"
 timeout "$(scaled 60)" "$PROBE" "$(sock 2)" fetch "$id0" s 3 >"$SCRATCH/g.after" 2>&1 ||
   node_fail "(g) a member's fetch after the hostile asks: $(cat "$SCRATCH/g.after")"
-pass "(g) published on node 0, fetched exactly by 1 and 2; nothing published refused by name; a non-member's asks dropped ($dropped_before -> $dropped), a malformed one closed"
+pass "(g) published on node 0, fetched exactly by 1 and 2; nothing published refused by name; a non-member's asks (a published name and not) dropped ($dropped_before -> $dropped), malformed ones closed"
 
 # (c) member 2 never arrives: the others time out, naming it.
 id2=$(node_field 2 id)
