@@ -111,13 +111,19 @@ wait_for 20 "node 0 in a ring round at rest" rounds_past
   node_fail "(c) node 0 took an outer step at rest ($outer0, then $(node_field 10 outer.steps))"
 pass "(c) rounds at rest are plain averaging ($(node_field 10 ring_rounds_ok) rounds, $outer0 outer steps)"
 for k in 0 1 2 3; do node_leave $((10 + k)); done
-spread=$("$NUMPY_PY" "$SRC/tests/integration/node_param_spread.py" \
-  "$(node_dir 10)/checkpoint.safetensors" "$(node_dir 11)/checkpoint.safetensors" \
-  "$(node_dir 12)/checkpoint.safetensors" "$(node_dir 13)/checkpoint.safetensors") ||
-  fail "node_param_spread"
-ratio=${spread##*ratio=}
-ratio=${ratio%% *}
-ge 1e-5 "$ratio" || fail "(c) the nodes' models differ by $ratio of the norm: $spread"
+# agree PART K...: nodes K's checkpoints agree within 1e-5 of the norm;
+# sets spread to node_param_spread's line.
+agree() {
+  local part=$1 k files=() ratio
+  shift
+  for k in "$@"; do files+=("$(node_dir "$k")/checkpoint.safetensors"); done
+  spread=$("$NUMPY_PY" "$SRC/tests/integration/node_param_spread.py" "${files[@]}") ||
+    fail "node_param_spread"
+  ratio=${spread##*ratio=}
+  ratio=${ratio%% *}
+  ge 1e-5 "$ratio" || fail "($part) the nodes' models differ by $ratio of the norm: $spread"
+}
+agree c 10 11 12 13
 pass "(c) the four models agree after the last rounds: $spread"
 # The outer state went to disk beside each checkpoint at the leave (its
 # resume is test_daemon_state's): anchor and momentum of 235,146 floats.
@@ -166,11 +172,6 @@ PY
 pass "(d) 2 nodes took noloco outer steps on their gossip exchanges and reached their accuracy"
 node_leave 20
 node_leave 21
-spread=$("$NUMPY_PY" "$SRC/tests/integration/node_param_spread.py" \
-  "$(node_dir 20)/checkpoint.safetensors" "$(node_dir 21)/checkpoint.safetensors") ||
-  fail "node_param_spread"
-ratio=${spread##*ratio=}
-ratio=${ratio%% *}
-ge 1e-5 "$ratio" || fail "(d) the two noloco models differ by $ratio of the norm: $spread"
+agree d 20 21
 pass "(d) at rest the two agree: $spread"
 echo "all outer optimizer tests passed in $(elapsed) s"
