@@ -356,9 +356,10 @@ int st_client_step(st_client_t* c, uint64_t step) {
   st_attach_header_t* h = c->h;
   atomic_store_explicit(&h->step, step, memory_order_relaxed);
   /* Only this side writes the counter: a load and a store, no locked
-   * instruction. */
+   * instruction. Release: the node writes area B only after the first one
+   * (it may still hold the parameters install() copied). */
   uint64_t n = atomic_load_explicit(&h->boundaries, memory_order_relaxed);
-  atomic_store_explicit(&h->boundaries, n + 1, memory_order_relaxed);
+  atomic_store_explicit(&h->boundaries, n + 1, memory_order_release);
   uint64_t req = atomic_load_explicit(&h->req_seq, memory_order_acquire);
   if (req != c->acked)
     return serve(c, req, step);

@@ -69,6 +69,8 @@ struct st__ah_s {
   bool outstanding;     /* seq not yet acknowledged */
   unsigned out_flags;   /* what the outstanding request asked */
   uint64_t seen_step;   /* the program's step counter when last read */
+  uint64_t boundaries0; /* its boundary counter when the session started */
+  bool program_started; /* it has passed a boundary since: area B is free */
   double last_snapshot; /* when the program last gave its parameters */
   waiting_t waiting[ST__TT_MAX_SNAPSHOTS];
   size_t n_waiting;
@@ -320,6 +322,10 @@ static void complete_request(st__tt_t* tt) {
     ah->last_snapshot = st_now_s();
     serve_waiting(tt, false, INFINITY);
   }
+  /* The program took a state: the step its counter shows now was stored
+   * before it did, so the node's step stays the state's until it moves. */
+  if (ok && (ah->out_flags & ST_ATTACH_REQ_STATE))
+    ah->seen_step = atomic_load_explicit(&ah->h->step, memory_order_relaxed);
   pthread_mutex_lock(&tt->mu);
   tt->stats.program_requests++;
   pthread_mutex_unlock(&tt->mu);
@@ -338,12 +344,18 @@ static void read_program(st__tt_t* tt) {
   double loss, acc;
   memcpy(&loss, &lb, sizeof(loss));
   memcpy(&acc, &ab, sizeof(acc));
-  if (step != ah->seen_step)
+  bool moved = step != ah->seen_step;
+  if (moved)
     tt->version++; /* the program stepped: its parameters moved */
+  /* A state not yet taken carries its own step, which the program's
+   * counter does not know yet. */
+  bool state_waits = ah->state_dirty ||
+                     (ah->outstanding && (ah->out_flags & ST_ATTACH_REQ_STATE));
   pthread_mutex_lock(&tt->mu);
   ah->seen_step = step;
-  ah->step = step;
-  tt->stats.step = step;
+  if (moved && !state_waits)
+    ah->step = step;
+  tt->stats.step = ah->step;
   tt->stats.loss = loss;
   tt->stats.test_accuracy = acc;
   tt->stats.program_boundaries = nb;
@@ -365,6 +377,8 @@ static void start_session(st__tt_t* tt, void* seg, size_t bytes) {
   atomic_store(&ah->h->ack_seq, 0);
   atomic_store(&ah->h->step, ah->step);
   atomic_store(&ah->h->req_seq, 0);
+  ah->boundaries0 = atomic_load(&ah->h->boundaries);
+  ah->program_started = false;
   ah->seen_step = ah->step;
   ah->last_snapshot = st_now_s();
 }
@@ -374,7 +388,8 @@ static void start_session(st__tt_t* tt, void* seg, size_t bytes) {
  * gathered since) go on top. A state it has not taken wins. */
 static void take_final(st__tt_t* tt) {
   st__ah_t* ah = tt->ah;
-  if (ah->outstanding && (ah->out_flags & ST_ATTACH_REQ_STATE))
+  if (ah->state_dirty ||
+      (ah->outstanding && (ah->out_flags & ST_ATTACH_REQ_STATE)))
     return;
   const float* a = st_attach_area_a(ah->seg);
   const float* b = st_attach_area_b(ah->seg, ah->n);
@@ -465,8 +480,21 @@ static void idle_wait(st__tt_t* tt, double deadline) {
   pthread_mutex_unlock(&tt->mu);
 }
 
+/* Whether the program has passed a step boundary in this session. Until
+ * then area B holds the parameters handed over with the attach, which the
+ * program may still be copying: no request may overwrite them. The
+ * program's release store of `boundaries` follows its reads of B. */
+static bool program_started(st__ah_t* ah) {
+  if (!ah->program_started)
+    ah->program_started =
+        atomic_load_explicit(&ah->h->boundaries, memory_order_acquire) !=
+        ah->boundaries0;
+  return ah->program_started;
+}
+
 /* Exchanges with the program: completes an acknowledged request, posts the
- * next, serves snapshots that waited too long from the node's copy. */
+ * next (once the program has started), serves snapshots that waited too
+ * long from the node's copy. */
 static void program_cycle(st__tt_t* tt, double now) {
   st__ah_t* ah = tt->ah;
   if (ah->outstanding &&
@@ -476,7 +504,7 @@ static void program_cycle(st__tt_t* tt, double now) {
       now - ah->last_snapshot >= REFRESH_S)
     ah->waiting[ah->n_waiting++] =
         (waiting_t){.tag = 0, .dst = NULL, .since = now};
-  if (!ah->outstanding)
+  if (!ah->outstanding && program_started(ah))
     post_request(tt);
   serve_waiting(tt, true, now - ST__TT_SNAPSHOT_WAIT_S);
   read_program(tt);

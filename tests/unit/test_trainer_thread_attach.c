@@ -121,6 +121,8 @@ static void program_attach(st__tt_t* tt, program_t* g) {
 static unsigned program_boundary(program_t* g, bool nonfinite) {
   g->step++;
   atomic_store(&g->h->step, g->step);
+  atomic_store_explicit(&g->h->boundaries, atomic_load(&g->h->boundaries) + 1,
+                        memory_order_release);
   uint64_t req = atomic_load_explicit(&g->h->req_seq, memory_order_acquire);
   if (req == atomic_load(&g->h->ack_seq))
     return 0;
@@ -241,6 +243,36 @@ START_TEST(program_snapshot_and_apply) {
   ck_assert_uint_eq(st.corrections, 1);
   ck_assert_uint_ge(st.program_requests, 2);
   ck_assert_uint_eq(st.stale_snapshots, 0);
+  stop_ok(tt, false);
+}
+END_TEST
+
+/* Area B holds the attach's parameters until the program's first step
+ * boundary: a correction that comes before it waits (a program still
+ * copying B at the attach would otherwise take the correction as its
+ * parameters), and is handed over at that boundary. */
+START_TEST(nothing_posted_before_first_boundary) {
+  float init[N], delta[N];
+  fill(init, 3.0f);
+  fill(delta, 0.5f);
+  st__tt_t* tt = host_start(init, 0, NULL);
+  program_t g;
+  program_make(&g, 0.0f);
+  ck_assert_int_eq(st__tt_attach_session(tt, g.seg, g.bytes, &g.step), 0);
+  ck_assert_int_eq(st__tt_request_apply(tt, 1, delta, 1.0f), 0);
+  st__tt_event_t ev;
+  ck_assert(next_event(tt, &ev, WAIT_S));
+  ck_assert_int_eq(ev.kind, ST__TT_EV_APPLIED);
+  sleep_ms(150); /* three idle polls of the host thread */
+  ck_assert_uint_eq(atomic_load(&g.h->req_seq), 0);
+  const float* b = st_attach_area_b(g.seg, N);
+  for (int i = 0; i < N; i++)
+    ck_assert_float_eq(b[i], 3.0f);
+  memcpy(g.p, b, sizeof(g.p)); /* the program's copy, late */
+  unsigned f = program_until_request(&g, false);
+  ck_assert(f & ST_ATTACH_REQ_APPLY);
+  for (int i = 0; i < N; i++)
+    ck_assert_float_eq(g.p[i], 3.5f);
   stop_ok(tt, false);
 }
 END_TEST
@@ -447,6 +479,7 @@ static Suite* attach_host_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, no_program_serves_its_copy);
   tcase_add_test(tc, program_snapshot_and_apply);
+  tcase_add_test(tc, nothing_posted_before_first_boundary);
   tcase_add_test(tc, corrections_are_summed);
   tcase_add_test(tc, silent_program_gets_stale_snapshot);
   tcase_add_test(tc, nonfinite_program_refused);
