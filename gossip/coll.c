@@ -600,7 +600,8 @@ int st_coll_withdraw(st_coll_t* x, const char* why) {
 int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,
                   const char* why) {
   if (x == NULL ||
-      (reason != ST_COLL_FAIL_ABORTED && reason != ST_COLL_FAIL_TIMEOUT))
+      (reason != ST_COLL_FAIL_ABORTED && reason != ST_COLL_FAIL_TIMEOUT &&
+       reason != ST_COLL_FAIL_MISMATCH))
     return -EINVAL;
   finish(x, reason, culprit <= x->s.n ? culprit : x->s.n, "%s",
          why != NULL ? why : "");

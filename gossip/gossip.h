@@ -1781,7 +1781,8 @@ void st_coll_free(st_coll_t* x);
  * driver takes every action before the next event: segments are encoded
  * from the machine's buffer as they are taken. */
 int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg);
-/* The driver ends the operation: reason ABORTED or TIMEOUT (-EINVAL
+/* The driver ends the operation: reason ABORTED, TIMEOUT or MISMATCH (a
+ * member waits in another operation: the driver's mismatch rule; -EINVAL
  * otherwise), culprit a rank or n, why a sentence (copied). ABORTs to
  * every other member come before the DONE. */
 int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,

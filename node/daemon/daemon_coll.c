@@ -391,7 +391,7 @@ int st__coll_start(st__daemon_t* d, st__coll_op_t* op, const void* input) {
                             : st_coll_new(&spec, input, &op->m);
   if (rc != 0)
     return rc;
-  op->started_ms = st__dnow(d);
+  op->started_ms = op->heard_ms = st__dnow(d);
   op->next = d->coll.ops;
   d->coll.ops = op;
   if (!uv_is_active((uv_handle_t*) &d->coll.sweep))
@@ -441,6 +441,7 @@ bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
     d->c.coll_dropped++;
     return false;
   }
+  op->heard_ms = st__dnow(d);
   st_coll_message(op->m, (uint32_t) r, &msg);
   st_wire_msg_free(&msg);
   return op_drain(d, op);
@@ -590,14 +591,103 @@ void st__coll_abort_op(st__daemon_t* d, st__coll_op_t* op, const char* why) {
   op_fail(d, op, ST_COLL_FAIL_ABORTED, NULL, "%s", why);
 }
 
-/* Deadlines, and messages kept too long for an operation that never came
- * here. */
+/* Whether op has heard from no member yet. */
+static bool heard_nobody(const st__coll_op_t* op) {
+  bool nobody = true;
+  for (uint32_t r = 0; r < op->g.n; r++)
+    nobody &= r == op->g.rank || !st_coll_heard(op->m, r);
+  return nobody;
+}
+
+/* Whether the kept message e is a HELLO whose sender had not given its
+ * operation up by `since` (no ABORT of it kept from then or before: one
+ * that came later, while this node's call waited, still shows a crossing);
+ * its fields into h. */
+static bool live_hello(const st__daemon_t* d, const pend_t* e, uint64_t since,
+                       st_msg_coll_hello_t* h) {
+  st_msg_t m;
+  if (st_wire_decode(e->data, e->len, &m, NULL) != 0)
+    return false;
+  bool hello = m.type == ST_MSG_COLL_HELLO;
+  if (hello) {
+    *h = m.u.coll_hello;
+    h->data = NULL;
+    h->data_len = 0;
+  }
+  st_wire_msg_free(&m);
+  for (const pend_t* a = d->coll.pending; hello && a != NULL; a = a->next) {
+    uint64_t type = 0;
+    if (a->op_id == e->op_id && a->at_ms <= since &&
+        memcmp(&a->from, &e->from, sizeof a->from) == 0 &&
+        st_wire_peek_type(a->data, a->len, &type) == 0 &&
+        type == ST_MSG_COLL_ABORT)
+      hello = false;
+  }
+  return hello;
+}
+
+/* The crossed-call rule (docs/collectives.md, "Crossed calls"): op, a
+ * call with no timeout, has heard nothing for ST__COLL_CROSSED_MS, and a
+ * member it has not heard
+ * from sent this node, at least as long ago, the HELLO of an operation
+ * over another member list that was never called here. That member waits
+ * there, and this node's program waits here: with one call at a time per
+ * program neither ever arrives (lists that differ, or calls in another
+ * order). op fails as a mismatch naming both calls; its sentence has the
+ * shape of the machine's own mismatch (gossip/coll.c, hello_matches). */
+static bool crossed_call(st__daemon_t* d, st__coll_op_t* op, uint64_t now) {
+  /* A call with a timeout waits as long as its caller said; a fetch, and
+   * its serving, wait on no program but this one. */
+  if (op->deadline_ms != 0 || op->fetch || op->serving != NULL ||
+      now - op->heard_ms < ST__COLL_CROSSED_MS)
+    return false;
+  for (const pend_t* e = d->coll.pending; e != NULL; e = e->next) {
+    int r = rank_of(op, &e->from);
+    st_msg_coll_hello_t h;
+    if (now - e->at_ms < ST__COLL_CROSSED_MS || r < 0 ||
+        st_coll_heard(op->m, (uint32_t) r) ||
+        !live_hello(d, e, op->started_ms, &h) ||
+        h.members_hash == op->g.members_hash)
+      continue;
+    char hex[33], text[ST_COLL_REASON_MAX];
+    st_node_id_format(&e->from, hex);
+    snprintf(text, sizeof text,
+             "member %s: rank %d called %s(%s, root %u) of %llu %s in a "
+             "group of %u (members %016llx); rank %u (this member) called "
+             "%s(%s, root %u) of %llu %s in a group of %u (members %016llx): "
+             "it has waited there for %.1f s while this call waited for it "
+             "(every member must call with the same group list, in the "
+             "same order)",
+             hex, r, st_coll_kind_name(h.kind), st_coll_rop_name(h.rop), h.root,
+             (unsigned long long) h.count, st_coll_dtype_name(h.dtype), h.n,
+             (unsigned long long) h.members_hash, op->g.rank,
+             st_coll_kind_name(op->kind), st_coll_rop_name(op->rop), op->root,
+             (unsigned long long) op->count, st_coll_dtype_name(op->dtype),
+             op->g.n, (unsigned long long) op->g.members_hash,
+             (double) (now - e->at_ms) / 1000.0);
+    /* Not withdrawn even when it met nobody: the member it crossed keeps
+     * this ABORT beside this call's HELLO, which is how its own call sees
+     * the crossing too, and how a later call on this list there fails at
+     * once (in step again) rather than waiting. */
+    st_coll_abort(op->m, ST_COLL_FAIL_MISMATCH, op->g.n, text);
+    op_drain(d, op);
+    return true;
+  }
+  return false;
+}
+
+/* Deadlines, crossed calls, and messages kept too long for an operation
+ * that never came here. */
 static void sweep_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
   uint64_t now = st__dnow(d);
   st__coll_op_t* op = d->coll.ops;
   while (op != NULL) {
     st__coll_op_t* next = op->next;
+    if (crossed_call(d, op, now)) {
+      op = next;
+      continue;
+    }
     if (op->deadline_ms != 0 && now >= op->deadline_ms) {
       char waiting[256] = "";
       size_t w = 0;
@@ -608,9 +698,7 @@ static void sweep_cb(uv_timer_t* t) {
           w += (size_t) snprintf(waiting + w, sizeof waiting - w, "%s%.12s",
                                  w ? ", " : "; no word yet from ", hex);
         }
-      bool nobody = true;
-      for (uint32_t r = 0; r < op->g.n; r++)
-        nobody &= r == op->g.rank || !st_coll_heard(op->m, r);
+      bool nobody = heard_nobody(op);
       char text[ST_COLL_REASON_MAX];
       snprintf(text, sizeof text, "timed out after %.1f s%s%s",
                (double) (now - op->started_ms) / 1000.0, waiting,

@@ -171,6 +171,10 @@ struct st__conn_s {
 #define ST__COLL_FINISHED 256
 #define ST__COLL_PENDING_MAX (256u << 20)
 #define ST__COLL_PENDING_MS 300000u
+/* An operation that has heard nothing for this long fails as a mismatch
+ * when a member it waits for has sent, as long ago, the HELLO of another
+ * operation over another member list (daemon_coll.c, crossed_call). */
+#define ST__COLL_CROSSED_MS 5000u
 /* Sessions on the control socket at once, and the largest operand a
  * program may send (1 GiB; docs/collectives.md). */
 #define ST__COLL_SESSIONS_MAX 16
@@ -208,11 +212,12 @@ typedef struct st__coll_op_s {
   uint64_t count;
   st_coll_t* m;
   uint64_t started_ms, deadline_ms; /* deadline 0: none */
-  bool withdrawn;  /* timed out having met nobody: its number given back */
-  bool no_result;  /* a push: the program gets no data back */
-  int64_t shm_off; /* the operand and result in the session's segment at
-                      this offset; -1: on the socket */
-  void* work;      /* with shm_off: the machine works there, in place */
+  uint64_t heard_ms; /* its last message from a member (or its start) */
+  bool withdrawn;    /* timed out having met nobody: its number given back */
+  bool no_result;    /* a push: the program gets no data back */
+  int64_t shm_off;   /* the operand and result in the session's segment at
+                        this offset; -1: on the socket */
+  void* work;        /* with shm_off: the machine works there, in place */
   /* A fetch this node serves (daemon_store.c): the entry it sends, and no
    * session; NULL for a program's operation. */
   struct st__store_entry_s* serving;

@@ -662,6 +662,49 @@ def test_mismatch(members: Members) -> None:
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
+def test_crossed_lists_without_timeout(members: Members) -> None:
+    """Rank 0 all-reduces over the list [0, 1], ranks 1 and 2 over [0, 1,
+    2], with no timeout: the op ids differ, so the calls never meet. The
+    crossed-call rule ends it anyway, in about 5 s (ST__COLL_CROSSED_MS):
+    every member raises CollectiveMismatch, and the sentences name both
+    lists' calls. A hang here is what the rule prevents (run's 60 s). The
+    same calls with a timeout fail at the timeout instead."""
+    pair, trio = members.ids[:2], list(members.ids)
+    t0 = time.monotonic()
+
+    def fn(comm: Any, rank: int) -> Any:
+        group = pair if rank == 0 else trio
+        comm.all_reduce(np.ones(10, dtype=np.float32), group=group, timeout=0)
+
+    out = members.run(fn)
+    took = time.monotonic() - t0
+    for r in range(N):
+        e = out[r]
+        assert isinstance(e, starling.CollectiveMismatch), f"rank {r}: {out}"
+    text = " | ".join(str(out[r]) for r in range(N))
+    assert "in a group of 2" in text and "in a group of 3" in text, text
+    assert "same group list" in text, text
+    assert 4.5 < took < 30 * SLOW, f"{took:.1f} s"
+
+    # With a timeout the rule stays out of it: the caller's limit decides.
+    def timed(comm: Any, rank: int) -> Any:
+        group = pair if rank == 0 else trio
+        comm.all_reduce(np.ones(10, dtype=np.float32), group=group, timeout=7)
+
+    t0 = time.monotonic()
+    out = members.run(timed)
+    took = time.monotonic() - t0
+    for r in range(N):
+        e = out[r]
+        assert isinstance(e, (starling.CollectiveTimeout, starling.MemberFailed)), (
+            f"rank {r}: {out}"
+        )
+        assert "timed out after" in str(e), str(e)
+    assert took > 6.5, f"{took:.1f} s"
+    # The next call on "all" meets everyone.
+    members.ok(lambda comm, rank: comm.barrier(timeout=30))
+
+
 def test_timeout_names_the_absent_member(members: Members) -> None:
     """Ranks 0 and 1 wait in a barrier with a 1 s timeout that rank 2
     never joins: the first to time out raises CollectiveTimeout naming rank

@@ -423,11 +423,12 @@ START_TEST(test_abort_spreads) {
     w.held[4] = true; /* never called */
     run(&w);
     ck_assert_int_eq(w.n_done, 0);
-    ck_assert_int_eq(st_coll_abort(w.m[1], ST_COLL_FAIL_TIMEOUT, 5,
-                                   "member 4 did not arrive within 2 s"),
-                     0);
+    st_coll_result_t why = big ? ST_COLL_FAIL_MISMATCH : ST_COLL_FAIL_TIMEOUT;
+    ck_assert_int_eq(st_coll_abort(w.m[1], ST_COLL_FAIL_PEER, 5, "x"), -EINVAL);
+    ck_assert_int_eq(
+        st_coll_abort(w.m[1], why, 5, "member 4 did not arrive within 2 s"), 0);
     drain(&w, 1);
-    ck_assert_int_eq(w.result[1], ST_COLL_FAIL_TIMEOUT);
+    ck_assert_int_eq(w.result[1], why);
     run(&w);
     for (int r = 0; r < 4; r++) {
       ck_assert(w.done[r]);
