@@ -16,8 +16,10 @@
 #   (d) members whose flags differ refuse, naming the flag;
 #   (e) on nodes 0, 1, 4: a member stopped (SIGSTOP) past the timeout is
 #       left out by the others, which go on; resumed, it finds itself
-#       named as not heard from and stops, saying so. (Of two members,
-#       each would go on alone: neither can tell which was slow.)
+#       named as not heard from and stops, saying so;
+#   (f) on nodes 0, 2: one of two members stopped past the timeout: the
+#       other keeps it (never re-forming alone on silence), and both go
+#       on together once it resumes.
 # (a) and (b) run on groups of their own (an explicit list of members): a
 # node numbers each group's operations, and a program killed mid-step
 # leaves its group's count behind (docs/collectives.md). Their survivors
@@ -203,3 +205,25 @@ member_exit e2 60
 grep -q "this member was too slow for the others (named among those not heard from; raise --sync-timeout)" \
   "$SCRATCH/e2.err" || fail "(e) member 2 does not say it was too slow: $(grep -v '^epoch' "$SCRATCH/e2.err" | tail -n 3)"
 pass "(e) a member stopped past the timeout: the others went on without it, and it stopped on resuming ($(elapsed) s)"
+
+# ---- (f) one of two members stopped past the timeout -----------------------------------
+# Neither can tell whether the other is slow or gone, so neither re-forms
+# alone on silence: the running one keeps the stopped one (its node is
+# still listed) and meets it again at the re-forming's barrier once it
+# resumes; both finish as a group of 2 with the same parameters.
+g2f="${ID[0]},${ID[2]}"
+member f0 0 "$g2f" --shard 0/2 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRATCH/f0.st"
+member f1 2 "$g2f" --shard 1/2 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRATCH/f1.st"
+wait_for 30 "member 1 past 50 steps" past_steps f1 50
+kill -STOP "${MEMBER[f1]}"
+sleep "$(scaled 5)"
+kill -CONT "${MEMBER[f1]}"
+finished f0
+finished f1
+for k in 0 1; do
+  [ "$(sync_field "f$k" members)" = 2 ] && [ "$(sync_field "f$k" reforms)" -ge 1 ] ||
+    fail "(f) member $k: $(grep -o '"sync": {[^}]*}' "$SCRATCH/f$k.json")"
+  [ "$(json_field "$SCRATCH/f$k.json" steps)" = 3000 ] || fail "(f) member $k did not take every step"
+done
+same_params "$SCRATCH/f0.st" "$SCRATCH/f1.st"
+pass "(f) one of two members stopped past the timeout: both went on together once it resumed ($(elapsed) s)"

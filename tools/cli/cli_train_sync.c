@@ -15,10 +15,12 @@
  * A failed all-reduce (a member died, its program went away, a timeout)
  * drops the step everywhere; the survivors re-form the group without the
  * members that failed (named in the error, or removed by their node's
- * failure detector), rank 0 of the new group broadcasts its parameters,
- * and training goes on with N-1 members: the same learning rate, a step
- * of (N-1)·b examples, the lost member's shard no longer seen. The same
- * protocol as the Python package's SyncDataParallel (sync.py).
+ * failure detector), meet at a barrier, rank 0 of the new group
+ * broadcasts its parameters, and training goes on with N-1 members: the
+ * same learning rate, a step of (N-1)·b examples, the lost member's shard
+ * no longer seen. The Python package's SyncDataParallel (sync.py) does
+ * the same but for two rules of survivors(): a member never re-forms
+ * alone on silence, and the barrier.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -89,14 +91,17 @@ static int members_now(st__sync_t* s, member_id_t* ids, size_t* n) {
   return rc;
 }
 
-/* Whether the failure names member id as gone: "the program on member
- * <32 hex> went away" (daemon_coll_session.c), or among "no word yet from
- * <12 hex>, ..." (a timeout; daemon_coll.c). */
+/* Whether the failure says member id's program went away (daemon_coll_
+ * session.c): it is out for good. */
 static bool named_gone(const char* failure, const char* id) {
   char pat[96];
   snprintf(pat, sizeof pat, "the program on member %s went away", id);
-  if (strstr(failure, pat) != NULL)
-    return true;
+  return strstr(failure, pat) != NULL;
+}
+
+/* Whether the failure names member id among "no word yet from <12 hex>,
+ * ..." (a timeout; daemon_coll.c): slow, or dead and not yet declared. */
+static bool named_silent(const char* failure, const char* id) {
   const char* w = strstr(failure, "no word yet from ");
   if (w == NULL)
     return false;
@@ -106,19 +111,30 @@ static bool named_gone(const char* failure, const char* id) {
   return strstr(w, prefix) != NULL;
 }
 
-/* The survivors of a failed step: the group less the members the failure
- * names and those the node no longer lists, once a member is out (waiting
- * up to DETECT_S for the failure detector) and the list has settled for
- * SETTLE_S. Returns 0 with the new group in s, -ECANCELED when the
- * failure names this member as not heard from (the others go on without
- * it), or another negative errno. */
+/* The survivors of a failed step (docs/collectives.md, "Synchronous SGD
+ * (starling train --sync)"): the group less the members whose program
+ * went away, those the node no longer lists, and those the failure names
+ * as not heard from. Except that a member never re-forms alone on
+ * silence: when the silent are all the others, they stay, and only the
+ * failure detector takes them out (a dead member's node is declared
+ * within its bound; a slow one stays listed and is met again at the
+ * re-forming's barrier). Waits until the list has settled for SETTLE_S
+ * and a member is out (or the group stays on silence alone); up to
+ * DETECT_S, then -ETIMEDOUT. Returns 0 with the new group in s,
+ * -ECANCELED when the failure names this member as not heard from (the
+ * others go on without it), or another negative errno. */
 static int survivors(st__sync_t* s) {
   member_id_t now[MAX_MEMBERS], prev[MAX_MEMBERS], next[MAX_MEMBERS];
   size_t n_now = 0, n_prev = 0, n_next = 0;
   double start = st_now_s(), stable_since = start;
-  if (named_gone(s->failure, s->self)) {
+  bool mismatch = strstr(s->failure, " (this member) called ") != NULL;
+  size_t silent = 0;
+  for (size_t i = 0; i < s->size; i++)
+    silent += named_silent(s->failure, s->group[i]);
+  if (named_silent(s->failure, s->self) && silent + 1 < s->size) {
     /* The others did not hear from this member in time: they go on
-     * without it, and it must not go on alone. */
+     * without it, and it must not go on alone. (Named with every other
+     * but the one that failed, it is kept: that one would be alone.) */
     char why[sizeof s->failure];
     snprintf(why, sizeof why, "%s", s->failure);
     snprintf(s->failure, sizeof s->failure,
@@ -132,11 +148,21 @@ static int survivors(st__sync_t* s) {
     if (rc != 0)
       return rc;
     n_next = 0;
+    bool alone_on_silence = true;
     for (size_t i = 0; i < s->size; i++) {
+      const char* id = s->group[i];
       bool listed =
-          bsearch(s->group[i], now, n_now, sizeof(member_id_t), cmp_id) != NULL;
-      if (listed && !named_gone(s->failure, s->group[i]))
-        memcpy(next[n_next++], s->group[i], sizeof(member_id_t));
+          bsearch(id, now, n_now, sizeof(member_id_t), cmp_id) != NULL;
+      if (listed && !named_gone(s->failure, id) && strcmp(id, s->self) != 0)
+        alone_on_silence &= named_silent(s->failure, id);
+    }
+    for (size_t i = 0; i < s->size; i++) {
+      const char* id = s->group[i];
+      bool listed =
+          bsearch(id, now, n_now, sizeof(member_id_t), cmp_id) != NULL;
+      if (listed && !named_gone(s->failure, id) &&
+          (alone_on_silence || !named_silent(s->failure, id)))
+        memcpy(next[n_next++], id, sizeof(member_id_t));
     }
     double t = st_now_s();
     if (n_now != n_prev || memcmp(now, prev, n_now * sizeof(member_id_t)))
@@ -144,7 +170,13 @@ static int survivors(st__sync_t* s) {
     memcpy(prev, now, n_now * sizeof(member_id_t));
     n_prev = n_now;
     bool shrunk = n_next < s->size;
-    if (shrunk && t - stable_since >= SETTLE_S)
+    /* Kept on silence alone: the same group again at once (its barrier
+     * waits for the slow; a dead one is out at a later turn). Likewise
+     * after a mismatch, which a member that re-formed meets from one still
+     * in the step (its barrier against that step's all-reduce): both are
+     * alive, and the failed call kept them in step. */
+    bool again = !shrunk && n_next > 1 && (alone_on_silence || mismatch);
+    if ((shrunk || again) && t - stable_since >= SETTLE_S)
       break;
     if (!shrunk && t - start >= DETECT_S)
       return -ETIMEDOUT; /* nobody left: the same group would not match */
@@ -250,12 +282,18 @@ static int broadcast_params(st__sync_t* s) {
   return rc;
 }
 
-/* After a failed step: the survivors, then rank 0's parameters; again
- * while that fails, up to RECOVER_S. */
+/* After a failed step: the survivors, a barrier of theirs, then rank 0's
+ * parameters; again while that fails, up to RECOVER_S. The barrier comes
+ * first because it is symmetric: a broadcast's root passes without the
+ * others, and a root that re-formed ahead of them would step on alone. A
+ * barrier that met nobody is withdrawn on every side, so retries of one
+ * group stay in step. */
 static int reform(st__sync_t* s) {
   double start = st_now_s();
   for (;;) {
     int rc = survivors(s);
+    if (rc == 0)
+      rc = st_comm_barrier(s->comm, s->group_text, s->timeout_s);
     if (rc == 0)
       rc = broadcast_params(s);
     if (rc == 0) {
