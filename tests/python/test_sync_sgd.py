@@ -214,7 +214,8 @@ def test_unused_parameter_and_dtype() -> None:
 
 def test_who_is_left_out() -> None:
     """The members a failure names as gone (a program that went away, the
-    members a timeout did not hear from); this member named so stops."""
+    members a timeout did not hear from, unless they are all the others);
+    this member named so stops, unless the others would be alone."""
     a, b, c = "a" * 32, "b" * 32, "c" * 32
     with starling.SyncDataParallel(mlp(4), OneComm()) as sync:
         group = [a, b, c]
@@ -237,6 +238,37 @@ def test_who_is_left_out() -> None:
         )
         with pytest.raises(starling.SyncError, match="left this member"):
             sync._gone(me, group)
+        # Silence alone never leaves a member alone: named all, the others
+        # stay (for the failure detector), and the same group is tried
+        # again; so after a mismatch.
+        both = starling.CollectiveTimeout(
+            f"timed out after 2.0 s; no word yet from {b[:12]}, {c[:12]}",
+            errno.ETIMEDOUT,
+        )
+        assert sync._gone(both, group) == set() and sync._again(both, group)
+        assert not sync._again(late, group)
+        gone_and_silent = starling.MemberFailed(
+            f"member {b}: rank 1 failed the operation: the program on member "
+            f"{c} went away; timed out after 2.0 s; no word yet from {c[:12]}",
+            errno.ECONNABORTED,
+        )
+        assert sync._gone(gone_and_silent, group) == {c}
+        mism = starling.CollectiveMismatch(
+            "rank 1 called barrier(sum, root 0) of 1 float32 in a group of 3 "
+            "(members 1); rank 0 (this member) called all_reduce(mean, root 0) "
+            "of 9 float32 in a group of 3 (members 1)",
+            errno.EINVAL,
+        )
+        assert sync._gone(mism, group) == set() and sync._again(mism, group)
+        # Of two, neither leaves the other out on silence, nor itself.
+        pair = [a, b]
+        assert sync._gone(late, pair) == set() and sync._again(late, pair)
+        named_me = starling.MemberFailed(
+            f"member {b}: rank 1 failed the operation: timed out after 2.0 s; "
+            f"no word yet from {a[:12]}",
+            errno.ECONNABORTED,
+        )
+        assert sync._gone(named_me, pair) == set()
 
 
 # ---- on real nodes --------------------------------------------------------
@@ -483,6 +515,49 @@ def test_program_leaves(nodes: Nodes) -> None:
     t0 = time.monotonic()
     survive(nodes, [0, 1, 2, 3], 3, leave, timeout=2.0)
     assert time.monotonic() - t0 < 20 * SLOW
+
+
+def test_one_of_two_paused(nodes: Nodes) -> None:
+    """Of two members (nodes 0 and 2), the one on node 2 pauses 5 s after
+    its 4th step, past the 2 s timeout. The other drops its step but does
+    not re-form alone on that silence: it keeps the paused one, meets it at
+    the re-forming's barrier once it is back, and both finish every step as
+    the group of two, with the same bits."""
+    who = [0, 2]
+    batches = data(12, len(who))
+    group = [nodes.ids[k] for k in who]
+    models = {k: mlp(300 + k) for k in who}
+
+    def member(k: int) -> Dict[str, Any]:
+        model = models[k]
+        comm = starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30)
+        try:
+            sync = starling.SyncDataParallel(
+                model, comm, bucket_bytes=600, group=group, timeout=2.0
+            )
+
+            def after(step: int) -> bool:
+                if k == 2 and step == 3:
+                    time.sleep(5)
+                return True
+
+            ok = train_steps(model, sync, batches, lambda: sync.rank, after)
+            return {
+                "ok": ok,
+                "params": flat(model),
+                "group": sync.group,
+                "failed": sync.failed_steps,
+                "reforms": sync.reforms,
+            }
+        finally:
+            comm.close()
+
+    out = nodes.run(member, who)
+    for k in who:
+        v = out[k]
+        assert v["group"] == sorted(group), v
+        assert len(v["ok"]) == 12 and v["failed"] >= 1 and v["reforms"] >= 1, v
+    assert torch.equal(out[0]["params"], out[2]["params"])
 
 
 def test_node_killed(nodes: Nodes) -> None:

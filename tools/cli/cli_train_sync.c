@@ -18,9 +18,8 @@
  * failure detector), meet at a barrier, rank 0 of the new group
  * broadcasts its parameters, and training goes on with N-1 members: the
  * same learning rate, a step of (N-1)·b examples, the lost member's shard
- * no longer seen. The Python package's SyncDataParallel (sync.py) does
- * the same but for two rules of survivors(): a member never re-forms
- * alone on silence, and the barrier.
+ * no longer seen. The same protocol as the Python package's
+ * SyncDataParallel (sync.py).
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -358,7 +358,13 @@ class SyncDataParallel:
         went away, members a timeout did not hear from) are left out at
         once; otherwise it waits (up to ``detect_timeout`` s) until the
         node's failure detector removes a member of the group, then until
-        the membership has not changed for ``settle`` s. Raises
+        the membership has not changed for ``settle`` s. A member never
+        re-forms alone on silence: when the members a timeout did not hear
+        from are all the others, they stay (only the failure detector takes
+        them out) and the same group is tried again at once; so it is after
+        a mismatch (one member already re-forming, another still in the
+        step). The group meets at a barrier, then rank 0's state is
+        broadcast. Raises
         NodeUnavailable when this member's node went away,
         CollectiveError for a refused argument, and SyncError when no
         group could be re-formed within ``recover_timeout`` s."""
@@ -429,30 +435,48 @@ class SyncDataParallel:
         self._reform(err)
 
     def _gone(self, err: CollectiveError, group: List[str]) -> Set[str]:
-        """The members of group that the failure says are not there."""
+        """The members of group that the failure says are not there: whose
+        program went away, and those a timeout did not hear from, unless
+        they are all the others (then silence alone would leave this member
+        alone; they stay, for the failure detector to judge)."""
         text = str(err)
-        out = set(_GONE.findall(text))
+        gone = set(_GONE.findall(text)) & set(group)
+        silent: Set[str] = set()
         m = _SILENT.search(text)
         if m:
             for prefix in filter(None, m.group(1).split(", ")):
-                out.update(i for i in group if i.startswith(prefix))
-        if self._self in out:
+                silent.update(i for i in group if i.startswith(prefix))
+        if self._self in silent and len(silent) + 1 < len(group):
             # The others timed out on this member (it was slower than the
             # timeout, or came late): they go on without it, so it stops
-            # rather than go on alone.
+            # rather than go on alone. (Named beside every other member but
+            # the one that failed, it is kept: that one would be alone.)
             raise SyncError(
                 f"the other members left this member ({self._self}) out of "
                 f"the group: it was not heard from in time ({err}); make "
                 "the timeout longer than a step and start again",
                 err.errno,
             ) from err
-        return {i for i in out if i in group}
+        silent.discard(self._self)
+        others = set(group) - {self._self} - gone
+        if others and others <= silent:
+            silent = set()
+        return gone | silent
+
+    def _again(self, err: CollectiveError, group: List[str]) -> bool:
+        """Whether the failure keeps the same group: a mismatch (members
+        alive and talking, their counts kept equal by the failed call), or
+        a timeout whose silence _gone overlooked."""
+        if isinstance(err, CollectiveMismatch):
+            return True
+        m = _SILENT.search(str(err))
+        return bool(m) and not self._gone(err, group) and len(group) > 1
 
     def _reform(self, err: CollectiveError) -> None:
         old = list(self._group)
         deadline = time.monotonic() + self.recover_timeout
         self._excluded |= self._gone(err, old)
-        wait_for_loss = not (self._excluded & set(old))
+        wait_for_loss = not (self._excluded & set(old)) and not self._again(err, old)
         while True:
             group = [
                 i for i in self._settle(old, deadline, wait_for_loss)
@@ -460,6 +484,10 @@ class SyncDataParallel:
             ]
             wait_for_loss = False
             try:
+                # A barrier first: symmetric, where the broadcast's root
+                # would pass alone. One that met nobody is withdrawn on
+                # every side, so retries of one group stay in step.
+                self.comm.barrier(group=group, timeout=self.timeout)
                 self._sync_state(group)
                 self._group = group
                 self.reforms += 1
