@@ -687,6 +687,13 @@ bool st_coll_next_action(st_coll_t* x, st_cact_t* out) {
   return false;
 }
 
+bool st_coll_next_is_segment(const st_coll_t* x, uint32_t* to) {
+  if (x == NULL || x->q_len == 0 || x->q[x->q_head].kind != Q_SEG)
+    return false;
+  *to = x->q[x->q_head].to;
+  return true;
+}
+
 bool st_coll_finished(const st_coll_t* x) {
   return x != NULL && x->done;
 }

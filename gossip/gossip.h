@@ -1779,7 +1779,13 @@ void st_coll_free(st_coll_t* x);
  * is not an error of the call: it ends the operation with DONE. Events
  * after DONE are ignored. After each call (and after st_coll_new) the
  * driver takes every action before the next event: segments are encoded
- * from the machine's buffer as they are taken. */
+ * from the machine's buffer as they are taken. The one exception: a
+ * driver may leave COLL_SEG actions (and what follows them) untaken while
+ * it feeds further events, to pace its sends (st_coll_next_is_segment).
+ * That is safe because no later event writes the range of a segment
+ * already queued: a reduction's final value of a range depends on this
+ * member's queued partial of it, and a forwarded or root's range is
+ * final. */
 int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg);
 /* The driver ends the operation: reason ABORTED, TIMEOUT or MISMATCH (a
  * member waits in another operation: the driver's mismatch rule; -EINVAL
@@ -1796,6 +1802,10 @@ int st_coll_abort(st_coll_t* x, st_coll_result_t reason, uint32_t culprit,
  * after DONE. */
 int st_coll_withdraw(st_coll_t* x, const char* why);
 bool st_coll_next_action(st_coll_t* x, st_cact_t* out);
+/* Whether the next action is a COLL_SEG, and to which rank: a driver that
+ * paces large operations by its connections' send queues looks before it
+ * takes (the machine keeps the action until then). */
+bool st_coll_next_is_segment(const st_coll_t* x, uint32_t* to);
 bool st_coll_finished(const st_coll_t* x);
 /* Whether a message of this operation came from rank r (for the driver's
  * timeout sentence: who has not been heard from). */

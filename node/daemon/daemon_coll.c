@@ -38,6 +38,7 @@ struct st__coll_out_s {
 typedef struct st__coll_out_s out_t;
 
 static void sweep_cb(uv_timer_t* t);
+static bool op_drain(st__daemon_t* d, st__coll_op_t* op);
 static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
                          bool aborts_only);
 
@@ -224,7 +225,8 @@ static int send_to(st__daemon_t* d, const st_node_id_t* id, const uint8_t* msg,
     memcpy(&c->peer, id, sizeof(*id));
   }
   d->c.coll_bytes_out += len;
-  if (c->coll_out_head == NULL && st__conn_send(c, msg, len, false) == 0)
+  /* Every frame reports its write (st__coll_on_sent), for pacing. */
+  if (c->coll_out_head == NULL && st__conn_send(c, msg, len, true) == 0)
     return 0;
   out_t* o = malloc(sizeof(*o) + len);
   if (o == NULL)
@@ -265,7 +267,7 @@ int st__coll_send_msg(st__daemon_t* d, const st_node_id_t* id,
 int st__coll_on_open(st__conn_t* c) {
   while (c->coll_out_head != NULL) {
     out_t* o = c->coll_out_head;
-    int rc = st__conn_send(c, o->data, o->len, false);
+    int rc = st__conn_send(c, o->data, o->len, true);
     if (rc != 0)
       return rc;
     c->coll_out_head = o->next;
@@ -274,6 +276,22 @@ int st__coll_on_open(st__conn_t* c) {
     free(o);
   }
   return 0;
+}
+
+void st__coll_on_sent(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  bool any = false;
+  for (const st__coll_op_t* op = d->coll.ops; op != NULL && !any; op = op->next)
+    any = op->paced;
+  if (!any || st__coll_frames_queued(d, &c->peer) > ST__COLL_PACE_FRAMES / 2)
+    return;
+  st__coll_op_t* op = d->coll.ops;
+  while (op != NULL) {
+    st__coll_op_t* next = op->next;
+    if (op->paced)
+      op_drain(d, op);
+    op = next;
+  }
 }
 
 static void free_out(st__conn_t* c) {
@@ -287,8 +305,6 @@ static void free_out(st__conn_t* c) {
 
 /* ---- Operations ----------------------------------------------------------
  */
-
-static bool op_drain(st__daemon_t* d, st__coll_op_t* op);
 
 static void op_fail(st__daemon_t* d, st__coll_op_t* op, st_coll_result_t why,
                     const st_node_id_t* culprit, const char* fmt, ...)
@@ -332,11 +348,18 @@ static void op_unlink(st__daemon_t* d, st__coll_op_t* op) {
     }
 }
 
-/* Takes the machine's actions: SENDs to members, DONE to the caller.
- * true when the operation ended (op is freed then). */
+/* Takes the machine's actions: SENDs to members, DONE to the caller;
+ * a segment waits (op->paced) while ST__COLL_PACE_FRAMES frames wait to
+ * go to its member. true when the operation ended (op is freed then). */
 static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
   st_cact_t a;
-  while (st_coll_next_action(op->m, &a)) {
+  for (;;) {
+    uint32_t to;
+    op->paced =
+        st_coll_next_is_segment(op->m, &to) &&
+        st__coll_frames_queued(d, &op->g.ids[to]) >= ST__COLL_PACE_FRAMES;
+    if (op->paced || !st_coll_next_action(op->m, &a))
+      break;
     if (a.kind == ST_CACT_SEND) {
       int rc = send_to(d, &op->g.ids[a.to], a.data, a.len);
       if (rc != 0 && !st_coll_finished(op->m)) {

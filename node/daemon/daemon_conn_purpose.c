@@ -105,6 +105,7 @@ static const st__conn_ops_t coll_ops = {
     .offload_rx = true,
     .on_open = coll_open,
     .on_frame = st__coll_on_frame,
+    .on_sent = st__coll_on_sent,
     .on_close = st__coll_on_closed,
     .owns_deadline = coll_owns_deadline,
 };

@@ -175,6 +175,12 @@ struct st__conn_s {
  * when a member it waits for has sent, as long ago, the HELLO of another
  * operation over another member list (daemon_coll.c, crossed_call). */
 #define ST__COLL_CROSSED_MS 5000u
+/* A large operation takes its next segment to a member only while fewer
+ * than this many frames wait on the connection to it (16 MiB of 256 KiB
+ * segments), and is taken up again when half of them have gone: memory
+ * stays bounded whatever the operand's size (a broadcast's root, or a
+ * fetch's publisher, has every segment ready at once). */
+#define ST__COLL_PACE_FRAMES 64u
 /* Sessions on the control socket at once, and the largest operand a
  * program may send (1 GiB; docs/collectives.md). */
 #define ST__COLL_SESSIONS_MAX 16
@@ -214,6 +220,7 @@ typedef struct st__coll_op_s {
   uint64_t started_ms, deadline_ms; /* deadline 0: none */
   uint64_t heard_ms; /* its last message from a member (or its start) */
   bool withdrawn;    /* timed out having met nobody: its number given back */
+  bool paced;        /* waits for a send queue to drain (op_drain) */
   bool no_result;    /* a push: the program gets no data back */
   int64_t shm_off;   /* the operand and result in the session's segment at
                         this offset; -1: on the socket */
@@ -664,6 +671,9 @@ bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
 void st__coll_abort_op(st__daemon_t* d, st__coll_op_t* op, const char* why);
 /* COLL connections' callbacks. */
 int st__coll_on_open(st__conn_t* c);
+/* A frame on a COLL connection was written: paced operations go on once
+ * its member's queue has half drained. */
+void st__coll_on_sent(st__conn_t* c);
 void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len);
 void st__coll_on_closed(st__conn_t* c);
 /* Member id died (left: it said so): its operations fail, its connections

@@ -51,7 +51,7 @@ import pytest
 import torch
 
 import starling
-from conftest import SLOW, Cluster
+from conftest import SANITIZED, SLOW, Cluster
 
 N = 3
 OPS = ["sum", "mean", "min", "max"]
@@ -895,3 +895,63 @@ def test_pull_from_a_member_that_dies(cluster: Cluster) -> None:
         assert isinstance(e, starling.MemberFailed), repr(e)
         assert peer[:12] in str(e), str(e)
         assert out["took"] < 30 * SLOW, out
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@pytest.mark.skipif(
+    SANITIZED,
+    reason="AddressSanitizer's quarantine keeps freed memory resident "
+    "(256 MiB by default), so RSS does not show pacing",
+)
+def test_large_fetch_is_paced(cluster: Cluster) -> None:
+    """A fetch of 256 MiB from fresh nodes: the publisher takes its
+    segments only while fewer than 64 frames (16 MiB) wait on the
+    connection (ST__COLL_PACE_FRAMES), so its memory grows by far less
+    than the tensor while it serves (every sealed frame at once before:
+    about +256 MiB). The fetcher gets every byte."""
+    a = cluster.node()
+    with starling.attach(torch.nn.Linear(2, 2), socket=a.sock, timeout=30 * SLOW):
+        pass
+    b = cluster.node(join=a.address())
+    with starling.attach(torch.nn.Linear(2, 2), socket=b.sock, timeout=30 * SLOW):
+        pass
+    n = 64 << 20  # float32: 256 MiB
+    want = (np.arange(n, dtype=np.int64) % 999983).astype(np.float32)
+    with starling.open_comm(a.sock, timeout=30) as pub, starling.open_comm(
+        b.sock, timeout=30
+    ) as fetcher:
+        deadline = time.monotonic() + 30 * SLOW
+        while len(fetcher.members()[0]) < 2:
+            assert time.monotonic() < deadline, "the nodes never saw each other"
+            time.sleep(0.1)
+        ids, rank = fetcher.members()
+        pub.publish("big", want)
+        assert a.proc is not None
+        base = rss_mib(a.proc.pid)
+        peak = [base]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_mib(a.proc.pid))
+                time.sleep(0.01)
+
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
+        try:
+            got = fetcher.fetch(
+                ids[1 - rank], "big", np.empty(n, np.float32), timeout=120 * SLOW
+            )
+        finally:
+            done.set()
+            t.join(10)
+        assert np.array_equal(got, want)
+        grew = peak[0] - base
+        assert grew < 96, f"the publisher grew by {grew:.0f} MiB serving 256 MiB"
