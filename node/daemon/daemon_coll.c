@@ -651,13 +651,13 @@ static bool live_hello(const st__daemon_t* d, const pend_t* e, uint64_t since,
 
 /* The crossed-call rule (docs/collectives.md, "Crossed calls"): op, a
  * call with no timeout, has heard nothing for ST__COLL_CROSSED_MS, and a
- * member it has not heard
- * from sent this node, at least as long ago, the HELLO of an operation
- * over another member list that was never called here. That member waits
- * there, and this node's program waits here: with one call at a time per
- * program neither ever arrives (lists that differ, or calls in another
- * order). op fails as a mismatch naming both calls; its sentence has the
- * shape of the machine's own mismatch (gossip/coll.c, hello_matches). */
+ * member it has not heard from sent this node, at least as long ago, the
+ * HELLO of an operation over another member list that was never called
+ * here. That member waits there, and this node's program waits here: with
+ * one call at a time per program neither ever arrives (lists that differ,
+ * or calls in another order). op fails as a mismatch naming both calls;
+ * its sentence has the shape of the machine's own mismatch (gossip/coll.c,
+ * hello_matches). */
 static bool crossed_call(st__daemon_t* d, st__coll_op_t* op, uint64_t now) {
   /* A call with a timeout waits as long as its caller said; a fetch, and
    * its serving, wait on no program but this one. */
@@ -707,7 +707,9 @@ static void sweep_cb(uv_timer_t* t) {
   st__coll_op_t* op = d->coll.ops;
   while (op != NULL) {
     st__coll_op_t* next = op->next;
-    if (crossed_call(d, op, now)) {
+    /* A paced operation goes on from its writes (st__coll_on_sent); here
+     * too, in case the connection it waited on closed instead. */
+    if (crossed_call(d, op, now) || (op->paced && op_drain(d, op))) {
       op = next;
       continue;
     }
