@@ -112,8 +112,19 @@ agreed_ids() {
   local k
   for k in 0 1 2 3; do node_field "$k" agreed.id 2>/dev/null || echo none; done
 }
-one_agreed() { [ "$(agreed_ids | sort -u | wc -l)" = 1 ] && ! agreed_ids | grep -q none; }
-wait_for 30 "(a) the four donors holding one agreed state" one_agreed
+# One agreed state, after the proposer's final round: the proposer (the
+# donor of the smallest id) proposes rounds until its final one
+# (ring_final_round), and nobody after it. Taking the agreed state before
+# that round once gave the test a state the joiner never got (2026-11-28).
+proposer=0
+for k in 1 2 3; do
+  [[ "$(node_field "$k" id)" < "$(node_field "$proposer" id)" ]] && proposer=$k
+done
+one_agreed() {
+  [ "$(node_field "$proposer" ring_final_round 2>/dev/null)" = True ] &&
+    [ "$(agreed_ids | sort -u | wc -l)" = 1 ] && ! agreed_ids | grep -q none
+}
+wait_for 30 "(a) the four donors holding one agreed state, of their final round" one_agreed
 AGREED=$(node_field 0 agreed.id)
 ROUND=$(node_field 0 agreed.round)
 STEP=$(for k in 0 1 2 3; do node_field "$k" step; done | sort -n | head -1)
