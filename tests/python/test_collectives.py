@@ -44,7 +44,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -859,20 +859,29 @@ def test_node_went_away(cluster: Cluster) -> None:
     assert comm.closed
 
 
-def test_pull_from_a_member_that_dies(cluster: Cluster) -> None:
-    """A pull waiting on a peer that is killed (-9) fails with MemberFailed
-    naming it, well before its own timeout; the pull never returns data."""
+def two_nodes(cluster: Cluster) -> Tuple[Any, Any]:
+    """Two fresh nodes of cluster, each given a model by a program that
+    attached and detached, once each sees both as members."""
     a = cluster.node()
     with starling.attach(torch.nn.Linear(2, 2), socket=a.sock, timeout=30 * SLOW):
         pass
     b = cluster.node(join=a.address())
     with starling.attach(torch.nn.Linear(2, 2), socket=b.sock, timeout=30 * SLOW):
         pass
+    deadline = time.monotonic() + 30 * SLOW
+    for n in (a, b):
+        with starling.open_comm(n.sock, timeout=30) as comm:
+            while len(comm.members()[0]) < 2:
+                assert time.monotonic() < deadline, "the nodes never saw each other"
+                time.sleep(0.1)
+    return a, b
+
+
+def test_pull_from_a_member_that_dies(cluster: Cluster) -> None:
+    """A pull waiting on a peer that is killed (-9) fails with MemberFailed
+    naming it, well before its own timeout; the pull never returns data."""
+    a, b = two_nodes(cluster)
     with starling.open_comm(a.sock, timeout=30) as comm:
-        deadline = time.monotonic() + 30 * SLOW
-        while len(comm.members()[0]) < 2:
-            assert time.monotonic() < deadline, "the nodes never saw each other"
-            time.sleep(0.1)
         ids, rank = comm.members()
         peer = ids[1 - rank]
         out: Dict[str, Any] = {}
@@ -916,21 +925,12 @@ def test_large_fetch_is_paced(cluster: Cluster) -> None:
     connection (ST__COLL_PACE_FRAMES), so its memory grows by far less
     than the tensor while it serves (every sealed frame at once before:
     about +256 MiB). The fetcher gets every byte."""
-    a = cluster.node()
-    with starling.attach(torch.nn.Linear(2, 2), socket=a.sock, timeout=30 * SLOW):
-        pass
-    b = cluster.node(join=a.address())
-    with starling.attach(torch.nn.Linear(2, 2), socket=b.sock, timeout=30 * SLOW):
-        pass
+    a, b = two_nodes(cluster)
     n = 64 << 20  # float32: 256 MiB
     want = (np.arange(n, dtype=np.int64) % 999983).astype(np.float32)
     with starling.open_comm(a.sock, timeout=30) as pub, starling.open_comm(
         b.sock, timeout=30
     ) as fetcher:
-        deadline = time.monotonic() + 30 * SLOW
-        while len(fetcher.members()[0]) < 2:
-            assert time.monotonic() < deadline, "the nodes never saw each other"
-            time.sleep(0.1)
         ids, rank = fetcher.members()
         pub.publish("big", want)
         assert a.proc is not None

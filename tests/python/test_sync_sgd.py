@@ -443,6 +443,40 @@ def test_equivalence_on_cuda(nodes: Nodes) -> None:
         assert torch.equal(v["params"], first), f"node{k} differs from rank 0"
 
 
+def sync_member(
+    nodes: Nodes,
+    k: int,
+    model: torch.nn.Module,
+    group: List[str],
+    batches: List[Any],
+    timeout: float,
+    after: Callable[[int], bool],
+    leave: Optional[Callable[[Any, Any], None]] = None,
+) -> Dict[str, Any]:
+    """The member on node k: a SyncDataParallel of model over group that
+    trains on batches (train_steps, with after). Its steps' results, and
+    its parameters, group and counts; or, with leave, leave(sync, comm)
+    at the end and only the steps' results."""
+    comm = starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30)
+    try:
+        sync = starling.SyncDataParallel(
+            model, comm, bucket_bytes=600, group=group, timeout=timeout
+        )
+        ok = train_steps(model, sync, batches, lambda: sync.rank, after)
+        if leave is not None:
+            leave(sync, comm)
+            return {"ok": ok}
+        return {
+            "ok": ok,
+            "params": flat(model),
+            "group": sync.group,
+            "failed": sync.failed_steps,
+            "reforms": sync.reforms,
+        }
+    finally:
+        comm.close()
+
+
 def survive(
     nodes: Nodes,
     who: List[int],
@@ -462,33 +496,20 @@ def survive(
 
     def member(k: int) -> Dict[str, Any]:
         model = models[k]
-        comm = starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30)
-        try:
-            sync = starling.SyncDataParallel(
-                model, comm, bucket_bytes=600, group=group, timeout=timeout
-            )
-            def after(step: int) -> bool:
-                if k == leaver:
-                    return step < 3
-                if step == 3:  # the survivors differ (as when a member
-                    # applied the failing step and another dropped it)
-                    with torch.no_grad():
-                        next(model.parameters()).add_(1e-3 * k)
-                return True
 
-            ok = train_steps(model, sync, batches, lambda: sync.rank, after)
+        def after(step: int) -> bool:
             if k == leaver:
-                leave(sync, comm)
-                return {"ok": ok}
-            return {
-                "ok": ok,
-                "params": flat(model),
-                "group": sync.group,
-                "failed": sync.failed_steps,
-                "reforms": sync.reforms,
-            }
-        finally:
-            comm.close()
+                return step < 3
+            if step == 3:  # the survivors differ (as when a member
+                # applied the failing step and another dropped it)
+                with torch.no_grad():
+                    next(model.parameters()).add_(1e-3 * k)
+            return True
+
+        return sync_member(
+            nodes, k, model, group, batches, timeout, after,
+            leave if k == leaver else None,
+        )
 
     out = nodes.run(member, who)
     assert out[leaver]["ok"] == [True] * 4
@@ -529,28 +550,12 @@ def test_one_of_two_paused(nodes: Nodes) -> None:
     models = {k: mlp(300 + k) for k in who}
 
     def member(k: int) -> Dict[str, Any]:
-        model = models[k]
-        comm = starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30)
-        try:
-            sync = starling.SyncDataParallel(
-                model, comm, bucket_bytes=600, group=group, timeout=2.0
-            )
+        def after(step: int) -> bool:
+            if k == 2 and step == 3:
+                time.sleep(5)
+            return True
 
-            def after(step: int) -> bool:
-                if k == 2 and step == 3:
-                    time.sleep(5)
-                return True
-
-            ok = train_steps(model, sync, batches, lambda: sync.rank, after)
-            return {
-                "ok": ok,
-                "params": flat(model),
-                "group": sync.group,
-                "failed": sync.failed_steps,
-                "reforms": sync.reforms,
-            }
-        finally:
-            comm.close()
+        return sync_member(nodes, k, models[k], group, batches, 2.0, after)
 
     out = nodes.run(member, who)
     for k in who:
