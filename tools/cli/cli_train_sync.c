@@ -147,22 +147,19 @@ static int survivors(st__sync_t* s) {
     if (rc != 0)
       return rc;
     n_next = 0;
-    bool alone_on_silence = true;
+    /* here[i]: listed, its program not gone; quiet[i]: not heard from. */
+    bool here[MAX_MEMBERS], quiet[MAX_MEMBERS], alone_on_silence = true;
     for (size_t i = 0; i < s->size; i++) {
       const char* id = s->group[i];
-      bool listed =
-          bsearch(id, now, n_now, sizeof(member_id_t), cmp_id) != NULL;
-      if (listed && !named_gone(s->failure, id) && strcmp(id, s->self) != 0)
-        alone_on_silence &= named_silent(s->failure, id);
+      here[i] = bsearch(id, now, n_now, sizeof(member_id_t), cmp_id) != NULL &&
+                !named_gone(s->failure, id);
+      quiet[i] = named_silent(s->failure, id);
+      if (here[i] && strcmp(id, s->self) != 0)
+        alone_on_silence &= quiet[i];
     }
-    for (size_t i = 0; i < s->size; i++) {
-      const char* id = s->group[i];
-      bool listed =
-          bsearch(id, now, n_now, sizeof(member_id_t), cmp_id) != NULL;
-      if (listed && !named_gone(s->failure, id) &&
-          (alone_on_silence || !named_silent(s->failure, id)))
-        memcpy(next[n_next++], id, sizeof(member_id_t));
-    }
+    for (size_t i = 0; i < s->size; i++)
+      if (here[i] && (alone_on_silence || !quiet[i]))
+        memcpy(next[n_next++], s->group[i], sizeof(member_id_t));
     double t = st_now_s();
     if (n_now != n_prev || memcmp(now, prev, n_now * sizeof(member_id_t)))
       stable_since = t;
