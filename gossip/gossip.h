@@ -1349,10 +1349,14 @@ const st_ring_form_counters_t* st_ring_form_counters(const st_ring_form_t* f);
  *   RING_SEG [round_id u64, phase u8, step u32, chunk u32, offset u64,
  *             data bin]
  *   RING_LANE [round_id u64, lane u32, lanes u32]   lane < lanes <= max
- * phase is 0 (reduce-scatter) or 1 (all-gather); data is little-endian
- * float32, a multiple of 4 bytes, at most ST_WIRE_CHUNK_MAX_BYTES, and
- * offset + floats <= 2^40. The codec checks those; the machine checks
- * that the segment is exactly the next one it expects.
+ * phase is 0 (reduce-scatter) or 1 (all-gather); offset counts floats
+ * within the chunk; data is at most ST_WIRE_CHUNK_MAX_BYTES and offset +
+ * len / 4 <= 2^40 (the wire codec checks those). In a float32 round data
+ * is the segment's floats, little-endian; in a coded round their encoding
+ * (st_ring_codec_t; for starling's codecs the format of docs/protocol.md,
+ * "Compressed snapshots"). The machine checks that the segment is exactly
+ * the next one it expects: its length (float32), or that it decodes to
+ * the segment's floats (coded).
  */
 
 /* The most lanes a ring link may use (RING_LANE). */
@@ -1399,19 +1403,46 @@ typedef enum {
 /* "ok", "protocol", "closed", "aborted", "timeout", "nonfinite". */
 const char* st_ring_result_name(st_ring_result_t r);
 
+/* A coded round's codec (gossip.h, "Coded rounds" above st_ring_new):
+ * the machine never reads codec bytes itself. Each call must be
+ * deterministic (the same floats give the same bytes on every member, the
+ * same bytes the same floats) and allocate nothing. */
 typedef struct {
-  uint32_t segment_floats; /* 1 .. ST_RING_SEGMENT_FLOATS; default
-                              ST_RING_DEFAULT_SEGMENT_FLOATS. The largest
-                              segment: a small vector's round cuts each
-                              chunk into at least 4, none below 8192
-                              floats (gossip/ring.c, round_seg), so all
-                              members must use the same value */
-  uint32_t in_flight;      /* SENDs unacknowledged at most, >= 1; default
-                              ST_RING_IN_FLIGHT */
-  uint32_t timeout_ms;     /* fail when nothing progressed for this long
-                              (a segment received, a SEND acknowledged, the
-                              snapshot given); 0: never (the driver watches
-                              st_ring_progress). Default 30000 */
+  /* The most bytes an encoding of n floats takes (n <= the round's
+   * segment); > 0. */
+  size_t (*max_bytes)(void* ctx, size_t n);
+  /* Encodes x[0..n) (finite) into out[0..cap): 0 and *len, or -errno
+   * (a NaN or Inf among them: -EINVAL). */
+  int (*encode)(void* ctx, const float* x, size_t n, uint8_t* out, size_t cap,
+                size_t* len);
+  /* Decodes in[0..len) (untrusted) into out[0..n): 0, every out[i]
+   * finite; or -errno with out untouched. */
+  int (*decode)(void* ctx, const uint8_t* in, size_t len, float* out, size_t n);
+  void* ctx;
+} st_ring_codec_t;
+
+typedef struct {
+  uint32_t segment_floats;      /* 1 .. ST_RING_SEGMENT_FLOATS; default
+                                   ST_RING_DEFAULT_SEGMENT_FLOATS. The largest
+                                   segment: a small vector's round cuts each
+                                   chunk into at least 4, none below 8192
+                                   floats (gossip/ring.c, round_seg), so all
+                                   members must use the same value */
+  uint32_t in_flight;           /* SENDs unacknowledged at most, >= 1; default
+                                   ST_RING_IN_FLIGHT */
+  uint32_t timeout_ms;          /* fail when nothing progressed for this long
+                                   (a segment received, a SEND acknowledged, the
+                                   snapshot given); 0: never (the driver watches
+                                   st_ring_progress). Default 30000 */
+  const st_ring_codec_t* codec; /* NULL (default): float32 segments; else
+                                   a coded round (below), the same codec
+                                   on every member; borrowed until
+                                   st_ring_free */
+  const float* base; /* NULL (default), or n_params floats, the same bits
+                        on every member, borrowed until st_ring_free: the
+                        machine averages snapshot - base and gives base +
+                        that mean as the mean (a codec then codes drifts
+                        from a shared vector, small next to it) */
 } st_ring_config_t;
 
 void st_ring_config_default(st_ring_config_t* cfg);
@@ -1459,6 +1490,22 @@ typedef struct {
 } st_ring_progress_t;
 
 typedef struct st_ring_s st_ring_t;
+
+/* Coded rounds (cfg.codec): every segment travels as the codec's
+ * encoding of its floats. The reduce-scatter still adds in float32; a
+ * member encodes each partial sum it sends once (its own chunk at step 0,
+ * each sum at the next), and the member that completes a chunk's sum S
+ * encodes S once: the all-gather passes those bytes on unchanged, and
+ * every member, that one included, takes decode(bytes) / n as the mean,
+ * so the means are still the same bits everywhere. What an encoding
+ * rounded away (e = sum - decode(encode(sum)), over the floats of that
+ * segment) the member that encoded it keeps: its APPLY is mean - own + e.
+ * The members' parameters after the round then add up to what they held
+ * before (up to float32 rounding), as with float32 rounds; they agree
+ * only up to each member's e, which its next exchange or round carries.
+ * Each float passes through one encoding per member at most. The machine
+ * also holds the all-gather's bytes until it sends them (about the
+ * encoding of (n - 1) / n of the vector) and three segments of scratch. */
 
 /* The machine of member my_rank of n_members (ranks 0 .. n - 1 in ring
  * order, the same on every member) for round round_id, averaging n_params

@@ -84,7 +84,17 @@
  * - Memory: the snapshot (n_params floats, then the delta) and the sums
  *   (n_params floats, then the mean), allocated by st_ring_new; nothing is
  *   allocated per segment. A member with N = 10M parameters holds 80 MB
- *   and one encoded segment. */
+ *   and one encoded segment.
+ * - Coded rounds (cfg.codec; gossip.h, "Coded rounds"): a reduce-scatter
+ *   segment is encoded when its SEND is drained (its rounding kept in own
+ *   there, own being spent but for the delta: own - e); the sum a member
+ *   completes is encoded at once into the slot its all-gather SEND will go
+ *   out from, and an all-gather segment's bytes into the slot of the next
+ *   step's SEND, so the all-gather forwards bytes, never re-encodes. A
+ *   segment that does not decode fails the round (FAIL_PROTOCOL), one that
+ *   does not encode (a NaN or Inf) too (FAIL_NONFINITE), at that member.
+ *   cfg.base is taken off the snapshot as it comes and added to the mean
+ *   once the round is complete; the delta needs neither. */
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -135,6 +145,16 @@ struct st_ring_s {
   bool delta_bad;        /* a NaN, Inf or overflow among them */
   uint8_t* enc;          /* one encoded segment */
   size_t enc_cap;
+
+  /* A coded round's (cfg.codec): */
+  size_t code_cap; /* the most bytes of one segment's encoding */
+  uint8_t* code;   /* one segment's encoding (a reduce-scatter SEND) */
+  float* dec;      /* one received segment, decoded */
+  float* back;     /* decode(encode(sum)) of one segment */
+  uint8_t* ag;     /* the all-gather's bytes: a slot of code_cap for each
+                      all-gather segment this member sends */
+  size_t* ag_len;  /* each slot's length */
+  uint64_t tx_rs;  /* send-stream segments of the reduce-scatter */
 
   pos_t tx;           /* the next segment of the send stream */
   uint64_t tx_sent;   /* segments emitted */
@@ -280,14 +300,63 @@ static void delta_span(st_ring_t* x, uint64_t at, uint64_t count) {
   x->delta_floats += count;
 }
 
-/* sum = own + received over one segment; at the last reduce-scatter step
- * divided by n: that chunk is then the mean. src may be unaligned (a
- * message's bytes) or sum itself (a segment stored before the snapshot). */
-static void add_segment(const st_ring_t* x, uint64_t at, uint64_t count,
+static void finish(st_ring_t* x, st_ring_result_t r);
+
+static bool coded(const st_ring_t* x) {
+  return x->cfg.codec != NULL;
+}
+
+/* The all-gather slot that send-stream segment i goes out from; NULL for
+ * a reduce-scatter one or past the stream. */
+static uint8_t* ag_slot(const st_ring_t* x, uint64_t i, size_t** len) {
+  if (i < x->tx_rs || i >= x->tx_total)
+    return NULL;
+  *len = &x->ag_len[i - x->tx_rs];
+  return x->ag + (i - x->tx_rs) * x->code_cap;
+}
+
+/* What encoding sum[at .. at + count) rounded away stays with this member:
+ * own -= sum - back (back: what the others decode). */
+static void keep_rounding(st_ring_t* x, uint64_t at, uint64_t count) {
+  const float* s = x->sum + at;
+  float* o = x->own + at;
+  for (uint64_t i = 0; i < count; i++)
+    o[i] -= s[i] - x->back[i];
+}
+
+/* Coded: the chunk's sum over [at, at + count), complete in sum, is
+ * encoded once into the all-gather slot of receive-stream segment j (sent
+ * on at the next step); every member takes decode / n as the mean, this
+ * one too. False (the round failed) when it does not encode: a NaN or
+ * Inf in the sum. */
+static bool complete_coded(st_ring_t* x, uint64_t j, uint64_t at,
+                           uint64_t count) {
+  const st_ring_codec_t* k = x->cfg.codec;
+  size_t* len = NULL;
+  uint8_t* slot = ag_slot(x, j + x->tx_first, &len);
+  if (slot == NULL ||
+      k->encode(k->ctx, x->sum + at, count, slot, x->code_cap, len) != 0 ||
+      k->decode(k->ctx, slot, *len, x->back, count) != 0) {
+    finish(x, ST_RING_FAIL_NONFINITE);
+    return false;
+  }
+  keep_rounding(x, at, count);
+  float n = (float) x->n;
+  for (uint64_t i = 0; i < count; i++)
+    x->sum[at + i] = x->back[i] / n;
+  return true;
+}
+
+/* sum = own + received over receive-stream segment j; at the last
+ * reduce-scatter step that chunk's sum is complete: divided by n (coded:
+ * complete_coded), it is the mean, and the delta is made there. src may
+ * be unaligned (a message's bytes), a decoded segment, or sum itself (a
+ * segment stored before the snapshot). */
+static void add_segment(st_ring_t* x, uint64_t j, uint64_t at, uint64_t count,
                         const uint8_t* src, bool last) {
   float* s = x->sum + at;
   const float* o = x->own + at;
-  if (last) {
+  if (last && !coded(x)) {
     float n = (float) x->n;
     for (uint64_t i = 0; i < count; i++) {
       float v;
@@ -301,6 +370,8 @@ static void add_segment(const st_ring_t* x, uint64_t at, uint64_t count,
       s[i] = o[i] + v;
     }
   }
+  if (last && (!coded(x) || complete_coded(x, j, at, count)))
+    delta_span(x, at, count);
 }
 
 /* Adds the received segments stored before the snapshot came, in order. */
@@ -314,10 +385,8 @@ static void add_stored(st_ring_t* x) {
       uint64_t off, count;
       seg_span(x, p, c, &off, &count);
       uint64_t at = chunk_start(x, c) + off;
-      add_segment(x, at, count, (const uint8_t*) (x->sum + at),
+      add_segment(x, x->rx_added, at, count, (const uint8_t*) (x->sum + at),
                   p.t + 2 == x->n);
-      if (p.t + 2 == x->n)
-        delta_span(x, at, count);
     }
     advance(x, &x->add, true);
     x->rx_added++;
@@ -350,9 +419,18 @@ static void progress(st_ring_t* x) {
   /* Every segment's delta is made (delta_span); a NaN or Inf in the mean
    * (the same on every member) or an overflow of a difference shows there.
    * Each float's mean becomes final exactly once. */
-  finish(x, x->delta_bad || x->delta_floats != x->floats
-                ? ST_RING_FAIL_NONFINITE
-                : ST_RING_OK);
+  bool bad = x->delta_bad || x->delta_floats != x->floats;
+  if (!bad && x->cfg.base != NULL) {
+    /* The mean of the drifts, back from the base: the same bits on every
+     * member, as both are. */
+    uint32_t inf = 0;
+    for (uint64_t i = 0; i < x->floats; i++) {
+      x->sum[i] += x->cfg.base[i];
+      inf |= !(fabsf(x->sum[i]) <= FLT_MAX);
+    }
+    bad = inf != 0;
+  }
+  finish(x, bad ? ST_RING_FAIL_NONFINITE : ST_RING_OK);
 }
 
 static void touch(st_ring_t* x, uint64_t now_ms) {
@@ -364,8 +442,36 @@ static void touch(st_ring_t* x, uint64_t now_ms) {
  */
 
 static bool config_ok(const st_ring_config_t* c) {
+  const st_ring_codec_t* k = c->codec;
   return c->segment_floats >= 1 &&
-         c->segment_floats <= ST_RING_SEGMENT_FLOATS && c->in_flight >= 1;
+         c->segment_floats <= ST_RING_SEGMENT_FLOATS && c->in_flight >= 1 &&
+         (k == NULL ||
+          (k->max_bytes != NULL && k->encode != NULL && k->decode != NULL));
+}
+
+/* A coded round's buffers (ring.c's header: the all-gather's bytes and
+ * three segments of scratch); enc_cap grows to hold the largest encoding.
+ * 0, -EINVAL (the codec's bound is 0 or beyond a wire segment) or
+ * -ENOMEM. */
+static int coded_buffers(st_ring_t* x) {
+  const st_ring_codec_t* k = x->cfg.codec;
+  x->code_cap = k->max_bytes(k->ctx, (size_t) x->seg);
+  if (x->code_cap == 0 || x->code_cap > ST_WIRE_CHUNK_MAX_BYTES)
+    return -EINVAL;
+  if (x->code_cap > x->enc_cap)
+    x->enc_cap = x->code_cap;
+  uint64_t slots = x->tx_total - x->tx_rs;
+  if (slots > SIZE_MAX / x->code_cap)
+    return -ENOMEM;
+  x->code = malloc(x->code_cap);
+  x->dec = malloc((size_t) x->seg * sizeof(float));
+  x->back = malloc((size_t) x->seg * sizeof(float));
+  x->ag = malloc((size_t) slots * x->code_cap);
+  x->ag_len = calloc((size_t) slots, sizeof(size_t));
+  return x->code == NULL || x->dec == NULL || x->back == NULL ||
+                 x->ag == NULL || x->ag_len == NULL
+             ? -ENOMEM
+             : 0;
 }
 
 int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
@@ -395,20 +501,23 @@ int st_ring_new(const st_ring_config_t* cfg, uint64_t round_id,
     finish(x, ST_RING_OK); /* the mean of one is itself: nothing to add */
     return 0;
   }
-  size_t bytes = (size_t) n_params * sizeof(float);
-  x->enc_cap =
-      (size_t) cfg->segment_floats * sizeof(float) + RING_ENVELOPE_BYTES;
-  x->own = malloc(bytes);
-  x->sum = malloc(bytes);
-  x->enc = malloc(x->enc_cap);
-  if (x->own == NULL || x->sum == NULL || x->enc == NULL) {
-    st_ring_free(x);
-    *out = NULL;
-    return -ENOMEM;
-  }
   for (uint32_t t = 0; t < x->steps; t++) {
     x->tx_total += chunk_segments(x, tx_chunk(x, t));
     x->rx_total += chunk_segments(x, rx_chunk(x, t));
+    if (reduce_scatter(x, t))
+      x->tx_rs = x->tx_total;
+  }
+  size_t bytes = (size_t) n_params * sizeof(float);
+  x->enc_cap = (size_t) cfg->segment_floats * sizeof(float);
+  x->own = malloc(bytes);
+  x->sum = malloc(bytes);
+  int rc = coded(x) ? coded_buffers(x) : 0;
+  x->enc_cap += RING_ENVELOPE_BYTES;
+  x->enc = malloc(x->enc_cap);
+  if (rc != 0 || x->own == NULL || x->sum == NULL || x->enc == NULL) {
+    st_ring_free(x);
+    *out = NULL;
+    return rc != 0 ? rc : -ENOMEM;
   }
   x->tx_first = chunk_segments(x, tx_chunk(x, 0));
   skip_empty(x, &x->tx, false);
@@ -430,6 +539,11 @@ void st_ring_free(st_ring_t* x) {
   free(x->own);
   free(x->sum);
   free(x->enc);
+  free(x->code);
+  free(x->dec);
+  free(x->back);
+  free(x->ag);
+  free(x->ag_len);
   free(x);
 }
 
@@ -446,6 +560,9 @@ int st_ring_snapshot(st_ring_t* x, uint64_t now_ms, const float* own,
     return -EINVAL;
   if (own != x->own)
     memcpy(x->own, own, n * sizeof(float));
+  if (x->cfg.base != NULL)
+    for (size_t i = 0; i < n; i++)
+      x->own[i] -= x->cfg.base[i];
   x->asked = x->want_pending = false;
   x->have_own = true;
   touch(x, now_ms);
@@ -466,9 +583,34 @@ static bool expected(const st_ring_t* x, const st_msg_ring_seg_t* g) {
   bool rs = reduce_scatter(x, t);
   uint64_t off, count;
   seg_span(x, x->rx, c, &off, &count);
+  bool len_ok = coded(x) ? g->data_len > 0 && g->data_len <= x->code_cap
+                         : g->data_len == count * sizeof(float);
   return g->phase == (rs ? ST_RING_REDUCE_SCATTER : ST_RING_ALL_GATHER) &&
          g->step == (rs ? t : t - (x->n - 1)) && g->chunk == c &&
-         g->offset == off && g->data_len == count * sizeof(float);
+         g->offset == off && len_ok;
+}
+
+/* Coded: receive-stream segment g (expected) decoded, into dec when it is
+ * added now (to) and into sum where it is kept; an all-gather one is the
+ * chunk's sum: divided by n there, and its bytes kept for the next step's
+ * send. False when the bytes do not decode to the segment's floats. */
+static bool decode_segment(st_ring_t* x, const st_msg_ring_seg_t* g,
+                           uint64_t at, uint64_t count, float* to) {
+  const st_ring_codec_t* k = x->cfg.codec;
+  if (k->decode(k->ctx, g->data, g->data_len, to, (size_t) count) != 0)
+    return false;
+  if (!reduce_scatter(x, x->rx.t)) {
+    float n = (float) x->n;
+    for (uint64_t i = 0; i < count; i++)
+      x->sum[at + i] /= n;
+    size_t* len = NULL;
+    uint8_t* slot = ag_slot(x, x->rx_stored + x->tx_first, &len);
+    if (slot != NULL) {
+      memcpy(slot, g->data, g->data_len);
+      *len = g->data_len;
+    }
+  }
+  return true;
 }
 
 int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
@@ -493,21 +635,30 @@ int st_ring_message(st_ring_t* x, uint64_t now_ms, const uint8_t* data,
     finish(x, ST_RING_FAIL_PROTOCOL);
     return 0;
   }
-  uint64_t at = chunk_start(x, g->chunk) + g->offset;
-  uint64_t count = g->data_len / sizeof(float);
-  if (reduce_scatter(x, t) && x->have_own && x->rx_added == x->rx_stored) {
+  uint64_t at = chunk_start(x, g->chunk) + g->offset, off, count;
+  seg_span(x, x->rx, g->chunk, &off, &count);
+  bool now = reduce_scatter(x, t) && x->have_own && x->rx_added == x->rx_stored;
+  const uint8_t* src = g->data;
+  if (coded(x)) {
+    float* to = now ? x->dec : x->sum + at;
+    if (!decode_segment(x, g, at, count, to)) {
+      st_wire_msg_free(&m);
+      finish(x, ST_RING_FAIL_PROTOCOL);
+      return 0;
+    }
+    src = (const uint8_t*) to;
+  } else if (!now) {
+    memcpy(x->sum + at, g->data, g->data_len);
+  }
+  if (now) {
     /* Added straight from the message, the common case. */
-    add_segment(x, at, count, g->data, t + 2 == x->n);
-    if (t + 2 == x->n)
-      delta_span(x, at, count);
+    add_segment(x, x->rx_added, at, count, src, t + 2 == x->n);
     advance(x, &x->add, true);
     x->rx_added++;
-  } else {
+  } else if (!reduce_scatter(x, t)) {
     /* An all-gather segment is final as it comes; a reduce-scatter one
      * before the snapshot waits in sum for add_stored. */
-    memcpy(x->sum + at, g->data, g->data_len);
-    if (!reduce_scatter(x, t))
-      delta_span(x, at, count); /* the mean, final as it comes */
+    delta_span(x, at, count); /* the mean, final as it comes */
   }
   advance(x, &x->rx, true);
   x->rx_stored++;
@@ -570,12 +721,46 @@ static bool send_ready(const st_ring_t* x) {
   return x->tx_sent - x->tx_first < x->rx_added;
 }
 
-static void emit_segment(st_ring_t* x, st_ract_t* out) {
+/* Coded: the bytes of the next SEND, whose floats are src[0..count) at
+ * `at`. A reduce-scatter segment is encoded now, and what that rounded
+ * away stays with this member (keep_rounding: at step 0, where src is own
+ * itself, own becomes what the next member decodes); an all-gather one
+ * goes out as its slot holds it. False (the round failed) when a partial
+ * sum does not encode (a NaN or Inf). */
+static bool coded_send(st_ring_t* x, uint64_t at, uint64_t count,
+                       const uint8_t** data, size_t* len) {
+  size_t* slot_len = NULL;
+  uint8_t* slot = ag_slot(x, x->tx_sent, &slot_len);
+  if (slot != NULL) {
+    *data = slot;
+    *len = *slot_len;
+    return true;
+  }
+  const st_ring_codec_t* k = x->cfg.codec;
+  const float* src = (x->tx.t == 0 ? x->own : x->sum) + at;
+  if (k->encode(k->ctx, src, (size_t) count, x->code, x->code_cap, len) != 0 ||
+      k->decode(k->ctx, x->code, *len, x->back, (size_t) count) != 0) {
+    finish(x, ST_RING_FAIL_NONFINITE);
+    return false;
+  }
+  if (x->tx.t == 0)
+    memcpy(x->own + at, x->back, (size_t) count * sizeof(float));
+  else
+    keep_rounding(x, at, count);
+  *data = x->code;
+  return true;
+}
+
+static bool emit_segment(st_ring_t* x, st_ract_t* out) {
   uint32_t t = x->tx.t, c = tx_chunk(x, t);
   bool rs = reduce_scatter(x, t);
   uint64_t off, count;
   seg_span(x, x->tx, c, &off, &count);
-  const float* src = (t == 0 ? x->own : x->sum) + chunk_start(x, c) + off;
+  uint64_t at = chunk_start(x, c) + off;
+  const uint8_t* data = (const uint8_t*) ((t == 0 ? x->own : x->sum) + at);
+  size_t data_len = (size_t) count * sizeof(float);
+  if (coded(x) && !coded_send(x, at, count, &data, &data_len))
+    return false;
   st_msg_t m;
   memset(&m, 0, sizeof m);
   m.type = ST_MSG_RING_SEG;
@@ -584,8 +769,8 @@ static void emit_segment(st_ring_t* x, st_ract_t* out) {
   m.u.ring_seg.step = rs ? t : t - (x->n - 1);
   m.u.ring_seg.chunk = c;
   m.u.ring_seg.offset = off;
-  m.u.ring_seg.data = (const uint8_t*) src;
-  m.u.ring_seg.data_len = (uint32_t) (count * sizeof(float));
+  m.u.ring_seg.data = data;
+  m.u.ring_seg.data_len = (uint32_t) data_len;
   size_t len = 0;
   int rc = st_wire_encode(&m, x->enc, x->enc_cap, &len);
   (void) rc; /* valid by construction, and enc_cap holds the largest */
@@ -594,6 +779,7 @@ static void emit_segment(st_ring_t* x, st_ract_t* out) {
   out->len = len;
   advance(x, &x->tx, false);
   x->tx_sent++;
+  return true;
 }
 
 bool st_ring_next_action(st_ring_t* x, st_ract_t* out) {
@@ -607,8 +793,8 @@ bool st_ring_next_action(st_ring_t* x, st_ract_t* out) {
   } else if (x->want_pending) {
     x->want_pending = false;
     out->kind = ST_RACT_WANT_SNAPSHOT;
-  } else if (send_ready(x)) {
-    emit_segment(x, out);
+  } else if (send_ready(x) && emit_segment(x, out)) {
+    /* a SEND (a coded segment that failed to encode ended the round) */
   } else if (x->apply_pending) {
     x->apply_pending = false;
     out->kind = ST_RACT_APPLY;

@@ -31,9 +31,10 @@
  * input; its contents are the reader's to check (attach/attach.h parses
  * it as hostile input).
  *
- * Ring segments (RING_SEG): phase 0 or 1, data whole float32 within
- * ST_WIRE_CHUNK_MAX_BYTES, borrowed from the input like a tensor chunk's;
- * the ring machine (gossip/ring.c) checks the rest.
+ * Ring segments (RING_SEG): phase 0 or 1, data (float32, or a codec's
+ * bytes in a coded round) within ST_WIRE_CHUNK_MAX_BYTES, borrowed from
+ * the input like a tensor chunk's; the ring machine (gossip/ring.c) checks
+ * the rest, its length included.
  *
  * Ring formation (RING_PROPOSE, RING_CONFIRM): a members array of at most
  * ST_RING_FORM_MAX_MEMBERS ids (bin16 each), decoded into an allocated
@@ -217,16 +218,17 @@ static bool ring_lane_ok(const st_msg_ring_lane_t* l) {
 
 /* The ring segment rules shared by the encoder and the decoder (gossip.h,
  * "Ring all-reduce"): 0 or the drop reason (LIMIT for data beyond
- * ST_WIRE_CHUNK_MAX_BYTES; FIELD for a phase other than 0 or 1, data not
- * whole floats, or a segment reaching past ST__WIRE_MAX_TENSOR_FLOATS).
- * Whether it is the segment a member expects is the machine's check. */
+ * ST_WIRE_CHUNK_MAX_BYTES; FIELD for a phase other than 0 or 1, or a
+ * segment reaching past ST__WIRE_MAX_TENSOR_FLOATS). Data is float32 or a
+ * codec's bytes (a coded round): whether it is the segment a member
+ * expects, of the right length, is the machine's check. */
 static int ring_seg_check(const st_msg_ring_seg_t* g, st_wire_drop_t* why) {
   if (g->data_len > ST_WIRE_CHUNK_MAX_BYTES) {
     *why = ST_WIRE_DROP_LIMIT;
     return -1;
   }
   /* count <= 2^18, so the subtraction cannot wrap. */
-  if (g->phase > ST_RING_ALL_GATHER || g->data_len % 4 != 0 ||
+  if (g->phase > ST_RING_ALL_GATHER ||
       g->offset > ST__WIRE_MAX_TENSOR_FLOATS - g->data_len / 4) {
     *why = ST_WIRE_DROP_FIELD;
     return -1;

@@ -473,6 +473,151 @@ static void check_results(ring_t* r) {
   }
 }
 
+/* ==== Coded rounds ==========================================================
+ */
+
+/* A codec as plain as can be checked by hand: one scale a segment,
+ * max |x| / 127, and each float rounded to the nearest multiple of it;
+ * [scale f32][q int8 x n]. A scale that is not finite and q = -128 are
+ * refused, as starling's int8 refuses them. */
+static size_t tc_max(void* ctx, size_t n) {
+  (void) ctx;
+  return 4 + n;
+}
+
+static int tc_encode(void* ctx, const float* x, size_t n, uint8_t* out,
+                     size_t cap, size_t* len) {
+  (void) ctx;
+  if (cap < 4 + n)
+    return -EMSGSIZE;
+  float m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!(fabsf(x[i]) <= FLT_MAX))
+      return -EINVAL;
+    m = fmaxf(m, fabsf(x[i]));
+  }
+  float sc = m / 127.0f;
+  memcpy(out, &sc, 4);
+  for (size_t i = 0; i < n; i++) {
+    long q = sc > 0 ? lrintf(x[i] / sc) : 0;
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    out[4 + i] = (uint8_t) (int8_t) q;
+  }
+  *len = 4 + n;
+  return 0;
+}
+
+static int tc_decode(void* ctx, const uint8_t* in, size_t len, float* out,
+                     size_t n) {
+  (void) ctx;
+  float sc;
+  if (len != 4 + n)
+    return -EBADMSG;
+  memcpy(&sc, in, 4);
+  if (!(sc >= 0 && sc <= FLT_MAX / 128))
+    return -EBADMSG;
+  for (size_t i = 0; i < n; i++)
+    if ((int8_t) in[4 + i] == -128)
+      return -EBADMSG;
+  for (size_t i = 0; i < n; i++)
+    out[i] = (float) (int8_t) in[4 + i] * sc;
+  return 0;
+}
+
+static const st_ring_codec_t test_codec = {tc_max, tc_encode, tc_decode, NULL};
+
+/* A coded round (gossip.h, "Coded rounds"): the same mean bits on every
+ * member; the members' parameters after it add up to what they held
+ * before; and the mean is within the codec's rounding of the float64 mean,
+ * of the drifts from the base when there is one. */
+static void check_coded(ring_t* r, const float* base) {
+  uint32_t n = r->n;
+  size_t N = (size_t) r->floats;
+  const double u = ldexp(1.0, -24);
+  const float* mean0 = st_ring_mean(r->m[0].x);
+  for (uint32_t i = 0; i < n; i++) {
+    member_t* m = &r->m[i];
+    REQUIRE(m->n_done == 1 && m->result == ST_RING_OK && m->n_apply == 1,
+            "member %u: %d DONE, result %s", i, m->n_done,
+            st_ring_result_name(m->result));
+    const float* mi = st_ring_mean(m->x);
+    REQUIRE(mi != NULL && memcmp(mi, mean0, N * sizeof(float)) == 0,
+            "member %u's mean differs from member 0's", i);
+  }
+  /* A segment's scale comes from its largest partial sum: the bounds use
+   * the largest drift anywhere. */
+  double drift = 0;
+  for (size_t k = 0; k < N; k++)
+    for (uint32_t i = 0; i < n; i++)
+      drift = fmax(drift, fabs((double) r->m[i].input[k] -
+                               (base != NULL ? base[k] : 0)));
+  double worst = 0;
+  for (size_t k = 0; k < N; k++) {
+    double before = 0, after = 0, big = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      double x = r->m[i].input[k];
+      before += x;
+      after += (double) (r->m[i].input[k] + r->m[i].delta[k]);
+      big = fmax(big, fabs(x));
+    }
+    /* Float rounding only: the sums and the kept roundings, over partial
+     * sums of at most n drifts (and the base's own size). */
+    double tol_sum = 8.0 * n * n * u * (n * drift + big) + 1e-30;
+    REQUIRE(fabs(after - before) <= tol_sum,
+            "float %zu: the members hold %a after, %a before (tolerance %a)", k,
+            after, before, tol_sum);
+    /* Each float's sum meets n encodings at most, each rounding by half a
+     * scale, a scale at most n * drift / 127; / n for the mean. */
+    double tol_mean = n * drift / 254.0 * 1.01 + 8.0 * n * u * big + 1e-30;
+    double err = fabs((double) mean0[k] - before / n);
+    REQUIRE(err <= tol_mean, "float %zu: mean %a, float64 %a (tolerance %a)", k,
+            (double) mean0[k], before / n, tol_mean);
+    worst = fmax(worst, err / (drift > 0 ? drift : 1));
+  }
+  /* The codec did round: a test of float32 rounds would pass the above. */
+  REQUIRE(N < 100 || worst > 1e-5, "no rounding seen (%g)", worst);
+}
+
+START_TEST(test_coded) {
+  static const struct {
+    uint32_t n;
+    uint64_t floats;
+    uint32_t segment;
+    bool base;
+  } cases[] = {{2, 1000, 64, false},  {3, 1000, 7, false},
+               {4, 100003, 0, false}, {5, 9999, 100, true},
+               {7, 3000, 50, true},   {16, 4000, 0, false},
+               {3, 2, 0, false},      {4, 30000, 1000, true}};
+  for (size_t it = 0; it < sizeof cases / sizeof cases[0]; it++) {
+    st_ring_config_t cfg;
+    st_ring_config_default(&cfg);
+    if (cases[it].segment != 0)
+      cfg.segment_floats = cases[it].segment;
+    cfg.codec = &test_codec;
+    size_t N = (size_t) cases[it].floats;
+    float* base = NULL;
+    if (cases[it].base) {
+      base = malloc(N * sizeof(float));
+      ck_assert_ptr_nonnull(base);
+      tu_fill_uniform(&rng, base, N, -8.0f, 8.0f);
+      cfg.base = base;
+    }
+    snprintf(label, sizeof label, "coded: %u members, %zu floats%s",
+             cases[it].n, N, base ? ", a base" : "");
+    ring_t r;
+    ring_init(&r, cases[it].n, N, &cfg);
+    if (base != NULL) /* the members drift a little from the base */
+      for (uint32_t i = 0; i < r.n; i++)
+        for (size_t k = 0; k < N; k++)
+          r.m[i].input[k] = base[k] + r.m[i].input[k] * 0x1p-6f;
+    ring_run(&r);
+    check_coded(&r, base);
+    ring_free(&r);
+    free(base);
+  }
+}
+END_TEST
+
 /* ==== Successful rounds =====================================================
  */
 
@@ -1221,6 +1366,44 @@ START_TEST(test_misuse) {
 }
 END_TEST
 
+/* A coded segment that does not decode (q = -128 in its last byte) fails
+ * the round at the member that got it. During the reduce-scatter (the 6
+ * first of member 1's segments: 3 members, 3 segments a chunk) nobody can
+ * have finished, so nobody applies. */
+static hook_rc_t bad_code_hook(void* ctx, uint32_t from, int index,
+                               uint8_t* data, size_t* len) {
+  const int* at = ctx;
+  if (from == 1 && index == *at)
+    data[*len - 1] = 0x80;
+  return H_DELIVER;
+}
+
+START_TEST(test_coded_refused) {
+  st_ring_config_t cfg;
+  st_ring_config_default(&cfg);
+  cfg.segment_floats = 10;
+  cfg.codec = &test_codec;
+  for (int at = 0; at < 6; at++) {
+    snprintf(label, sizeof label, "coded: segment %d does not decode", at);
+    ring_t r;
+    ring_init(&r, 3, 90, &cfg);
+    r.hook = bad_code_hook;
+    r.hook_ctx = &at;
+    ring_run(&r);
+    check_failed(&r, 2, ST_RING_FAIL_PROTOCOL);
+    ring_free(&r);
+  }
+  /* A NaN cannot be encoded: its member fails the round, nobody applies. */
+  snprintf(label, sizeof label, "coded: a NaN");
+  ring_t r;
+  ring_init(&r, 4, 400, &cfg);
+  r.m[1].input[7] = NAN;
+  ring_run(&r);
+  check_failed(&r, -1, ST_RING_OK);
+  ring_free(&r);
+}
+END_TEST
+
 static Suite* ring_suite(void) {
   Suite* s = suite_create("gossip_ring");
   TCase* tc = tcase_create("sum");
@@ -1230,6 +1413,7 @@ static Suite* ring_suite(void) {
   tcase_add_test(tc, test_pipelined);
   tcase_add_test(tc, test_allgather_before_snapshot);
   tcase_add_test(tc, test_trivial);
+  tcase_add_test(tc, test_coded);
   tcase_add_loop_test(tc, test_segment_choice, 0,
                       (int) (sizeof seg_cases / sizeof seg_cases[0]));
   tcase_set_timeout(tc, 60);
@@ -1243,6 +1427,7 @@ static Suite* ring_suite(void) {
   tcase_add_test(tf, test_nonfinite);
   tcase_add_test(tf, test_delta_overflow);
   tcase_add_test(tf, test_misuse);
+  tcase_add_test(tf, test_coded_refused);
   suite_add_tcase(s, tf);
   return s;
 }
