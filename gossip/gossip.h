@@ -438,15 +438,21 @@ typedef struct {
                             0), freed with st_wire_msg_free */
 } st_msg_ring_propose_t;
 
+/* A round's tag (gossip.h, "Ring formation"): 16 bytes, all zero for
+ * none. */
+#define ST_RING_TAG_BYTES 16u
+
 typedef struct {
   uint64_t round_id;
   bool accept;
+  uint8_t tag[ST_RING_TAG_BYTES]; /* the member's tag */
 } st_msg_ring_accept_t;
 
 typedef struct {
   uint64_t round_id;
   uint32_t n_members;
-  st_node_id_t* members; /* as in st_msg_ring_propose_t */
+  st_node_id_t* members;          /* as in st_msg_ring_propose_t */
+  uint8_t tag[ST_RING_TAG_BYTES]; /* the round's tag */
 } st_msg_ring_confirm_t;
 
 typedef struct {
@@ -1144,8 +1150,8 @@ void st_session_framer_wipe(st_session_framer_t* f);
  *
  * Wire (after [type, version]):
  *   RING_PROPOSE [round_id u64, proposer bin16, members [bin16, ...]]
- *   RING_ACCEPT  [round_id u64, accept bool]
- *   RING_CONFIRM [round_id u64, members [bin16, ...]]
+ *   RING_ACCEPT  [round_id u64, accept bool, tag bin16]
+ *   RING_CONFIRM [round_id u64, members [bin16, ...], tag bin16]
  *   RING_CANCEL  [round_id u64]
  * A members array holds at most ST_RING_FORM_MAX_MEMBERS ids: the
  * pre-walk refuses a longer one (LIMIT) before msgpack-c allocates.
@@ -1214,6 +1220,8 @@ typedef struct {
   const st_node_id_t* members;
   uint32_t n_members;
   uint32_t my_rank;
+  const uint8_t* tag; /* START: the round's tag (ST_RING_TAG_BYTES, all
+                         zero for none), borrowed like members */
   uint64_t at_ms;
 } st_rfact_t;
 
@@ -1273,6 +1281,15 @@ int st_ring_form_round_over(st_ring_form_t* f, uint64_t now_ms,
  * to abort (st_ring_abort, then st_ring_form_round_over). */
 int st_ring_form_member_gone(st_ring_form_t* f, uint64_t now_ms,
                              const st_node_id_t* id);
+
+/* This node's tag, ST_RING_TAG_BYTES (NULL: none, all zero), for the
+ * ACCEPTs and proposals from now on. A round's tag is the proposer's when
+ * every member of its final list named that same tag in its last ACCEPT,
+ * else none: so a round has a tag only when all its members hold it (the
+ * driver's meaning: the daemon's anchor id, and a tagged round is a coded
+ * one, gossip.h "Coded rounds"). A member may have changed its tag since
+ * its ACCEPT; the START says the round's, for the driver to check. */
+void st_ring_form_set_tag(st_ring_form_t* f, const uint8_t* tag);
 
 /* Drains the actions the last event produced, in order; false when none
  * are left. */

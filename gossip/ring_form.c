@@ -152,7 +152,9 @@ struct st_ring_form_s {
   uint32_t my_n;     /* list length, self at 0 */
   uint32_t my_pending;
   st_node_id_t my_list[MAXM];
-  uint8_t my_cand[MAXM]; /* cand_t; [0] (self) unused */
+  uint8_t my_cand[MAXM];                    /* cand_t; [0] (self) unused */
+  uint8_t my_tags[MAXM][ST_RING_TAG_BYTES]; /* each ACCEPT's tag */
+  uint8_t tag[ST_RING_TAG_BYTES];           /* ours (st_ring_form_set_tag) */
 
   /* The proposal accepted (ACCEPTED). */
   uint64_t acc_round;
@@ -164,6 +166,7 @@ struct st_ring_form_s {
   uint64_t run_round;
   uint32_t run_n, run_rank;
   st_node_id_t run_list[MAXM];
+  uint8_t run_tag[ST_RING_TAG_BYTES];
 
   q_item_t queue[QUEUE_CAP];
   unsigned q_head, q_len;
@@ -299,9 +302,14 @@ static void go_idle(st_ring_form_t* f) {
 static void finalize(st_ring_form_t* f) {
   f->run_n = 0;
   f->run_list[f->run_n++] = f->self;
-  for (uint32_t i = 1; i < f->my_n; i++)
-    if (f->my_cand[i] == C_ACCEPTED)
-      f->run_list[f->run_n++] = f->my_list[i];
+  memcpy(f->run_tag, f->tag, ST_RING_TAG_BYTES);
+  for (uint32_t i = 1; i < f->my_n; i++) {
+    if (f->my_cand[i] != C_ACCEPTED)
+      continue;
+    f->run_list[f->run_n++] = f->my_list[i];
+    if (memcmp(f->my_tags[i], f->tag, ST_RING_TAG_BYTES) != 0)
+      memset(f->run_tag, 0, ST_RING_TAG_BYTES); /* not all hold ours */
+  }
   bool go = f->run_n >= 2;
   for (uint32_t i = 1; i < f->my_n; i++) {
     if (f->my_cand[i] == C_ACCEPTED && go) {
@@ -382,6 +390,7 @@ int st_ring_form_propose(st_ring_form_t* f, uint64_t now_ms,
   f->my_n = 1 + m;
   f->my_pending = m;
   memset(f->my_cand, C_PENDING, sizeof f->my_cand);
+  memset(f->my_tags, 0, sizeof f->my_tags);
   f->state = ST_RING_FORM_PROPOSING;
   f->c.proposed++;
   for (uint32_t i = 1; i < f->my_n; i++)
@@ -401,6 +410,8 @@ static void on_accept(st_ring_form_t* f, const st_node_id_t* from,
   }
   uint8_t* cand = &f->my_cand[i];
   bool collecting = f->state == ST_RING_FORM_PROPOSING;
+  if (collecting && m->accept)
+    memcpy(f->my_tags[i], m->tag, ST_RING_TAG_BYTES); /* the latest */
   if (collecting && *cand == C_PENDING) {
     *cand = m->accept ? C_ACCEPTED : C_REFUSED;
     f->my_pending--;
@@ -546,6 +557,7 @@ static void on_confirm(st_ring_form_t* f, const st_node_id_t* from,
   f->run_n = m->n_members;
   f->run_rank = rank;
   memcpy(f->run_list, m->members, m->n_members * sizeof m->members[0]);
+  memcpy(f->run_tag, m->tag, ST_RING_TAG_BYTES);
   f->acc_round = 0;
   f->c.started++;
   q_item_t it = {.kind = Q_START};
@@ -616,6 +628,15 @@ int st_ring_form_new(const st_ring_form_config_t* cfg, const st_node_id_t* self,
 
 void st_ring_form_free(st_ring_form_t* f) {
   free(f);
+}
+
+void st_ring_form_set_tag(st_ring_form_t* f, const uint8_t* tag) {
+  if (f == NULL)
+    return;
+  if (tag != NULL)
+    memcpy(f->tag, tag, ST_RING_TAG_BYTES);
+  else
+    memset(f->tag, 0, ST_RING_TAG_BYTES);
 }
 
 int st_ring_form_tick(st_ring_form_t* f, uint64_t now_ms) {
@@ -710,11 +731,13 @@ static bool encode_send(st_ring_form_t* f, const q_item_t* it,
     case ST_MSG_RING_ACCEPT:
       m.u.ring_accept.round_id = it->round;
       m.u.ring_accept.accept = it->accept;
+      memcpy(m.u.ring_accept.tag, f->tag, ST_RING_TAG_BYTES);
       break;
     case ST_MSG_RING_CONFIRM:
       m.u.ring_confirm.round_id = it->round;
       m.u.ring_confirm.n_members = f->run_n;
       m.u.ring_confirm.members = f->run_list;
+      memcpy(m.u.ring_confirm.tag, f->run_tag, ST_RING_TAG_BYTES);
       break;
     default:
       m.u.ring_cancel.round_id = it->round;
@@ -749,6 +772,7 @@ bool st_ring_form_next_action(st_ring_form_t* f, st_rfact_t* out) {
         out->members = f->run_list;
         out->n_members = f->run_n;
         out->my_rank = f->run_rank;
+        out->tag = f->run_tag;
         return true;
       case Q_TIMER:
         out->kind = ST_RFACT_TIMER;

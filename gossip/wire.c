@@ -118,7 +118,7 @@ static size_t field_count(uint64_t type) {
       return 3;
     case ST_MSG_RING_ACCEPT:
     case ST_MSG_RING_CONFIRM:
-      return 2;
+      return 3;
     case ST_MSG_RING_CANCEL:
       return 1;
     case ST_MSG_RING_LANE:
@@ -748,12 +748,14 @@ static int pack_ring(msgpack_packer* pk, const st_msg_t* msg) {
     }
     case ST_MSG_RING_ACCEPT:
       r |= msgpack_pack_uint64(pk, msg->u.ring_accept.round_id) |
-           pack_bool(pk, msg->u.ring_accept.accept);
+           pack_bool(pk, msg->u.ring_accept.accept) |
+           pack_bin(pk, msg->u.ring_accept.tag, ST_RING_TAG_BYTES);
       break;
     case ST_MSG_RING_CONFIRM: {
       const st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
       r |= msgpack_pack_uint64(pk, m->round_id) |
-           pack_ring_members(pk, m->n_members, m->members);
+           pack_ring_members(pk, m->n_members, m->members) |
+           pack_bin(pk, m->tag, ST_RING_TAG_BYTES);
       break;
     }
     case ST_MSG_RING_CANCEL:
@@ -1303,10 +1305,12 @@ static int get_ring(st_msg_type_t type, const msgpack_object* f,
     }
     case ST_MSG_RING_ACCEPT:
       return get_u64(&f[0], &msg->u.ring_accept.round_id) |
-             get_bool(&f[1], &msg->u.ring_accept.accept);
+             get_bool(&f[1], &msg->u.ring_accept.accept) |
+             get_bin(&f[2], msg->u.ring_accept.tag, ST_RING_TAG_BYTES);
     case ST_MSG_RING_CONFIRM: {
       st_msg_ring_confirm_t* m = &msg->u.ring_confirm;
-      if (get_u64(&f[0], &m->round_id) != 0)
+      if (get_u64(&f[0], &m->round_id) |
+          get_bin(&f[2], m->tag, ST_RING_TAG_BYTES))
         return -1;
       return get_ring_members(&f[1], &m->n_members, &m->members, why);
     }

@@ -148,11 +148,14 @@ static int msg_same(const st_msg_t* a, const st_msg_t* b) {
     }
     case ST_MSG_RING_ACCEPT:
       return a->u.ring_accept.round_id == b->u.ring_accept.round_id &&
-             a->u.ring_accept.accept == b->u.ring_accept.accept;
+             a->u.ring_accept.accept == b->u.ring_accept.accept &&
+             memcmp(a->u.ring_accept.tag, b->u.ring_accept.tag,
+                    ST_RING_TAG_BYTES) == 0;
     case ST_MSG_RING_CONFIRM: {
       const st_msg_ring_confirm_t *x = &a->u.ring_confirm,
                                   *y = &b->u.ring_confirm;
       return x->round_id == y->round_id && x->n_members == y->n_members &&
+             memcmp(x->tag, y->tag, ST_RING_TAG_BYTES) == 0 &&
              (x->n_members == 0 ||
               memcmp(x->members, y->members, 16 * (size_t) x->n_members) == 0);
     }

@@ -847,6 +847,71 @@ START_TEST(test_full_round) {
 }
 END_TEST
 
+/* Three real machines, P (the smallest id) proposing to A and B, every
+ * SEND delivered at once; each START's tag kept in starts[i]. */
+static void tagged_round(const uint8_t* const* tags, uint8_t starts[3][16]) {
+  st_ring_form_config_t cfg;
+  st_ring_form_config_default(&cfg);
+  st_rng_t r;
+  st_rng_seed(&r, 11);
+  st_node_id_t ids[3];
+  st_ring_form_t* f[3];
+  for (int i = 0; i < 3; i++) {
+    memset(&ids[i], 0, sizeof ids[i]);
+    ids[i].b[0] = (uint8_t) (i + 1);
+    ck_assert_int_eq(st_ring_form_new(&cfg, &ids[i], &r, &f[i]), 0);
+    st_ring_form_set_tag(f[i], tags[i]);
+  }
+  int started = 0;
+  ck_assert_int_eq(st_ring_form_propose(f[0], 0, ids + 1, 2), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (int i = 0; i < 3; i++) {
+      st_rfact_t a;
+      while (st_ring_form_next_action(f[i], &a)) {
+        if (a.kind == ST_RFACT_START) {
+          memcpy(starts[i], a.tag, 16);
+          started++;
+        } else if (a.kind == ST_RFACT_SEND) {
+          uint8_t msg[ST_PACKET_MAX_PLAINTEXT];
+          memcpy(msg, a.data, a.len);
+          int to = a.to.b[0] - 1;
+          ck_assert_int_eq(st_ring_form_message(f[to], 1, &ids[i], msg, a.len),
+                           0);
+          more = true;
+        }
+      }
+    }
+  }
+  ck_assert_int_eq(started, 3);
+  for (int i = 0; i < 3; i++)
+    st_ring_form_free(f[i]);
+}
+
+/* A round's tag is the proposer's when every member named it, else none;
+ * every member's START says the same. */
+START_TEST(test_tags) {
+  static const uint8_t t[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14},
+                       u[16] = {9, 9, 9}, none[16] = {0};
+  const struct {
+    const uint8_t* tags[3];
+    const uint8_t* want;
+  } cases[] = {{{t, t, t}, t},
+               {{t, t, u}, none},
+               {{u, t, t}, none},
+               {{t, NULL, t}, none},
+               {{NULL, NULL, NULL}, none}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    uint8_t starts[3][16];
+    memset(starts, 0xee, sizeof starts);
+    tagged_round(cases[k].tags, starts);
+    for (int i = 0; i < 3; i++)
+      ck_assert_msg(memcmp(starts[i], cases[k].want, 16) == 0,
+                    "case %zu: member %d started with another tag", k, i);
+  }
+}
+END_TEST
+
 START_TEST(test_misuse) {
   st_ring_form_config_t cfg;
   st_ring_form_config_default(&cfg);
@@ -1517,6 +1582,7 @@ static Suite* ring_form_suite(void) {
   tcase_add_test(tr, test_distrust);
   tcase_add_test(tr, test_many_candidates);
   tcase_add_test(tr, test_full_round);
+  tcase_add_test(tr, test_tags);
   tcase_add_test(tr, test_misuse);
   suite_add_tcase(s, tr);
   TCase* ts = tcase_create("simulator");

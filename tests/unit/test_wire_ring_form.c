@@ -64,11 +64,15 @@ static void rand_ring(st_msg_type_t t, uint32_t n, st_node_id_t* ids,
     case ST_MSG_RING_ACCEPT:
       m->u.ring_accept.round_id = tw_rand_bits(&rng, 64);
       m->u.ring_accept.accept = st_rng_below(&rng, 2);
+      if (st_rng_below(&rng, 2)) /* else none: all zero */
+        tw_rand_bytes(&rng, m->u.ring_accept.tag, ST_RING_TAG_BYTES);
       break;
     case ST_MSG_RING_CONFIRM:
       m->u.ring_confirm.round_id = tw_rand_bits(&rng, 64);
       m->u.ring_confirm.n_members = n;
       m->u.ring_confirm.members = n > 0 ? ids : NULL;
+      if (st_rng_below(&rng, 2))
+        tw_rand_bytes(&rng, m->u.ring_confirm.tag, ST_RING_TAG_BYTES);
       break;
     default:
       m->u.ring_cancel.round_id = tw_rand_bits(&rng, 64);
@@ -95,9 +99,9 @@ static void round_trip(const st_msg_t* m) {
 }
 
 /* Writes [type, 1, field...] for PROPOSE (round, proposer, members) or
- * CONFIRM (round, members) with one thing at a time made wrong. */
+ * CONFIRM (round, members, tag) with one thing at a time made wrong. */
 typedef struct {
-  int n_fields;       /* 3 for a valid PROPOSE, 2 for a CONFIRM */
+  int n_fields;       /* 3 for a valid PROPOSE or CONFIRM */
   int round_kind;     /* 0 uint, 1 negative, 2 str, 3 bool */
   int proposer_len;   /* bin length; -1: a str */
   int members_kind;   /* 0 array, 1 map, 2 bin, 3 nil */
@@ -105,10 +109,12 @@ typedef struct {
   uint32_t present;   /* ids actually written */
   int member_len;     /* each id's bin length; -1: str, -2: uint */
   uint32_t bad_index; /* the member written wrong (member_len applies) */
+  int tag_len;        /* CONFIRM's tag: bin length; -1: a str */
 } rw_t;
 
 static rw_t rw_default(st_msg_type_t t) {
-  rw_t r = {t == ST_MSG_RING_PROPOSE ? 3 : 2, 0, 16, 0, 3, 3, 16, 0};
+  (void) t;
+  rw_t r = {3, 0, 16, 0, 3, 3, 16, 0, 16};
   return r;
 }
 
@@ -158,6 +164,8 @@ static void w_ring(w_t* w, st_msg_type_t t, const rw_t* r) {
         break;
     }
   }
+  if (t == ST_MSG_RING_CONFIRM && f++ < r->n_fields)
+    w_id(w, r->tag_len, 0xcc);
   for (; f < r->n_fields; f++)
     w_uint(w, 0);
 }
@@ -190,12 +198,13 @@ START_TEST(test_known_answer) {
   const uint8_t cancel[] = {0x93, 44, 1, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8};
   ck_assert_uint_eq(len, sizeof cancel);
   ck_assert_mem_eq(buf, cancel, len);
-  /* [42, 1, 7, false]. */
+  /* [42, 1, 7, false, bin16 00..] (no tag). */
   memset(&m, 0, sizeof m);
   m.type = ST_MSG_RING_ACCEPT;
   m.u.ring_accept.round_id = 7;
   len = encode_ok(&m, buf, sizeof buf);
-  const uint8_t accept[] = {0x94, 42, 1, 7, 0xc2};
+  const uint8_t accept[] = {0x95, 42, 1, 7, 0xc2, 0xc4, 16, 0, 0, 0, 0, 0,
+                            0,    0,  0, 0, 0,    0,    0,  0, 0, 0, 0};
   ck_assert_uint_eq(len, sizeof accept);
   ck_assert_mem_eq(buf, accept, len);
   /* [41, 1, 300, bin16 aa.., [bin16 aa.., bin16 bb..]]. */
@@ -229,8 +238,8 @@ START_TEST(test_known_answer) {
   m.u.ring_confirm.n_members = 16;
   m.u.ring_confirm.members = many;
   len = encode_ok(&m, buf, sizeof buf);
-  const uint8_t chead[] = {0x94, 43, 1, 1, 0xdc, 0, 16, 0xc4, 16};
-  ck_assert_uint_eq(len, 4 + 3 + 16 * 18);
+  const uint8_t chead[] = {0x95, 43, 1, 1, 0xdc, 0, 16, 0xc4, 16};
+  ck_assert_uint_eq(len, 4 + 3 + 16 * 18 + 18);
   ck_assert_mem_eq(buf, chead, sizeof chead);
 }
 END_TEST
@@ -335,7 +344,7 @@ END_TEST
 
 START_TEST(test_reject_field_count) {
   st_msg_type_t t = types[_i];
-  static const int want[NTYPES] = {3, 2, 2, 1};
+  static const int want[NTYPES] = {3, 3, 3, 1};
   w_t* w = w_new(BUF_CAP);
   for (int n = 0; n <= 6; n++) {
     if (n == want[_i])
@@ -355,22 +364,40 @@ END_TEST
 START_TEST(test_reject_accept_cancel) {
   w_t* w = w_new(BUF_CAP);
   /* Valid first, so that each rejection below is its one change. */
-  w->n = 0;
-  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
-  w_uint(w, 5), w_byte(w, 0xc3);
-  expect_ok(w->b, w->n, "accept");
-  w->n = 0;
-  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
-  w_uint(w, 5), w_uint(w, 1); /* accept as an integer */
-  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept as uint");
-  w->n = 0;
-  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
-  w_uint(w, 5), w_byte(w, 0xc0); /* nil */
-  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "accept nil");
-  w->n = 0;
-  w_array(w, 4), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
-  w_byte(w, 0xff), w_byte(w, 0xc3); /* round -1 */
-  tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "negative round");
+  static const struct {
+    int round;  /* 0: 5, 1: -1 */
+    int accept; /* 0: true, 1: the integer 1, 2: nil */
+    int tag;    /* a bin of this length; -1: a str; -2: nil */
+    bool ok;
+    const char* what;
+  } acc[] = {
+      {0, 0, 16, true, "accept"},      {0, 1, 16, false, "accept as uint"},
+      {0, 2, 16, false, "accept nil"}, {1, 0, 16, false, "negative round"},
+      {0, 0, 15, false, "tag of 15"},  {0, 0, 17, false, "tag of 17"},
+      {0, 0, 0, false, "empty tag"},   {0, 0, -1, false, "tag as str"},
+      {0, 0, -2, false, "tag nil"}};
+  for (size_t i = 0; i < sizeof acc / sizeof acc[0]; i++) {
+    w->n = 0;
+    w_array(w, 5), w_uint(w, ST_MSG_RING_ACCEPT), w_uint(w, 1);
+    if (acc[i].round == 0)
+      w_uint(w, 5);
+    else
+      w_byte(w, 0xff);
+    if (acc[i].accept == 0)
+      w_byte(w, 0xc3);
+    else if (acc[i].accept == 1)
+      w_uint(w, 1);
+    else
+      w_byte(w, 0xc0);
+    if (acc[i].tag == -2)
+      w_byte(w, 0xc0);
+    else
+      w_id(w, acc[i].tag, 0x5a);
+    if (acc[i].ok)
+      expect_ok(w->b, w->n, acc[i].what);
+    else
+      tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, acc[i].what);
+  }
   w->n = 0;
   w_array(w, 3), w_uint(w, ST_MSG_RING_CANCEL), w_uint(w, 1);
   w_byte(w, 0xcb), w_be(w, 0x3ff0000000000000ull, 8); /* 1.0 */
@@ -414,7 +441,9 @@ START_TEST(test_reject_list_fields) {
   /* A member of the wrong size or type, first, middle or last. One that
    * takes fewer than 18 bytes (a bin8 of 15, a fixstr of 16, a fixint)
    * leaves the list shorter than the walk's 18 bytes an id: LIMIT, before
-   * msgpack-c; a longer one is a field error. */
+   * msgpack-c; a longer one is a field error. In a CONFIRM the tag's 18
+   * bytes follow the list, so the walk's count holds there and msgpack-c's
+   * field check refuses it. */
   static const struct {
     int len;
     st_wire_drop_t why;
@@ -429,7 +458,18 @@ START_TEST(test_reject_list_fields) {
       r.member_len = bad_member[i].len;
       r.bad_index = at;
       w_ring(w, t, &r);
-      tw_expect_drop(w->b, w->n, -EBADMSG, bad_member[i].why, "member");
+      st_wire_drop_t why =
+          t == ST_MSG_RING_CONFIRM ? ST_WIRE_DROP_FIELD : bad_member[i].why;
+      tw_expect_drop(w->b, w->n, -EBADMSG, why, "member");
+    }
+  }
+  if (t == ST_MSG_RING_CONFIRM) {
+    static const int bad_tag[] = {-1, 0, 15, 17, 32};
+    for (size_t i = 0; i < sizeof bad_tag / sizeof bad_tag[0]; i++) {
+      rw_t r = ok;
+      r.tag_len = bad_tag[i];
+      w_ring(w, t, &r);
+      tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "tag");
     }
   }
   /* A nested array in the members' place of a member. */
@@ -439,6 +479,8 @@ START_TEST(test_reject_list_fields) {
   if (t == ST_MSG_RING_PROPOSE)
     w_id(w, 16, 1);
   w_array(w, 1), w_array(w, 1), w_id(w, 16, 2);
+  if (t == ST_MSG_RING_CONFIRM)
+    w_id(w, 16, 3);
   tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_FIELD, "nested");
   /* Empty lists decode (the machine refuses them). */
   rw_t r = ok;
@@ -485,6 +527,8 @@ START_TEST(test_reject_too_many) {
   w_array(w, 20);
   for (int i = 0; i < 20; i++)
     w_uint(w, 1);
+  if (t == ST_MSG_RING_CONFIRM)
+    w_id(w, 16, 3);
   tw_expect_drop(w->b, w->n, -EBADMSG, ST_WIRE_DROP_LIMIT, "uint members");
   w_free(w);
 }
