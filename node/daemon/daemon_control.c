@@ -316,6 +316,7 @@ static void status_json_compression(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "coded_bytes", d->local.coded_bytes);
   kv_u64(b, &f2, "anchors", d->c.anchors);
   kv_u64(b, &f2, "exchanges_compressed", d->c.xchg_coded);
+  kv_u64(b, &f2, "rings_coded", d->c.ring_coded);
   put_key(b, &f2, "dropped");
   bool f3 = true;
   for (int i = 0; i < ST_CODEC_DROP_COUNT; i++)

@@ -355,6 +355,7 @@ typedef struct {
    * rounds, averaging exchanges that went compressed, and compressed
    * snapshots refused by the decoder, by reason (st_codec_drop_t). */
   uint64_t anchors, xchg_coded;
+  uint64_t ring_coded; /* ring rounds that went coded and ended OK */
   /* The outer optimizer (daemon_outer.c): ring rounds (noloco: gossip
    * exchanges) that took an outer step, that started it (this node had no
    * anchor yet: the mean), and that it sat out (robust averaging clipped
@@ -521,7 +522,12 @@ struct st__daemon_s {
   st_ring_form_t* rf; /* NULL: rings off (--ring-every 0) */
   st_ring_t* ring;    /* the round's data plane, until the trainer is done
                          with its delta */
-  bool ring_done;     /* the round ended (ring kept for the trainer) */
+  /* A coded round's (daemon_ring_coded.c): the anchor it codes drifts
+   * from (held until the machine is freed), and its codec. */
+  struct st__anchor_s* ring_anchor;
+  st_codec_spec_t ring_spec;
+  st_ring_codec_t ring_codec;
+  bool ring_done; /* the round ended (ring kept for the trainer) */
   uint64_t ring_round, ring_seq;
   uint32_t ring_n, ring_rank;
   st_node_id_t ring_members[ST_RING_FORM_MAX_MEMBERS];
@@ -821,6 +827,21 @@ bool st__compress_on(const st__daemon_t* d);
  * description (" compress=int8"), so that nodes of other settings refuse
  * each other naming both. Call once, after the model's fingerprint. */
 void st__compress_mark_model(const st__daemon_t* d);
+
+/* daemon_ring_coded.c: coded ring rounds under --compress (gossip.h,
+ * "Coded rounds"; docs/compression.md, "The ring"). */
+/* Gives ring formation this node's tag: its anchor's id while it trains
+ * under --compress, else none (at rest, rounds go float32, so that the
+ * nodes end bit for bit alike). Called before every formation event. */
+void st__ring_coded_tag(st__daemon_t* d);
+/* For a round whose START named tag: a coded config (cfg->codec and
+ * cfg->base, the anchor held in d->ring_anchor) when tag is this node's
+ * anchor's id; nothing for no tag; -ESTALE when it names another (this
+ * node took another anchor since its ACCEPT: it cannot start). */
+int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
+                          st_ring_config_t* cfg);
+/* Lets go of the round's anchor (the machine is freed). */
+void st__ring_coded_release(st__daemon_t* d);
 /* d->local.coded_bytes from the codec and d->local.n_params. */
 void st__compress_sized(st__daemon_t* d);
 /* Mixes a setting every node must share into d->local's fingerprint

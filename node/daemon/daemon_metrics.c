@@ -474,6 +474,10 @@ static void render_compression(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_exchanges_compressed_total",
           "Averaging exchanges that applied and went compressed.",
           d->c.xchg_coded);
+  counter(b, "starling_rings_coded_total",
+          "Ring rounds that went coded (drifts from the shared anchor, in "
+          "the codec) and ended OK.",
+          d->c.ring_coded);
   family(b, "starling_codec_dropped_total", "counter",
          "Compressed snapshots the decoder refused, by reason "
          "(docs/protocol.md, \"Decoding checks\").");

@@ -9,6 +9,9 @@
  * applies a round's result with the robust bound. RING_* messages
  * arrive on the membership's UDP socket; daemon_net.c routes them here.
  *
+ * Under --compress, a round whose members all hold one anchor is coded
+ * (daemon_ring_coded.c): formation's tag is the anchor's id.
+ *
  * Data plane: on START the node takes a snapshot into the ring machine's
  * buffer, dials the next member L times (--ring-lanes; checking on each
  * handshake that it is that node) and sends its segments there, segment i
@@ -103,11 +106,45 @@ static void note_final_round(st__daemon_t* d) {
     d->ring_final_ok = true;
 }
 
+/* A round that failed: counted, said, and a hint for membership. */
+static void ring_failed(st__daemon_t* d, st_ring_result_t r, double ms,
+                        uint64_t now) {
+  d->c.ring_aborted++;
+  st__event(d, "ring",
+            "ring round %016llx of %u members aborted after %.0f ms: %s",
+            (unsigned long long) d->ring_round, d->ring_n, ms,
+            st_ring_result_name(r));
+  /* A failure is a hint, not a verdict: membership probes both
+   * neighbours next and suspects one only if it fails its probe. */
+  if (r == ST_RING_FAIL_CLOSED || r == ST_RING_FAIL_TIMEOUT) {
+    for (int k = -1; k <= 1; k += 2) {
+      uint32_t nb = (d->ring_rank + d->ring_n + (uint32_t) k) % d->ring_n;
+      if (nb != d->ring_rank)
+        st_membership_probe_hint(d->m, now, &d->ring_members[nb]);
+    }
+    st__net_drain(d);
+  }
+  st_ring_progress_t p;
+  st_ring_progress(d->ring, &p);
+  st__dwarn(d,
+            "ring round %016llx of %u members aborted after %.0f ms: %s "
+            "(rank %u; segments received %llu of %llu, acknowledged %llu "
+            "of %llu; lanes %u out, %u in)",
+            (unsigned long long) d->ring_round, d->ring_n, ms,
+            st_ring_result_name(r), d->ring_rank,
+            (unsigned long long) p.segments_received,
+            (unsigned long long) p.segments_to_receive,
+            (unsigned long long) p.segments_acked,
+            (unsigned long long) p.segments_to_send, d->ring_stripe.send_lanes,
+            d->ring_stripe.recv_lanes);
+}
+
 static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   uint64_t now = st__dnow(d);
   double ms = (double) (now - d->ring_started_ms);
   if (r == ST_RING_OK) {
     d->c.ring_ok++;
+    d->c.ring_coded += d->ring_anchor != NULL;
     note_final_round(d);
     /* The agreed state: where the round moved every member (the outer
      * optimizer's new anchor, or the mean). */
@@ -120,37 +157,11 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
     double per = ms / (double) segs;
     d->ring_segment_ms =
         d->ring_segment_ms > 0 ? 0.7 * d->ring_segment_ms + 0.3 * per : per;
-    st__event(d, "ring", "ring round %016llx of %u members done in %.0f ms",
-              (unsigned long long) d->ring_round, d->ring_n, ms);
+    st__event(d, "ring", "ring round %016llx of %u members done in %.0f ms%s",
+              (unsigned long long) d->ring_round, d->ring_n, ms,
+              d->ring_anchor != NULL ? " (coded)" : "");
   } else {
-    d->c.ring_aborted++;
-    st__event(d, "ring",
-              "ring round %016llx of %u members aborted after %.0f ms: %s",
-              (unsigned long long) d->ring_round, d->ring_n, ms,
-              st_ring_result_name(r));
-    /* A failure is a hint, not a verdict: membership probes both
-     * neighbours next and suspects one only if it fails its probe. */
-    if (r == ST_RING_FAIL_CLOSED || r == ST_RING_FAIL_TIMEOUT) {
-      for (int k = -1; k <= 1; k += 2) {
-        uint32_t nb = (d->ring_rank + d->ring_n + (uint32_t) k) % d->ring_n;
-        if (nb != d->ring_rank)
-          st_membership_probe_hint(d->m, now, &d->ring_members[nb]);
-      }
-      st__net_drain(d);
-    }
-    st_ring_progress_t p;
-    st_ring_progress(d->ring, &p);
-    st__dwarn(d,
-              "ring round %016llx of %u members aborted after %.0f ms: %s "
-              "(rank %u; segments received %llu of %llu, acknowledged %llu "
-              "of %llu; lanes %u out, %u in)",
-              (unsigned long long) d->ring_round, d->ring_n, ms,
-              st_ring_result_name(r), d->ring_rank,
-              (unsigned long long) p.segments_received,
-              (unsigned long long) p.segments_to_receive,
-              (unsigned long long) p.segments_acked,
-              (unsigned long long) p.segments_to_send,
-              d->ring_stripe.send_lanes, d->ring_stripe.recv_lanes);
+    ring_failed(d, r, ms, now);
   }
   d->c.ring_last_ms = ms;
   st__hist_observe(&d->c.ring_s[r == ST_RING_OK ? 0 : 1], ms / 1e3);
@@ -193,6 +204,7 @@ static void ring_maybe_free(st__daemon_t* d) {
     uint64_t round = d->ring_round;
     st_ring_free(d->ring);
     d->ring = NULL;
+    st__ring_coded_release(d);
     d->ring_moved_to = NULL;
     d->ring_round = 0;
     d->ring_n = 0;
@@ -304,6 +316,7 @@ void st__ring_timer_cb(uv_timer_t* t) {
 
 static void form_timer_cb(uv_timer_t* t) {
   st__daemon_t* d = t->data;
+  st__ring_coded_tag(d);
   st_ring_form_tick(d->rf, st__dnow(d));
   st__ring_drain_form(d);
 }
@@ -419,8 +432,13 @@ static int make_machine(st__daemon_t* d, const st_rfact_t* a, uint32_t lanes,
   double stall = d->ring_segment_ms > 0 ? STALL_SEGMENTS * d->ring_segment_ms
                                         : STALL_MAX_MS;
   rc.timeout_ms = (uint32_t) fmin(fmax(stall, STALL_MIN_MS), STALL_MAX_MS);
-  return st_ring_new(&rc, a->round_id, a->n_members, a->my_rank,
-                     d->local.n_params, now, &d->ring);
+  int r = st__ring_coded_config(d, a->tag, &rc);
+  if (r == 0)
+    r = st_ring_new(&rc, a->round_id, a->n_members, a->my_rank,
+                    d->local.n_params, now, &d->ring);
+  if (r != 0)
+    st__ring_coded_release(d);
+  return r;
 }
 
 /* Dials the next member once per lane (each checked on its handshake to
@@ -513,6 +531,7 @@ void st__ring_on_packet(st__daemon_t* d, const st_node_id_t* from,
                         const uint8_t* data, size_t len) {
   if (d->rf == NULL)
     return;
+  st__ring_coded_tag(d);
   st_ring_form_message(d->rf, st__dnow(d), from, data, len);
   st__ring_drain_form(d);
 }
@@ -577,6 +596,7 @@ void st__ring_tick(st__daemon_t* d) {
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   d->ring_proposed_step = st.step;
+  st__ring_coded_tag(d);
   st_ring_form_propose(d->rf, now, cand, n);
   st__ring_drain_form(d);
 }
@@ -792,6 +812,7 @@ void st__ring_free(st__daemon_t* d) {
   if (d->ring != NULL)
     st_ring_free(d->ring);
   d->ring = NULL;
+  st__ring_coded_release(d);
   if (d->rf != NULL)
     st_ring_form_free(d->rf);
   d->rf = NULL;

@@ -109,6 +109,7 @@ COMPRESSION = {
     "coded_bytes": ("starling_compression_coded_bytes", {}),
     "anchors": ("starling_compression_anchors_total", {}),
     "exchanges_compressed": ("starling_exchanges_compressed_total", {}),
+    "rings_coded": ("starling_rings_coded_total", {}),
 }
 OUTER = {
     "lr": ("starling_outer_learning_rate", {}),

@@ -7,7 +7,8 @@
 #     cluster that runs int8; it stops with a message naming both settings.
 # (c) Four nodes with int8 and four with topk:0.01 train Fashion-MNIST
 #     shards like test_node_cluster.sh; every node averages compressed
-#     (exchanges_compressed > 0, anchors from ring rounds), no compressed
+#     (exchanges_compressed > 0, anchors from ring rounds, ring rounds that
+#     went coded: rings_coded > 0), no compressed
 #     snapshot is refused, and each reaches a test accuracy within 0.5
 #     percentage points of an uncompressed cluster's run here (the plain
 #     build; under the sanitizers int8 alone, 2 epochs, no comparison: the
@@ -48,12 +49,15 @@ run=0
 cluster() {
   local codec=$1 k base=$((10 + 10 * run))
   run=$((run + 1))
-  node_start "$base" "${RECIPE[@]}" --epochs "$EPOCHS" --shard 0/4 --compress "$codec"
+  # A ring round a second: the run lasts seconds, and rounds after the
+  # first (which gives the anchor) are the coded ones.
+  node_start "$base" "${RECIPE[@]}" --epochs "$EPOCHS" --shard 0/4 --compress "$codec" \
+    --ring-every 1
   node_up "$base"
   local s=$NODE_ADDR
   for k in 1 2 3; do
     node_start $((base + k)) "${RECIPE[@]}" --epochs "$EPOCHS" --shard "$k/4" \
-      --join "$s" --compress "$codec"
+      --join "$s" --compress "$codec" --ring-every 1
   done
   for k in 1 2 3; do node_up $((base + k)); done
   done_all() {
@@ -75,8 +79,9 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 c = s["compression"]
 print("  %s node %s: test accuracy %.4f, exchanges %d ok, %d compressed, "
-      "anchors %d, bytes out %d" % (c["codec"], sys.argv[2], s["test_accuracy"],
-      s["exchanges_ok"], c["exchanges_compressed"], c["anchors"], s["bytes_out"]))
+      "anchors %d, coded rings %d, bytes out %d" % (c["codec"], sys.argv[2],
+      s["test_accuracy"], s["exchanges_ok"], c["exchanges_compressed"],
+      c["anchors"], c["rings_coded"], s["bytes_out"]))
 ' "$SCRATCH/$codec-$k.json" "$k"
   done
   for k in 0 1 2 3; do kill "${NODE_PID[$((base + k))]}" 2>/dev/null || true; done
@@ -96,6 +101,7 @@ for k in range(4):
     assert c["coded_bytes"] > 0, c
     assert c["anchors"] > 0, "no anchor from a ring round: %s" % c
     assert c["exchanges_compressed"] > 0, "no compressed exchange: %s" % c
+    assert c["rings_coded"] > 0, "no coded ring round: %s" % c
     assert all(v == 0 for v in c["dropped"].values()), c
     assert s["rejected"]["exchange_codec"] == 0, s["rejected"]
 PY
