@@ -235,6 +235,8 @@ static void status_json_ring(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_str(b, first, "ring_last_round", d->c.ring_last_n > 0 ? round : "");
   put_key(b, first, "ring_last_ok");
   st_json_buf_puts(b, d->c.ring_last_ok ? "true" : "false");
+  put_key(b, first, "ring_last_coded");
+  st_json_buf_puts(b, d->c.ring_last_coded ? "true" : "false");
   /* The final round (daemon_ring.c, note_final_round): the agreed state
    * holds this node's last steps, and changes no more unless a member
    * trains on. */

@@ -318,6 +318,7 @@ typedef struct {
   uint32_t ring_last_n;
   uint64_t ring_last_round;
   bool ring_last_ok;
+  bool ring_last_coded; /* the last round went coded (daemon_ring_coded.c) */
   uint64_t ring_lanes_refused;  /* ring lanes closed at once: not a round
                                    this node accepted or runs, or not from
                                    its previous member (st_ring_form_lane) */

@@ -350,6 +350,10 @@ static void render_ring_state(st__daemon_t* d, st_json_buf_t* b) {
   gauge(b, "starling_ring_last_ok",
         "1 when the last ring round this node took part in succeeded.",
         d->c.ring_last_ok);
+  gauge(b, "starling_ring_last_coded",
+        "1 when the last ring round this node took part in went coded "
+        "(--compress: drifts from the shared anchor in the codec).",
+        d->c.ring_last_coded);
   gauge(b, "starling_ring_final_round",
         "1 once a ring round that started after this node's epochs were "
         "done has succeeded with every member that could take part.",

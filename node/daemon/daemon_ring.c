@@ -167,6 +167,7 @@ static void ring_end(st__daemon_t* d, st_ring_result_t r) {
   st__hist_observe(&d->c.ring_s[r == ST_RING_OK ? 0 : 1], ms / 1e3);
   d->c.ring_last_round = d->ring_round;
   d->c.ring_last_ok = r == ST_RING_OK;
+  d->c.ring_last_coded = d->ring_anchor != NULL;
   d->c.ring_last_n = d->ring_n;
   memcpy(d->ring_last_members, d->ring_members,
          d->ring_n * sizeof(st_node_id_t));

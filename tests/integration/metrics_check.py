@@ -66,6 +66,7 @@ SIMPLE = {
         ("starling_ring_proposals_distrusted_total", {}),
     "ring_progress": ("starling_ring_progress", {}),
     "ring_last_ok": ("starling_ring_last_ok", {}),
+    "ring_last_coded": ("starling_ring_last_coded", {}),
     "ring_final_round": ("starling_ring_final_round", {}),
     "ring_last_ms": ("starling_ring_last_duration_seconds", {}),
     "ring_last_members": ("starling_ring_last_members", {}),

@@ -7,8 +7,7 @@
 #     cluster that runs int8; it stops with a message naming both settings.
 # (c) Four nodes with int8 and four with topk:0.01 train Fashion-MNIST
 #     shards like test_node_cluster.sh; every node averages compressed
-#     (exchanges_compressed > 0, anchors from ring rounds, ring rounds that
-#     went coded: rings_coded > 0), no compressed
+#     (exchanges_compressed > 0, anchors from ring rounds), no compressed
 #     snapshot is refused, and each reaches a test accuracy within 0.5
 #     percentage points of an uncompressed cluster's run here (the plain
 #     build; under the sanitizers int8 alone, 2 epochs, no comparison: the
@@ -20,6 +19,12 @@
 #     applies nothing, and trains on. (With --ring-every 60, the anchor
 #     the probe needs comes from the every-second proposals of a node that
 #     has none.)
+# (e) Coded ring rounds: two int8 nodes with a ring round a second. Once a
+#     round has given both one anchor, the rounds go coded (rings_coded,
+#     ring_last_coded), and after a coded round both hold the same agreed
+#     state: equal ids, and the id hashes the vector, so the same bits (the
+#     member that completed a chunk's sum took decode(bytes) / n like the
+#     others).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/coded_probe
@@ -101,7 +106,6 @@ for k in range(4):
     assert c["coded_bytes"] > 0, c
     assert c["anchors"] > 0, "no anchor from a ring round: %s" % c
     assert c["exchanges_compressed"] > 0, "no compressed exchange: %s" % c
-    assert c["rings_coded"] > 0, "no coded ring round: %s" % c
     assert all(v == 0 for v in c["dropped"].values()), c
     assert s["rejected"]["exchange_codec"] == 0, s["rejected"]
 PY
@@ -164,3 +168,40 @@ wait_for 30 "node 90 training on after the hostile snapshots" step_over 90 "$ste
 grep -q "dropped a compressed snapshot from [0-9a-f]*: codec_scale" "$(node_log 90)" ||
   node_fail "node 90 logged no codec_scale drop"
 pass "(d) hostile int8 snapshots (NaN scale, another kind) dropped and counted by reason; node 90 trains on"
+
+# --- (e) coded ring rounds ------------------------------------------------------------
+for k in 90 91; do kill "${NODE_PID[$k]}" 2>/dev/null || true; done
+for k in 90 91; do node_wait_exit "$k" 30; done
+node_start 95 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 1
+node_up 95
+s=$NODE_ADDR
+node_start 96 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 1 \
+  --join "$s"
+node_up 96
+# coded_agreed: both nodes idle after the same coded round (their second at
+# least), holding the same agreed state.
+coded_agreed() {
+  local a b
+  a=$(node_status 95) && b=$(node_status 96) || return 1
+  "$NUMPY_PY" -c '
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def coded(s):
+    return (s["compression"]["rings_coded"] >= 2 and s["ring_last_coded"]
+            and s["ring_last_ok"] and s["ring_state"] == "idle")
+sys.exit(0 if coded(a) and coded(b) and a["agreed"] is not None
+         and a["ring_last_round"] == b["ring_last_round"]
+         and a["agreed"] == b["agreed"] else 1)' "$a" "$b"
+}
+wait_for 60 "a coded ring round after which nodes 95 and 96 hold the same agreed state" \
+  coded_agreed
+node_status 95 >"$SCRATCH/coded.json" || node_fail "status of node 95"
+"$NUMPY_PY" - "$SCRATCH/coded.json" <<'PY' || node_fail "node 95: $(cat "$SCRATCH/coded.json")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+c = s["compression"]
+print("  node 95: %d ring rounds ok, %d coded, agreed %s" % (
+    s["ring_rounds_ok"], c["rings_coded"], s["agreed"]["id"]))
+assert s["rejected"]["exchange_codec"] == 0, s["rejected"]
+PY
+pass "(e) coded ring rounds: both nodes end them with the same agreed state, bit for bit"
