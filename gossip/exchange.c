@@ -68,7 +68,11 @@
  * - Any message that does not decode, or of a type or at a moment the
  *   conversation does not expect, is FAIL_PROTOCOL; failures tell the peer
  *   nothing (it sees the connection close: FAIL_CLOSED) and drop whatever
- *   was not yet emitted. Events after DONE are ignored and return 0.
+ *   was not yet emitted. Events after DONE are ignored and return 0. One
+ *   close is not a failure: in a compressed exchange, once the peer's
+ *   bytes and XCHG_DONE are all in (decoding) and our own XCHG_DONE is
+ *   emitted, the peer closing is its end (it finished with all of ours):
+ *   the exchange ends as the decode says.
  * - Compressed (gossip.h, "Compressed averaging"): an AVERAGE goes
  *   compressed when local.coded_bytes > 0 and the REQ's anchor equals the
  *   REPLY's and is not all zero; both sides decide it from the same two
@@ -814,6 +818,18 @@ int st_xchg_tick(st_xchg_t* x, uint64_t now_ms) {
 int st_xchg_closed(st_xchg_t* x, uint64_t now_ms) {
   if (x == NULL)
     return -EINVAL;
+  (void) now_ms;
+  if (x->phase == PH_TRANSFER && x->coded && x->decode_asked &&
+      x->tx_done_sent) {
+    /* Everything of the peer's is in (its bytes and XCHG_DONE, being
+     * decoded) and everything of ours was emitted: the peer closed at its
+     * end. It could only finish OK with all of ours, so our SENDs count as
+     * written, and the exchange ends as the decode says. (Failing here
+     * would leave the peer's half applied and ours not.) */
+    x->outstanding = 0;
+    progress(x);
+    return 0;
+  }
   finish(x, ST_XCHG_FAIL_CLOSED);
   return 0;
 }

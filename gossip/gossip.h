@@ -984,7 +984,10 @@ int st_xchg_decoded(st_xchg_t* x, uint64_t now_ms, int rc, int reason);
  * outstanding). */
 int st_xchg_sent(st_xchg_t* x, uint64_t now_ms);
 int st_xchg_tick(st_xchg_t* x, uint64_t now_ms);
-/* The connection ended (read EOF or error). */
+/* The connection ended (read EOF or error): FAIL_CLOSED, except in a
+ * compressed exchange whose peer's bytes and XCHG_DONE are all in and
+ * whose own XCHG_DONE was emitted (the peer finished first): that one
+ * ends as its DECODE says, so the driver still reports st_xchg_decoded. */
 int st_xchg_closed(st_xchg_t* x, uint64_t now_ms);
 
 bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out);

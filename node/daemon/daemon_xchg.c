@@ -282,7 +282,11 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev) {
 }
 
 void st__xchg_codec_done(st__conn_t* c, bool decode, int rc, int reason) {
-  if (c->x == NULL || c->handle_closed)
+  /* Also once the connection is closed: a peer that finished first
+   * closes while our DECODE runs, and the exchange ends as it says
+   * (gossip/exchange.c, st_xchg_closed). The machine lives until the conn
+   * is freed, which waits for this job. */
+  if (c->x == NULL)
     return;
   uint64_t now = st__dnow(c->d);
   if (decode)

@@ -174,6 +174,31 @@ START_TEST(test_coded_average) {
 }
 END_TEST
 
+/* The initiator finished and closed while the responder's DECODE still
+ * ran (a pool thread slower than the peer): every byte and the peer's
+ * XCHG_DONE were in and the responder's own stream was sent, so the close
+ * is the peer's end, not a failure: the responder applies too, and the
+ * two deltas still cancel. (It failed "closed" before, leaving the pair's
+ * sum moved by the initiator's half.) */
+START_TEST(test_coded_peer_done_first) {
+  size_t n = 1000;
+  coded_run_t c;
+  coded_init(&c, n);
+  c.r.hold_decode_b = true;
+  pump_t p;
+  pump_start(&p, &c.r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  ck_assert_int_eq(sa->result, ST_XCHG_OK);
+  ck_assert(sb->closed_seen); /* the close came before its DONE */
+  ck_assert_int_eq(sb->result, ST_XCHG_OK);
+  ck_assert_int_eq(sb->n_apply, 1);
+  for (size_t i = 0; i < n; i++)
+    ck_assert(sa->apply[i] + sb->apply[i] == 0);
+  pump_free(&p);
+  coded_free(&c);
+}
+END_TEST
+
 /* No shared anchor (_i 0: different; 1: none on either side; 2: none on
  * A; 3: FETCH): float32, no codec work, the float32 deltas. */
 START_TEST(test_coded_fallback) {
@@ -341,6 +366,7 @@ static Suite* coded_suite(void) {
   tcase_add_loop_test(tc, test_coded_fallback, 0, 4);
   tcase_add_loop_test(tc, test_coded_faults, 0, NCODED_FAULTS);
   tcase_add_test(tc, test_coded_own_nonfinite);
+  tcase_add_test(tc, test_coded_peer_done_first);
   tcase_add_test(tc, test_coded_misuse);
   tcase_set_timeout(tc, 120);
   suite_add_tcase(s, tc);

@@ -85,6 +85,8 @@ typedef struct {
   int n_encode, n_decode;
   bool defer_codec;   /* answer ENCODE/DECODE a round later, as a driver
                          that runs them on another thread would */
+  bool hold_decode;   /* answer DECODE only once the connection closed:
+                         a pool thread slower than the peer */
   bool codec_pending; /* one is held back */
   st_xact_t pending;
   bool coded_exchange; /* DONE's */
@@ -174,7 +176,7 @@ static void drain(side_t* s) {
         ck_assert(!s->codec_pending);
         s->pending = a;
         s->codec_pending = true;
-        if (!s->defer_codec)
+        if (!s->defer_codec && !(s->hold_decode && a.kind == ST_XACT_DECODE))
           codec_work(s);
         break;
       case ST_XACT_TIMER:
@@ -227,7 +229,9 @@ static void pump_run(pump_t* p) {
     for (int i = 0; i < 2; i++) {
       side_t* s = &p->s[i];
       drain(s);
-      if (s->codec_pending && s->n_done == 0) {
+      bool held =
+          s->hold_decode && !p->closed && s->pending.kind == ST_XACT_DECODE;
+      if (s->codec_pending && s->n_done == 0 && !held) {
         codec_work(s);
         moved = true;
         drain(s);
@@ -341,6 +345,7 @@ typedef struct {
   bool lazy_acks;
   const xchg_pump_codec_t *codec_a, *codec_b;
   bool defer_codec;
+  bool hold_decode_b; /* the responder decodes only after the close */
 } run_t;
 
 static void run_init(run_t* r, st_xchg_kind_t kind, size_t n) {
@@ -369,6 +374,7 @@ static void pump_start(pump_t* p, const run_t* r) {
   p->s[0].codec = r->codec_a;
   p->s[1].codec = r->codec_b;
   p->s[0].defer_codec = p->s[1].defer_codec = r->defer_codec;
+  p->s[1].hold_decode = r->hold_decode_b;
   pump_run(p);
   for (int i = 0; i < 2; i++)
     ck_assert_int_eq(p->s[i].n_timer, 1);
