@@ -501,6 +501,9 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
                         sizeof(d->local.model));
   d->local.n_params = d->trainer.model.n_params;
   st__compress_mark_model(d);
+  /* Before a checkpoint replaces it: the seeded initialization. */
+  st__compress_start_anchor(d, d->trainer.model.params,
+                            (size_t) d->local.n_params);
   st__outer_mark_model(d);
   st__compress_sized(d);
   if (access(d->checkpoint_path, F_OK) == 0) {
@@ -746,6 +749,8 @@ static void cleanup(st__daemon_t* d) {
   st__sync_free(d);
   st__anchor_release(d->anchor);
   d->anchor = NULL;
+  st__anchor_release(d->start_anchor);
+  d->start_anchor = NULL;
   st__outer_free(d);
   if (d->m != NULL)
     st_membership_free(d->m);

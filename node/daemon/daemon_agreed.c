@@ -67,6 +67,9 @@ st__anchor_t* st__anchor_new(size_t n) {
 void st__agreed_take(st__daemon_t* d, st__anchor_t* a) {
   st__anchor_release(d->anchor);
   d->anchor = a;
+  /* The start anchor served until there was an agreed state. */
+  st__anchor_release(d->start_anchor);
+  d->start_anchor = NULL;
 }
 
 void st__agreed_ring_done(st__daemon_t* d, const float* v, size_t n,

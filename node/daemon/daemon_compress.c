@@ -25,6 +25,27 @@ bool st__compress_on(const st__daemon_t* d) {
   return d->cfg->compress.kind != ST_CODEC_NONE;
 }
 
+st__anchor_t* st__compress_anchor(const st__daemon_t* d) {
+  st__anchor_t* a = d->anchor != NULL ? d->anchor : d->start_anchor;
+  return a != NULL && a->n == (size_t) d->local.n_params ? a : NULL;
+}
+
+void st__compress_start_anchor(st__daemon_t* d, const float* params, size_t n) {
+  if (!st__compress_on(d) || n == 0)
+    return;
+  st__anchor_t* a = st__anchor_new(n);
+  if (a == NULL || st_copy_to_host(d->be, a->v, params, n) != 0) {
+    st__anchor_release(a);
+    st__dwarn(d,
+              "no start anchor (%zu floats): compressed averaging "
+              "sends float32 until the first ring round",
+              n);
+    return;
+  }
+  a->round = 0; /* no ring round's: ids of rounds are never 0 */
+  d->start_anchor = a;
+}
+
 void st__mark_setting(const st__daemon_t* d, const char* domain,
                       const char* key, const char* value) {
   st__daemon_t* w = (st__daemon_t*) d;
@@ -99,10 +120,11 @@ void st__compress_sized(st__daemon_t* d) {
 
 void st__compress_fill(st__daemon_t* d, st__conn_t* c, st_xchg_local_t* l) {
   memset(l->anchor, 0, sizeof l->anchor);
-  if (!st__compress_on(d) || d->anchor == NULL || d->anchor->n != l->n_params ||
+  st__anchor_t* a = st__compress_anchor(d);
+  if (!st__compress_on(d) || a == NULL || a->n != l->n_params ||
       c->anchor != NULL)
     return;
-  c->anchor = st__anchor_ref(d->anchor);
+  c->anchor = st__anchor_ref(a);
   memcpy(l->anchor, st__agreed_id_of(c->anchor), sizeof l->anchor);
 }
 

@@ -480,6 +480,11 @@ struct st__daemon_s {
   double clip_last;      /* the bound the last exchange ran with (0: none) */
   st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
   struct st__anchor_s* anchor; /* the agreed state (daemon_agreed.c) */
+  /* Under --compress with the built-in trainer: the seeded
+   * initialization, the same on every node of the model, as round 0's
+   * vector: the anchor of compressed averaging until a ring round gives
+   * one (daemon_compress.c, st__compress_anchor); released then. */
+  struct st__anchor_s* start_anchor;
   /* The outer optimizer (--outer; daemon_outer.c): the shared vector of
    * the last round and the momentum, n_params floats each once a round
    * has given one (NULL before); what this round moved the node to (the
@@ -824,6 +829,14 @@ const uint8_t* st__agreed_hashes(st__anchor_t* a);
 /* daemon_compress.c: compressed averaging (--compress). */
 /* Whether the node runs a codec (--compress other than none). */
 bool st__compress_on(const st__daemon_t* d);
+/* The anchor compressed averaging codes drifts from: the agreed state,
+ * or before any ring round the start anchor; NULL when neither (or not
+ * of this model's size). */
+struct st__anchor_s* st__compress_anchor(const st__daemon_t* d);
+/* Keeps the built-in trainer's initialization (params[0..n), on be) as
+ * the start anchor under --compress; nothing otherwise. Said and skipped
+ * when it cannot be allocated. */
+void st__compress_start_anchor(st__daemon_t* d, const float* params, size_t n);
 /* Mixes the codec into d->local's fingerprint and names it in its model
  * description (" compress=int8"), so that nodes of other settings refuse
  * each other naming both. Call once, after the model's fingerprint. */

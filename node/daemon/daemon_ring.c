@@ -774,11 +774,17 @@ static bool trusts(const st_node_id_t* id, void* ctx) {
 
 int st__ring_start(st__daemon_t* d) {
   if (!st__ring_on(d)) {
-    if (st__compress_on(d))
+    if (st__compress_on(d) && d->start_anchor != NULL)
+      st__dlog(d,
+               "--compress with --ring-every 0: exchanges code drifts "
+               "from the start anchor (the seeded initialization) all run "
+               "long, which grow as training goes (docs/compression.md)");
+    else if (st__compress_on(d))
       st__dwarn(d,
                 "--compress with --ring-every 0: compressed exchanges "
-                "need the anchor a ring round gives, so averaging sends "
-                "float32 (docs/compression.md)");
+                "need an anchor, which an attached program's node takes "
+                "only from a ring round, so averaging sends float32 "
+                "(docs/compression.md)");
     return 0;
   }
   st_ring_form_config_t fc;

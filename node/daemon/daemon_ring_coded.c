@@ -38,10 +38,9 @@ static int codec_decode(void* ctx, const uint8_t* in, size_t len, float* out,
 void st__ring_coded_tag(st__daemon_t* d) {
   if (d->rf == NULL)
     return;
-  bool named = st__compress_on(d) && d->anchor != NULL &&
-               d->anchor->n == (size_t) d->local.n_params &&
-               d->state != ST__D_DONE;
-  st_ring_form_set_tag(d->rf, named ? st__agreed_id_of(d->anchor) : NULL);
+  st__anchor_t* a = st__compress_anchor(d);
+  bool named = st__compress_on(d) && a != NULL && d->state != ST__D_DONE;
+  st_ring_form_set_tag(d->rf, named ? st__agreed_id_of(a) : NULL);
 }
 
 int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
@@ -49,8 +48,8 @@ int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
   static const uint8_t none[ST_RING_TAG_BYTES];
   if (tag == NULL || memcmp(tag, none, sizeof none) == 0)
     return 0;
-  if (d->anchor == NULL || d->anchor->n != (size_t) d->local.n_params ||
-      memcmp(st__agreed_id_of(d->anchor), tag, ST_RING_TAG_BYTES) != 0)
+  st__anchor_t* a = st__compress_anchor(d);
+  if (a == NULL || memcmp(st__agreed_id_of(a), tag, ST_RING_TAG_BYTES) != 0)
     return -ESTALE;
   d->ring_spec = d->cfg->compress;
   if (d->ring_spec.kind == ST_CODEC_TOPK) {
@@ -62,7 +61,7 @@ int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
   d->ring_codec.decode = codec_decode;
   d->ring_codec.ctx = &d->ring_spec;
   st__ring_coded_release(d);
-  d->ring_anchor = st__anchor_ref(d->anchor);
+  d->ring_anchor = st__anchor_ref(a);
   cfg->codec = &d->ring_codec;
   cfg->base = d->ring_anchor->v;
   return 0;

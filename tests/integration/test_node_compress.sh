@@ -25,6 +25,9 @@
 #     state: equal ids, and the id hashes the vector, so the same bits (the
 #     member that completed a chunk's sum took decode(bytes) / n like the
 #     others).
+# (f) The start anchor: two int8 nodes with no ring rounds at all
+#     (--ring-every 0) still average compressed, from their first exchange:
+#     both name the seeded initialization (round 0) as their anchor.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 PROBE=${ST_BUILD_DIR:-$(dirname "$STARLING")}/coded_probe
@@ -205,3 +208,29 @@ print("  node 95: %d ring rounds ok, %d coded, agreed %s" % (
 assert s["rejected"]["exchange_codec"] == 0, s["rejected"]
 PY
 pass "(e) coded ring rounds: both nodes end them with the same agreed state, bit for bit"
+
+# --- (f) the start anchor -------------------------------------------------------------
+for k in 95 96; do kill "${NODE_PID[$k]}" 2>/dev/null || true; done
+for k in 95 96; do node_wait_exit "$k" 30; done
+node_start 97 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 0
+node_up 97
+s=$NODE_ADDR
+node_start 98 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 0 \
+  --join "$s" --gossip-every 0.5
+node_up 98
+coded_exchanges() {
+  local v
+  v=$(node_field 97 compression.exchanges_compressed) && [ "$v" -ge 3 ]
+}
+wait_for 60 "three compressed exchanges of node 97 without any ring round" coded_exchanges
+node_status 97 >"$SCRATCH/start.json" || node_fail "status of node 97"
+"$NUMPY_PY" - "$SCRATCH/start.json" <<'PY' || node_fail "node 97: $(cat "$SCRATCH/start.json")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["agreed"] is None and s["ring_rounds_ok"] == 0, s
+assert s["compression"]["anchors"] == 0, s["compression"]
+assert s["rejected"]["exchange_codec"] == 0, s["rejected"]
+print("  node 97: %d exchanges ok, %d compressed, no ring round" % (
+    s["exchanges_ok"], s["compression"]["exchanges_compressed"]))
+PY
+pass "(f) no ring round: exchanges compressed from the start anchor"
