@@ -12,7 +12,10 @@
  * in_flight are unacknowledged, APPLY comes at most once, before DONE,
  * with n_params finite values, DONE at most once with nothing after it,
  * and a DONE(OK) of a real round comes after its APPLY. Never a crash, a
- * leak or an overread.
+ * leak or an overread. The byte that picks in_flight also picks a coded
+ * round (gossip.h, "Coded rounds"; the codec of tests/ring_test_codec.h,
+ * with a base vector), whose segments the harness builds in that codec
+ * from the input: a scale and int8 values, -128 and odd scales included.
  *
  *   CC=clang cmake -S . -B build-fuzz -DSTARLING_FUZZ=ON -DSTARLING_CUDA=OFF
  *   cmake --build build-fuzz --target fuzz_ring
@@ -27,6 +30,7 @@
 
 #include "gossip/gossip.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/ring_test_codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
@@ -40,6 +44,7 @@ typedef struct {
   unsigned unacked;
   int applies, dones;
   bool asked;
+  bool coded;
   /* The receive stream as the harness sees it: step t, segment k. */
   uint32_t t;
   uint64_t k;
@@ -75,7 +80,8 @@ static void drain(harness_t* h) {
         CHECK(st_wire_decode(a.data, a.len, &m, NULL) == 0);
         CHECK(m.type == ST_MSG_RING_SEG);
         CHECK(m.u.ring_seg.data_len > 0 &&
-              m.u.ring_seg.data_len <= 4 * h->cfg.segment_floats);
+              m.u.ring_seg.data_len <= (h->coded ? 4 + h->cfg.segment_floats
+                                                 : 4 * h->cfg.segment_floats));
         st_wire_msg_free(&m);
         h->unacked++;
         CHECK(h->unacked <= h->cfg.in_flight);
@@ -112,6 +118,7 @@ static void feed_next(harness_t* h, fuzz_in_t* in, bool perturb,
   if (h->t >= 2 * (h->n - 1))
     return;
   static float v[8];
+  static uint8_t code[4 * 8 + 4]; /* a perturbed length reaches 32 */
   uint32_t c = rx_chunk(h, h->t);
   uint64_t off = h->k * h->cfg.segment_floats;
   uint64_t count = chunk_floats(h, c) - off;
@@ -120,6 +127,13 @@ static void feed_next(harness_t* h, fuzz_in_t* in, bool perturb,
   for (uint64_t i = 0; i < count; i++) {
     uint8_t b = fuzz_byte(in);
     v[i] = b == 0xff ? NAN : (float) (b - 128) / 16;
+    code[4 + i] = b; /* coded: q, -128 (0x80) among them */
+  }
+  if (h->coded) {
+    /* A scale from one byte: 0, small, large, NaN, Inf, negative. */
+    static const float scales[8] = {0,   1.0f / 64, 0.5f, 3e38f,
+                                    NAN, INFINITY,  -1,   1e-40f};
+    memcpy(code, &scales[fuzz_byte(in) % 8], 4);
   }
   bool rs = h->t + 1 < h->n;
   st_msg_t m;
@@ -131,8 +145,8 @@ static void feed_next(harness_t* h, fuzz_in_t* in, bool perturb,
   g->step = rs ? h->t : h->t - (h->n - 1);
   g->chunk = c;
   g->offset = off;
-  g->data = (const uint8_t*) v;
-  g->data_len = (uint32_t) (4 * count);
+  g->data = h->coded ? code : (const uint8_t*) v;
+  g->data_len = (uint32_t) (h->coded ? 4 + count : 4 * count);
   if (perturb) {
     uint8_t b = fuzz_byte(in);
     switch (b % 6) {
@@ -177,8 +191,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   h.rank = fuzz_byte(&in) % h.n;
   h.floats = fuzz_byte(&in) % (MAX_FLOATS + 1);
   h.cfg.segment_floats = 1 + fuzz_byte(&in) % 8;
-  h.cfg.in_flight = 1 + fuzz_byte(&in) % 3;
+  uint8_t pick = fuzz_byte(&in);
+  h.cfg.in_flight = 1 + pick % 3;
   h.cfg.timeout_ms = 1000;
+  static float base[MAX_FLOATS];
+  h.coded = pick / 3 % 2 == 1;
+  if (h.coded) {
+    for (uint64_t i = 0; i < h.floats; i++)
+      base[i] = (float) (i % 7) - 3.0f;
+    h.cfg.codec = &ring_test_codec;
+    h.cfg.base = base;
+  }
   const uint64_t round = 0x7777;
   CHECK(st_ring_new(&h.cfg, round, h.n, h.rank, h.floats, 0, &h.x) == 0);
   skip_empty(&h);

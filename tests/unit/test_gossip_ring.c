@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "gossip/gossip.h"
+#include "tests/ring_test_codec.h"
 #include "tests/unit/testutil.h"
 
 #define T0 1000
@@ -476,56 +477,6 @@ static void check_results(ring_t* r) {
 /* ==== Coded rounds ==========================================================
  */
 
-/* A codec as plain as can be checked by hand: one scale a segment,
- * max |x| / 127, and each float rounded to the nearest multiple of it;
- * [scale f32][q int8 x n]. A scale that is not finite and q = -128 are
- * refused, as starling's int8 refuses them. */
-static size_t tc_max(void* ctx, size_t n) {
-  (void) ctx;
-  return 4 + n;
-}
-
-static int tc_encode(void* ctx, const float* x, size_t n, uint8_t* out,
-                     size_t cap, size_t* len) {
-  (void) ctx;
-  if (cap < 4 + n)
-    return -EMSGSIZE;
-  float m = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!(fabsf(x[i]) <= FLT_MAX))
-      return -EINVAL;
-    m = fmaxf(m, fabsf(x[i]));
-  }
-  float sc = m / 127.0f;
-  memcpy(out, &sc, 4);
-  for (size_t i = 0; i < n; i++) {
-    long q = sc > 0 ? lrintf(x[i] / sc) : 0;
-    q = q > 127 ? 127 : q < -127 ? -127 : q;
-    out[4 + i] = (uint8_t) (int8_t) q;
-  }
-  *len = 4 + n;
-  return 0;
-}
-
-static int tc_decode(void* ctx, const uint8_t* in, size_t len, float* out,
-                     size_t n) {
-  (void) ctx;
-  float sc;
-  if (len != 4 + n)
-    return -EBADMSG;
-  memcpy(&sc, in, 4);
-  if (!(sc >= 0 && sc <= FLT_MAX / 128))
-    return -EBADMSG;
-  for (size_t i = 0; i < n; i++)
-    if ((int8_t) in[4 + i] == -128)
-      return -EBADMSG;
-  for (size_t i = 0; i < n; i++)
-    out[i] = (float) (int8_t) in[4 + i] * sc;
-  return 0;
-}
-
-static const st_ring_codec_t test_codec = {tc_max, tc_encode, tc_decode, NULL};
-
 /* A coded round (gossip.h, "Coded rounds"): the same mean bits on every
  * member; the members' parameters after it add up to what they held
  * before; and the mean is within the codec's rounding of the float64 mean,
@@ -593,7 +544,7 @@ START_TEST(test_coded) {
     st_ring_config_default(&cfg);
     if (cases[it].segment != 0)
       cfg.segment_floats = cases[it].segment;
-    cfg.codec = &test_codec;
+    cfg.codec = &ring_test_codec;
     size_t N = (size_t) cases[it].floats;
     float* base = NULL;
     if (cases[it].base) {
@@ -1382,7 +1333,7 @@ START_TEST(test_coded_refused) {
   st_ring_config_t cfg;
   st_ring_config_default(&cfg);
   cfg.segment_floats = 10;
-  cfg.codec = &test_codec;
+  cfg.codec = &ring_test_codec;
   for (int at = 0; at < 6; at++) {
     snprintf(label, sizeof label, "coded: segment %d does not decode", at);
     ring_t r;
