@@ -749,6 +749,13 @@ const float* st_xchg_own(const st_xchg_t* x) {
   return x != NULL && x->have_own && !x->coded ? x->own : NULL;
 }
 
+float* st_xchg_coded_own(st_xchg_t* x) {
+  return x != NULL && x->coded && x->encoded && x->phase == PH_FINISHED &&
+                 x->result == ST_XCHG_OK && x->kind == ST_XCHG_AVERAGE
+             ? x->own
+             : NULL;
+}
+
 int st_xchg_encoded(st_xchg_t* x, uint64_t now_ms, int rc) {
   (void) now_ms;
   if (x == NULL)

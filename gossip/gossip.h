@@ -971,6 +971,12 @@ float* st_xchg_snapshot_buffer(st_xchg_t* x);
  * before, and for a compressed exchange (whose buffer then holds the
  * decoded drift). */
 const float* st_xchg_own(const st_xchg_t* x);
+/* A compressed AVERAGE that ended OK (from its APPLY on): the decoded
+ * drift of this side's snapshot, D(c_own), n_params floats, writable (the
+ * machine reads it no more) until st_xchg_free; NULL otherwise. Anchor +
+ * this is the snapshot as both sides decoded it: the delta is the pair's
+ * decoded mean - this. */
+float* st_xchg_coded_own(st_xchg_t* x);
 /* After ENCODE: rc 0 when coded and work were written as asked; any
  * other rc (our snapshot held a NaN or Inf: the codec refuses them) ends
  * the exchange with FAIL_NONFINITE. -EINVAL when no ENCODE is pending. */

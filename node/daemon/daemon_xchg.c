@@ -107,6 +107,25 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
              id, st_xchg_result_name(r));
 }
 
+/* The snapshot an AVERAGE's delta is measured from, for the gossip outer
+ * step (--outer noloco): float32, the snapshot; compressed, anchor +
+ * D(c_own), made in the machine's buffer (nothing reads it after the
+ * APPLY), so that own + delta is the pair's decoded mean. What the codec
+ * rounded away stays in the parameters (docs/compression.md). NULL when
+ * no outer step runs. */
+static const float* xchg_own(st__conn_t* c, size_t n) {
+  if (c->d->cfg->outer.kind != ST_OUTER_NOLOCO)
+    return NULL;
+  float* drift = st_xchg_coded_own(c->x);
+  if (drift == NULL)
+    return st_xchg_own(c->x);
+  if (c->anchor == NULL || c->anchor->n != n)
+    return NULL;
+  for (size_t i = 0; i < n; i++)
+    drift[i] += c->anchor->v[i];
+  return drift;
+}
+
 static void drain(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xact_t a;
@@ -155,7 +174,7 @@ static void drain(st__conn_t* c) {
           /* A clipped move is applied as it is (the outer step's state is
            * not fed a peer robust averaging distrusts). */
           if (!a.clipped)
-            st__outer_xchg_apply(d, (float*) a.values, st_xchg_own(c->x), a.n);
+            st__outer_xchg_apply(d, (float*) a.values, xchg_own(c, a.n), a.n);
           else if (d->cfg->outer.kind == ST_OUTER_NOLOCO)
             d->c.outer_skipped++;
           if (st__tt_request_apply(d->tt, c->id, a.values, 1.0f) == 0)

@@ -169,6 +169,16 @@ START_TEST(test_coded_average) {
       bad = (long) i;
   }
   ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  /* Each side's decoded drift, for the gossip outer step: D(C(s - a)). */
+  float *oa = st_xchg_coded_own(sa->x), *ob = st_xchg_coded_own(sb->x);
+  ck_assert(oa != NULL && ob != NULL);
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float ea = toy_round_trip(c.a[i], c.anchor[i]);
+    float eb = toy_round_trip(c.b[i], c.anchor[i]);
+    if (memcmp(&oa[i], &ea, 4) != 0 || memcmp(&ob[i], &eb, 4) != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "decoded drifts differ at %ld", bad);
   pump_free(&p);
   coded_free(&c);
 }
@@ -231,6 +241,8 @@ START_TEST(test_coded_fallback) {
       bad = (long) i;
   }
   ck_assert_msg(bad < 0, "A's APPLY differs at %ld", bad);
+  ck_assert(st_xchg_coded_own(sa->x) == NULL &&
+            st_xchg_coded_own(sb->x) == NULL); /* float32: st_xchg_own */
   pump_free(&p);
   coded_free(&c);
 }

@@ -460,7 +460,7 @@ static int parse_args(int argc, char** argv, const struct option* opts,
 }
 
 /* The outer optimizer's flags together: tuned only with --outer; nesterov
- * needs ring rounds, noloco uncompressed gossip. 0, or 2 after saying
+ * needs ring rounds, noloco gossip. 0, or 2 after saying
  * why. */
 static int check_outer(const st_daemon_config_t* cfg) {
   if (outer_tuned && cfg->outer.kind == ST_OUTER_NONE) {
@@ -474,13 +474,6 @@ static int check_outer(const st_daemon_config_t* cfg) {
             "starling node: --outer noloco steps on the means of gossip "
             "exchanges, and --gossip-every 0 turns them off; set "
             "--gossip-every\n");
-    return 2;
-  }
-  if (cfg->outer.kind == ST_OUTER_NOLOCO &&
-      cfg->compress.kind != ST_CODEC_NONE) {
-    fprintf(stderr,
-            "starling node: --outer noloco works on uncompressed gossip; "
-            "drop --compress, or use --outer nesterov\n");
     return 2;
   }
   if (cfg->outer.kind == ST_OUTER_NESTEROV && cfg->ring_every_s <= 0 &&
