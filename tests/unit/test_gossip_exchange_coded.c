@@ -134,6 +134,32 @@ static void count_frames(coded_run_t* c, census_t* census) {
   c->r.hook_ctx = census;
 }
 
+/* Both sides of a compressed exchange applied (D(c_peer) - D(c_own)) / 2
+ * bit for bit (the deltas cancel exactly), and each side's decoded drift,
+ * for the gossip outer step, is D(C(s - anchor)). */
+static void check_coded_outcome(const coded_run_t* c, side_t* sa, side_t* sb,
+                                size_t n) {
+  float *oa = st_xchg_coded_own(sa->x), *ob = st_xchg_coded_own(sb->x);
+  ck_assert(oa != NULL && ob != NULL);
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float ea = toy_round_trip(c->a[i], c->anchor[i]);
+    float eb = toy_round_trip(c->b[i], c->anchor[i]);
+    float da = (eb - ea) * 0.5f, db = (ea - eb) * 0.5f;
+    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
+        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float ea = toy_round_trip(c->a[i], c->anchor[i]);
+    float eb = toy_round_trip(c->b[i], c->anchor[i]);
+    if (memcmp(&oa[i], &ea, 4) != 0 || memcmp(&ob[i], &eb, 4) != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "decoded drifts differ at %ld", bad);
+}
+
 /* _i: size index * 4 + lazy acks * 2 + codec work deferred. */
 START_TEST(test_coded_average) {
   size_t n = sizes[_i / 4];
@@ -159,26 +185,7 @@ START_TEST(test_coded_average) {
         (toy_bytes(n) + ST_WIRE_CHUNK_MAX_BYTES - 1) / ST_WIRE_CHUNK_MAX_BYTES;
     ck_assert_int_eq(census.coded[i], (int) pieces);
   }
-  long bad = -1;
-  for (size_t i = 0; i < n && bad < 0; i++) {
-    float ea = toy_round_trip(c.a[i], c.anchor[i]);
-    float eb = toy_round_trip(c.b[i], c.anchor[i]);
-    float da = (eb - ea) * 0.5f, db = (ea - eb) * 0.5f;
-    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
-        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
-      bad = (long) i;
-  }
-  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
-  /* Each side's decoded drift, for the gossip outer step: D(C(s - a)). */
-  float *oa = st_xchg_coded_own(sa->x), *ob = st_xchg_coded_own(sb->x);
-  ck_assert(oa != NULL && ob != NULL);
-  for (size_t i = 0; i < n && bad < 0; i++) {
-    float ea = toy_round_trip(c.a[i], c.anchor[i]);
-    float eb = toy_round_trip(c.b[i], c.anchor[i]);
-    if (memcmp(&oa[i], &ea, 4) != 0 || memcmp(&ob[i], &eb, 4) != 0)
-      bad = (long) i;
-  }
-  ck_assert_msg(bad < 0, "decoded drifts differ at %ld", bad);
+  check_coded_outcome(&c, sa, sb, n);
   pump_free(&p);
   coded_free(&c);
 }
@@ -202,8 +209,7 @@ START_TEST(test_coded_peer_done_first) {
   ck_assert(sb->closed_seen); /* the close came before its DONE */
   ck_assert_int_eq(sb->result, ST_XCHG_OK);
   ck_assert_int_eq(sb->n_apply, 1);
-  for (size_t i = 0; i < n; i++)
-    ck_assert(sa->apply[i] + sb->apply[i] == 0);
+  check_coded_outcome(&c, sa, sb, n);
   pump_free(&p);
   coded_free(&c);
 }
