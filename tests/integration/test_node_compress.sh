@@ -135,15 +135,32 @@ for codec in "${CODECS[@]}"; do
   fi
 done
 
+# int8_pair K ARGS...: int8 nodes K (shard 0/2) and K + 1 (1/2, joining
+# K), 50 epochs, both with ARGS, K + 1 also with the words of $JOINER_ARGS;
+# PAIR_ADDR is node K's address.
+int8_pair() {
+  local k=$1 extra
+  shift
+  node_start "$k" "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 "$@"
+  node_up "$k"
+  PAIR_ADDR=$NODE_ADDR
+  read -r -a extra <<<"${JOINER_ARGS:-}"
+  node_start $((k + 1)) "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 "$@" \
+    --join "$PAIR_ADDR" "${extra[@]}"
+  node_up $((k + 1))
+}
+# pair_stop K: nodes K and K + 1 stopped.
+pair_stop() {
+  local k
+  for k in "$1" $(($1 + 1)); do kill "${NODE_PID[$k]}" 2>/dev/null || true; done
+  for k in "$1" $(($1 + 1)); do node_wait_exit "$k" 30; done
+}
+
 # --- (d) hostile compressed snapshots from an insider -------------------------------
 # Rings every 60 s: a node without an anchor proposes every second, so the
 # first anchor comes long before the first --ring-every (and then stays).
-node_start 90 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 60
-node_up 90
-s=$NODE_ADDR
-node_start 91 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 60 \
-  --join "$s" --gossip-every 2
-node_up 91
+JOINER_ARGS="--gossip-every 2" int8_pair 90 --ring-every 60
+s=$PAIR_ADDR
 wait_for 20 "a ring round giving node 90 an anchor (a node without one proposes every second)" \
   sh -c "[ \"\$($(printf %q "$STARLING") status --json --data-dir $(printf %q "$(node_dir 90)") | \
     $NUMPY_PY -c 'import json,sys; print(json.load(sys.stdin)[\"compression\"][\"anchors\"])')\" -gt 0 ]"
@@ -173,14 +190,8 @@ grep -q "dropped a compressed snapshot from [0-9a-f]*: codec_scale" "$(node_log 
 pass "(d) hostile int8 snapshots (NaN scale, another kind) dropped and counted by reason; node 90 trains on"
 
 # --- (e) coded ring rounds ------------------------------------------------------------
-for k in 90 91; do kill "${NODE_PID[$k]}" 2>/dev/null || true; done
-for k in 90 91; do node_wait_exit "$k" 30; done
-node_start 95 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 1
-node_up 95
-s=$NODE_ADDR
-node_start 96 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 1 \
-  --join "$s"
-node_up 96
+pair_stop 90
+int8_pair 95 --ring-every 1
 # coded_agreed: both nodes idle after the same coded round (their second at
 # least), holding the same agreed state.
 coded_agreed() {
@@ -210,14 +221,8 @@ PY
 pass "(e) coded ring rounds: both nodes end them with the same agreed state, bit for bit"
 
 # --- (f) the start anchor -------------------------------------------------------------
-for k in 95 96; do kill "${NODE_PID[$k]}" 2>/dev/null || true; done
-for k in 95 96; do node_wait_exit "$k" 30; done
-node_start 97 "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 --ring-every 0
-node_up 97
-s=$NODE_ADDR
-node_start 98 "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 --ring-every 0 \
-  --join "$s" --gossip-every 0.5
-node_up 98
+pair_stop 95
+JOINER_ARGS="--gossip-every 0.5" int8_pair 97 --ring-every 0
 coded_exchanges() {
   local v
   v=$(node_field 97 compression.exchanges_compressed) && [ "$v" -ge 3 ]

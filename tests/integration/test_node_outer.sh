@@ -151,16 +151,25 @@ pass "(c) each node wrote its outer state at the leave"
 NOLOCO=(--outer noloco --ring-every 0 --gossip-every 0.2 --min-nodes 2 --checkpoint-every 0)
 NOLOCO_EPOCHS=6
 [ "${ST_SANITIZE:-OFF}" = ON ] && NOLOCO_EPOCHS=3 # slow enough for many exchanges
-node_start 20 "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 0/2 "${NOLOCO[@]}"
-node_up 20
-node_start 21 "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 1/2 --join "$NODE_ADDR" "${NOLOCO[@]}"
-node_up 21
-pair_done() { node_state_is 20 "done" && node_state_is 21 "done"; }
-wait_for 150 "the two noloco nodes finishing their epochs" pair_done
-sleep $((3 * SLOW)) # exchanges at rest, and the evaluation after the last step
-for k in 0 1; do
-  node_status $((20 + k)) >"$SCRATCH/noloco-$k.json" || node_fail "status of node $k"
-done
+# noloco_pair K NAME ARGS...: nodes K (shard 0/2) and K + 1 (1/2, joining
+# K) with --outer noloco and ARGS train their epochs; their status then
+# goes to $SCRATCH/NAME-0.json and NAME-1.json.
+noloco_pair() {
+  local k=$1 name=$2 i
+  shift 2
+  node_start "$k" "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 0/2 "${NOLOCO[@]}" "$@"
+  node_up "$k"
+  node_start $((k + 1)) "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 1/2 \
+    --join "$NODE_ADDR" "${NOLOCO[@]}" "$@"
+  node_up $((k + 1))
+  pair_done() { node_state_is "$k" "done" && node_state_is $((k + 1)) "done"; }
+  wait_for 150 "the two $name nodes finishing their epochs" pair_done
+  sleep $((3 * SLOW)) # exchanges at rest, and the evaluation after the last step
+  for i in 0 1; do
+    node_status $((k + i)) >"$SCRATCH/$name-$i.json" || node_fail "status of node $((k + i))"
+  done
+}
+noloco_pair 20 noloco
 "$NUMPY_PY" - "$SCRATCH" "${ST_SANITIZE:-OFF}" <<'PY' || node_fail "(d) noloco: see above"
 import json, sys
 scratch, sanitize = sys.argv[1], sys.argv[2] == "ON"
@@ -184,17 +193,7 @@ agree d 20 21
 pass "(d) at rest the two agree: $spread"
 
 # --- (e) the gossip variant on compressed gossip --------------------------------------
-node_start 30 "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 0/2 "${NOLOCO[@]}" --compress int8
-node_up 30
-node_start 31 "${RECIPE[@]}" --epochs "$NOLOCO_EPOCHS" --shard 1/2 --join "$NODE_ADDR" "${NOLOCO[@]}" \
-  --compress int8
-node_up 31
-coded_done() { node_state_is 30 "done" && node_state_is 31 "done"; }
-wait_for 150 "the two compressed noloco nodes finishing their epochs" coded_done
-sleep $((3 * SLOW)) # the evaluation after the last step
-for k in 0 1; do
-  node_status $((30 + k)) >"$SCRATCH/noloco-coded-$k.json" || node_fail "status of node $k"
-done
+noloco_pair 30 noloco-coded --compress int8
 "$NUMPY_PY" - "$SCRATCH" "${ST_SANITIZE:-OFF}" <<'PY' || node_fail "(e) noloco on int8: see above"
 import json, sys
 scratch, sanitize = sys.argv[1], sys.argv[2] == "ON"
