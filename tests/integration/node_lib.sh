@@ -67,16 +67,10 @@ node_peers() {
 }
 
 # node_field K KEY: one field of node K's status (KEY may be a.b for a
-# nested one); status 1 when the node does not answer.
+# nested one; `starling status --field`); status 1 when the node does not
+# answer or has no such field.
 node_field() {
-  local doc
-  doc=$(node_status "$1") || return 1
-  "$NUMPY_PY" -c '
-import json, sys
-v = json.loads(sys.argv[1])
-for k in sys.argv[2].split("."):
-    v = v[k]
-print(v)' "$doc" "$2"
+  "$STARLING" status --data-dir "$(node_dir "$1")" --field "$2" 2>/dev/null
 }
 
 # node_up K: waits (deadline) until node K answers on its control socket
@@ -95,17 +89,57 @@ node_up() {
   node_fail "node $k did not answer on its control socket within $(scaled 20) s"
 }
 
-# wait_for SECONDS WHAT CMD...: runs CMD every 0.5 s until it succeeds;
-# fails naming WHAT when SECONDS (scaled) pass.
-wait_for() {
-  local limit=$(scaled "$1") what=$2
-  shift 2
-  local deadline=$((SECONDS + limit))
+# poll_until SECONDS CMD...: runs CMD until it succeeds, every 0.2 s for
+# the first 2 s, then every second (a poll costs a process or two, and the
+# clusters these tests wait on need every core); status 1 when SECONDS
+# (scaled) pass first.
+poll_until() {
+  local limit=$(scaled "$1")
+  shift
+  local deadline=$((SECONDS + limit)) polls=0
   while [ $SECONDS -lt $deadline ]; do
     "$@" && return 0
-    sleep 0.5
+    polls=$((polls + 1))
+    if [ $polls -le 10 ]; then sleep 0.2; else sleep 1; fi
   done
-  node_fail "$what: not within $limit s"
+  return 1
+}
+
+# wait_for SECONDS WHAT CMD...: poll_until, failing naming WHAT.
+wait_for() {
+  local limit=$1 what=$2
+  shift 2
+  poll_until "$limit" "$@" || node_fail "$what: not within $(scaled "$limit") s"
+}
+
+# agreed_alike K...: nodes K hold the same agreed state (status agreed.id),
+# that of the last ring round each took part in. After `settled`, that
+# round started when all had ended their epochs: they hold its mean.
+agreed_alike() {
+  local k id first=
+  for k in "$@"; do
+    id=$(node_field "$k" agreed.id) || return 1
+    [ -n "$first" ] || first=$id
+    [ "$id" = "$first" ] || return 1
+  done
+}
+
+# accurate MIN K...: every node K has a test accuracy of at least MIN.
+accurate() {
+  local min=$1 k
+  shift
+  for k in "$@"; do
+    ge "$(node_field "$k" test_accuracy)" "$min" || return 1
+  done
+}
+
+# settled K...: every node K has had a ring round that started after its
+# epochs (status ring_final_round): the last steps of all are averaged.
+settled() {
+  local k
+  for k in "$@"; do
+    [ "$(node_field "$k" ring_final_round)" = true ] || return 1
+  done
 }
 
 # node_wait_exit K SECONDS: waits for node K's process to exit; sets

@@ -75,7 +75,13 @@ done_all() {
   done
 }
 wait_for 150 "the nodes finishing their epochs" done_all
-sleep $((5 * SLOW)) # plain rounds (--ring-every 2) and an evaluation after the last step
+# The final rounds (plain averaging, --ring-every 2), and the accuracy at
+# the end of the epochs or a fresh evaluation (every 5 s) after them.
+at_rest() {
+  settled 10 11 12 13 && agreed_alike 10 11 12 13 || return 1
+  [ "${ST_SANITIZE:-OFF}" = ON ] || accurate 0.85 10 11 12 13
+}
+poll_until 5 at_rest || true
 for k in 0 1 2 3; do
   node_status $((10 + k)) >"$SCRATCH/outer-$k.json" || node_fail "status of node $k"
 done
@@ -164,7 +170,15 @@ noloco_pair() {
   node_up $((k + 1))
   pair_done() { node_state_is "$k" "done" && node_state_is $((k + 1)) "done"; }
   wait_for 150 "the two $name nodes finishing their epochs" pair_done
-  sleep $((3 * SLOW)) # exchanges at rest, and the evaluation after the last step
+  # Two exchanges at rest (the pair then holds one vector), and the
+  # accuracy at the end of the epochs or a fresh evaluation after them.
+  local ex
+  ex=$(node_field "$k" exchanges_ok) || node_fail "status of node $k"
+  pair_at_rest() {
+    [ "$(node_field "$k" exchanges_ok)" -ge $((ex + 2)) ] || return 1
+    [ "${ST_SANITIZE:-OFF}" = ON ] || accurate 0.82 "$k" $((k + 1))
+  }
+  poll_until 3 pair_at_rest || true
   for i in 0 1; do
     node_status $((k + i)) >"$SCRATCH/$name-$i.json" || node_fail "status of node $((k + i))"
   done

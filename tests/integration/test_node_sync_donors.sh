@@ -121,7 +121,7 @@ for k in 1 2 3; do
   [[ "$(node_field "$k" id)" < "$(node_field "$proposer" id)" ]] && proposer=$k
 done
 one_agreed() {
-  [ "$(node_field "$proposer" ring_final_round 2>/dev/null)" = True ] &&
+  [ "$(node_field "$proposer" ring_final_round 2>/dev/null)" = true ] &&
     [ "$(agreed_ids | sort -u | wc -l)" = 1 ] && ! agreed_ids | grep -q none
 }
 wait_for 30 "(a) the four donors holding one agreed state, of their final round" one_agreed

@@ -195,7 +195,9 @@ member e1 1 "$g3e" --shard 1/3 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRA
 member e2 4 "$g3e" --shard 2/3 "${LONG[@]}" --sync-timeout 2 --no-checkpoint
 wait_for 30 "member 2 past 50 steps" past_steps e2 50
 kill -STOP "${MEMBER[e2]}"
-sleep "$(scaled 5)"
+# Stopped until the other two have re-formed without it and gone on.
+lines=$(grep -c '^epoch' "$SCRATCH/e0.err")
+wait_for 30 "members 0 and 1 going on without the stopped member" past_steps e0 $((lines + 20))
 kill -CONT "${MEMBER[e2]}"
 finished e0
 finished e1
@@ -216,7 +218,7 @@ member f0 0 "$g2f" --shard 0/2 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRA
 member f1 2 "$g2f" --shard 1/2 "${LONG[@]}" --sync-timeout 2 --checkpoint "$SCRATCH/f1.st"
 wait_for 30 "member 1 past 50 steps" past_steps f1 50
 kill -STOP "${MEMBER[f1]}"
-sleep "$(scaled 5)"
+sleep $((2 + 2 * SLOW)) # past the 2 s timeout, with room for a slow build
 kill -CONT "${MEMBER[f1]}"
 finished f0
 finished f1

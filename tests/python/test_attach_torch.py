@@ -564,6 +564,8 @@ def test_two_programs_on_two_nodes_agree(cluster: Cluster) -> None:
     common = [
         "--epochs",
         "1",
+        "--max-steps",
+        "300",
         "--batch",
         "64",
         "--lr",
@@ -605,7 +607,9 @@ def test_two_programs_on_two_nodes_agree(cluster: Cluster) -> None:
     together, apart = np.linalg.norm(a - b), np.linalg.norm(a0 - b0)
     print(
         f"distance between the programs: {together:.4f} averaged, {apart:.4f} alone "
-        f"(norm {np.linalg.norm(a):.2f})"
+        f"(norm {np.linalg.norm(a):.2f}); test accuracy "
+        f"{[r['test_accuracy'] for r in res]}, cluster step {res[1]['cluster_step']}, "
+        f"applied {[r['did']['apply'] for r in res]}"
     )
     assert together < 0.1 * apart, (together, apart)
 

@@ -1,9 +1,10 @@
 /* cli_control.c: `starling status`, `starling peers` and `starling leave`:
  * clients of a running node's control socket (node/daemon/daemon_control.c).
  * The node renders the answer (a table, or JSON with --json); these commands
- * send one request line and copy the answer to stdout. st__control_connect
- * and st__control_ask (cli.h) are the same client for other commands
- * (`starling top`, cli_top.c). */
+ * send one request line and copy the answer to stdout; `status --field
+ * KEY` prints one value of the JSON document instead (for shell scripts).
+ * st__control_connect and st__control_ask (cli.h) are the same client for
+ * other commands (`starling top`, cli_top.c). */
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -31,6 +32,7 @@ static void usage(FILE* f, const char* cmd) {
                            "state, step, loss,\naccuracy, last heard"
                          : "asks the node to leave the cluster: it announces "
                            "its leave, writes a\ncheckpoint and exits";
+  bool status = strcmp(cmd, "status") == 0;
   fprintf(f,
           "usage: starling %s [--data-dir DIR | --control PATH]%s\n"
           "\n"
@@ -40,12 +42,23 @@ static void usage(FILE* f, const char* cmd) {
           "./starling-data)\n"
           "  --control PATH   its control socket (default: "
           "DIR/control.sock)\n"
-          "%s"
+          "%s%s"
           "  -h, --help       this help\n",
-          cmd, strcmp(cmd, "leave") == 0 ? "" : " [--json]", what,
+          cmd,
+          strcmp(cmd, "leave") == 0 ? ""
+          : status                  ? " [--json | --field KEY]"
+                                    : " [--json]",
+          what,
           strcmp(cmd, "leave") == 0
               ? ""
-              : "  --json           one JSON document instead of a table\n");
+              : "  --json           one JSON document instead of a table\n",
+          status ? "  --field KEY      only the value of KEY in that document "
+                   "(a.b for a nested\n"
+                   "                   one): a number, true/false, null or "
+                   "the text of a string;\n"
+                   "                   exit status 1 when there is no such "
+                   "key\n"
+                 : "");
 }
 
 int st__control_flags(const char* cmd, int argc, char** argv,
@@ -280,14 +293,124 @@ static int relay_answer(const char* cmd, int fd, const char* path) {
   return status;
 }
 
+/* Takes "--field KEY" or "--field=KEY" out of argv (before any "--") into
+ * *field. 0, or 2 when --field has no value (said on stderr). */
+static int take_field(const char* cmd, int* argc, char** argv,
+                      const char** field) {
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      while (i < *argc)
+        argv[out++] = argv[i++];
+      break;
+    }
+    if (strncmp(argv[i], "--field=", 8) == 0) {
+      *field = argv[i] + 8;
+    } else if (strcmp(argv[i], "--field") == 0) {
+      if (i + 1 >= *argc) {
+        fprintf(stderr, "starling %s: --field needs a value\n", cmd);
+        return 2;
+      }
+      *field = argv[++i];
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  argv[out] = NULL;
+  return 0;
+}
+
+/* Prints the value at the dotted path `field` of the JSON document doc
+ * (len bytes): numbers as the shortest text that reads back the same
+ * (integers whole), true/false/null, strings as their text. Returns the
+ * exit status: 0, or 1 (said on stderr) when the document does not parse,
+ * a key is missing or the value is an object or an array. */
+static int print_field(const char* cmd, const char* doc, size_t len,
+                       const char* field) {
+  st_json_doc_t* parsed = NULL;
+  char err[256];
+  st_json_limits_t lim = {.max_depth = 16, .max_values = 1u << 20};
+  if (st_json_parse_inexact(doc, len, &lim, &parsed, err, sizeof(err)) != 0) {
+    fprintf(stderr, "starling %s: the node's answer is not JSON: %s\n", cmd,
+            err);
+    return 1;
+  }
+  const st_json_t* v = st_json_root(parsed);
+  char key[256];
+  for (const char* p = field; v != NULL;) {
+    size_t n = strcspn(p, ".");
+    snprintf(key, sizeof(key), "%.*s", (int) n, p);
+    v = v->type == ST_JSON_OBJECT ? st_json_get(v, key) : NULL;
+    if (p[n] == '\0')
+      break;
+    p += n + 1;
+  }
+  int rc = 0;
+  if (v == NULL) {
+    fprintf(stderr, "starling %s: no field '%s' in the node's status\n", cmd,
+            field);
+    rc = 1;
+  } else if (v->type == ST_JSON_OBJECT || v->type == ST_JSON_ARRAY) {
+    fprintf(stderr,
+            "starling %s: '%s' is an %s; name one of its fields, or use "
+            "--json\n",
+            cmd, field, v->type == ST_JSON_OBJECT ? "object" : "array");
+    rc = 1;
+  } else if (v->type == ST_JSON_NUMBER && v->is_int) {
+    printf("%lld\n", (long long) v->integer);
+  } else if (v->type == ST_JSON_NUMBER) {
+    char num[32];
+    for (int prec = 1; prec <= 17; prec++) {
+      snprintf(num, sizeof(num), "%.*g", prec, v->number);
+      if (strtod(num, NULL) == v->number)
+        break;
+    }
+    printf("%s\n", num);
+  } else if (v->type == ST_JSON_BOOL) {
+    puts(v->boolean ? "true" : "false");
+  } else {
+    puts(v->type == ST_JSON_NULL ? "null" : v->str);
+  }
+  st_json_free(parsed);
+  return rc;
+}
+
+/* `status --field KEY`: asks for the JSON status and prints one value. */
+static int run_field(const char* cmd, const char* dir, const char* control,
+                     const char* field) {
+  char* out = NULL;
+  size_t len = 0;
+  char err[2048];
+  int rc = st__control_ask(cmd, dir, control, "status json\n", &out, &len, err,
+                           sizeof(err));
+  if (rc != 0) {
+    fputs(err, stderr);
+    return rc == -2 ? 2 : 1;
+  }
+  rc = print_field(cmd, out, len, field);
+  free(out);
+  return rc;
+}
+
 static int run(const char* cmd, int argc, char** argv) {
   const char* dir = "starling-data";
   const char* control = NULL;
+  const char* field = NULL;
   int json = 0;
+  if (strcmp(cmd, "status") == 0 && take_field(cmd, &argc, argv, &field) != 0)
+    return 2;
   int rc =
       st__control_flags(cmd, argc, argv, usage, false, &dir, &control, &json);
   if (rc >= 0)
     return rc;
+  if (field != NULL && json) {
+    fprintf(stderr, "starling %s: --field and --json exclude each other\n",
+            cmd);
+    return 2;
+  }
+  if (field != NULL)
+    return run_field(cmd, dir, control, field);
   char path[1024], err[2048];
   int fd = st__control_connect(cmd, dir, control, path, sizeof(path), err,
                                sizeof(err));
