@@ -199,6 +199,11 @@ struct st_xchg_s {
   double clip_used;   /* AVERAGE: the bound applied (0: none) */
   double clip_base;   /* AVERAGE: the bound before cfg.clip_scale */
 
+  /* FETCH of a held state (gossip.h): both named local.anchor
+   * (held_hint); the donor's snapshot is that vector (held). */
+  bool held_hint;
+  bool held;
+
   /* Compressed (see above): negotiated, then our encoding (tx) and the
    * peer's (rx), local.coded_bytes each. */
   bool coded;
@@ -315,6 +320,14 @@ static bool coded_with(const st_xchg_t* x, const uint8_t* peer_anchor) {
   static const uint8_t none[ST_XCHG_ANCHOR_BYTES];
   return x->kind == ST_XCHG_AVERAGE && x->local.coded_bytes > 0 &&
          x->local.n_params > 0 &&
+         memcmp(x->local.anchor, none, sizeof none) != 0 &&
+         memcmp(x->local.anchor, peer_anchor, sizeof none) == 0;
+}
+
+/* FETCH: whether the other side named the held state we hold. */
+static bool held_with(const st_xchg_t* x, const uint8_t* peer_anchor) {
+  static const uint8_t none[ST_XCHG_ANCHOR_BYTES];
+  return x->kind == ST_XCHG_FETCH && x->local.has_held &&
          memcmp(x->local.anchor, none, sizeof none) != 0 &&
          memcmp(x->local.anchor, peer_anchor, sizeof none) == 0;
 }
@@ -565,6 +578,7 @@ static void on_req(st_xchg_t* x, const st_msg_xchg_req_t* m) {
   else if (x->busy || alloc_buffers(x) != 0 ||
            ((x->coded = coded_with(x, m->anchor)) && alloc_coded(x) != 0))
     s = ST_XCHG_STATUS_BUSY;
+  x->held_hint = s == ST_XCHG_STATUS_OK && held_with(x, m->anchor);
   x->reply_status = (uint8_t) s;
   push(x, Q_SEND_REPLY);
   switch (s) {
@@ -617,6 +631,7 @@ static void on_reply(st_xchg_t* x, const st_msg_xchg_reply_t* m) {
     return;
   }
   x->peer_step = m->step;
+  x->held_hint = held_with(x, m->anchor);
   x->coded = coded_with(x, m->anchor);
   if (alloc_coded(x) != 0) {
     finish(x, ST_XCHG_BUSY); /* we are: no memory for it now */
@@ -671,6 +686,16 @@ static void on_done_msg(st_xchg_t* x, const st_msg_xchg_done_t* m) {
     }
     x->decode_asked = true; /* verified once decoded (st_xchg_decoded) */
     push(x, Q_DECODE);
+    return;
+  }
+  if (x->held_hint && x->rx_floats == 0) {
+    /* The donor says we hold its state: its hash must be ours. */
+    if (memcmp(m->hash, x->local.held_hash, ST_HASH_BYTES) != 0) {
+      finish(x, ST_XCHG_FAIL_HASH);
+      return;
+    }
+    x->held = true;
+    x->rx_verified = true;
     return;
   }
   if (x->rx_floats != x->local.n_params) {
@@ -736,6 +761,14 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
   x->asked = false;
   x->have_own = true;
   x->own_sumsq = sumsq(x->own, n);
+  if (x->held_hint && !x->initiator) {
+    uint8_t h[ST_HASH_BYTES];
+    st_hash_t hs;
+    st_hash_init(&hs);
+    st_hash_update(&hs, x->own, n * sizeof(float));
+    st_hash_final(&hs, h);
+    x->held = memcmp(h, x->local.held_hash, ST_HASH_BYTES) == 0;
+  }
   delta_catch_up(x);
   progress(x);
   return 0;
@@ -908,7 +941,7 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
     encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
     return false;
   }
-  if (!x->coded && x->tx_floats < n) {
+  if (!x->coded && !x->held && x->tx_floats < n) {
     size_t k = n - x->tx_floats;
     if (k > CHUNK_FLOATS)
       k = CHUNK_FLOATS;
@@ -926,6 +959,8 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
   }
   m.type = ST_MSG_XCHG_DONE;
   st_hash_final(&x->tx_hash, m.u.xchg_done.hash);
+  if (x->held) /* the snapshot hashed to it (st_xchg_snapshot) */
+    memcpy(m.u.xchg_done.hash, x->local.held_hash, ST_HASH_BYTES);
   if (x->kind != ST_XCHG_FETCH)
     memset(m.u.xchg_done.hash, 0, sizeof m.u.xchg_done.hash);
   x->tx_done_sent = true;
@@ -987,7 +1022,8 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       break;
     case Q_APPLY:
       out->kind = ST_XACT_APPLY;
-      out->values = x->peer;
+      out->values = x->held ? NULL : x->peer;
+      out->held = x->held;
       out->n = n_floats(x);
       out->clipped = x->clipped;
       out->step = x->kind == ST_XCHG_FETCH ? x->peer_step : 0;
@@ -1003,6 +1039,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       out->clip_base = x->clip_base;
       out->peer_tensors_len = x->peer_tensors_len;
       out->coded_exchange = x->coded;
+      out->held = x->held;
       out->codec_drop = x->codec_drop;
       break;
   }

@@ -774,6 +774,16 @@ const st_wire_counters_t* st_membership_counters(const st_membership_t* m);
  *   step, takes a snapshot and streams it, then XCHG_DONE carrying the
  *   BLAKE2b-256 of the bytes sent; the initiator verifies the hash
  *   and emits APPLY with the parameters themselves and the donor's step.
+ *   A state both sides already hold is not sent ("held"): a side that
+ *   holds a vector it can name to the other (st_xchg_local_t.has_held:
+ *   a node's seeded initialization, the same on every node of the model
+ *   and seed) puts its id in the REQ's or REPLY's anchor. When the two
+ *   are equal, the donor hashes its snapshot; if that is the held
+ *   vector's hash it sends XCHG_DONE with it and no chunk, and the joiner,
+ *   finding its own held hash there, emits APPLY with held set (values
+ *   NULL: it keeps its parameters). Otherwise the donor streams as usual,
+ *   which the joiner takes as usual. An empty stream whose hash is not the
+ *   joiner's own fails HASH.
  *
  * Guard: a received snapshot that holds NaN or Inf, has the wrong length,
  * or (AVERAGE) whose L2 norm exceeds norm_mult times the local snapshot's
@@ -869,6 +879,11 @@ typedef struct {
    * holds (all zero: none; then float32 too). */
   uint64_t coded_bytes;
   uint8_t anchor[ST_XCHG_ANCHOR_BYTES];
+  /* FETCH: this node holds the vector named by anchor, whose float
+   * bytes hash (BLAKE2b-256, as XCHG_DONE's) to held_hash: a donor sends
+   * it to a joiner that names the same id as XCHG_DONE alone (above). */
+  bool has_held;
+  uint8_t held_hash[ST_HASH_BYTES];
 } st_xchg_local_t;
 
 typedef enum {
@@ -879,9 +894,11 @@ typedef enum {
   ST_XACT_APPLY,         /* AVERAGE: add values[0..n) to the parameters at
                             the next step boundary; FETCH (initiator): set the
                             parameters to values[0..n) and the step to step
-                            (the donor's, as it sent in its XCHG_REPLY).
-                            values is owned by the machine, valid until
-                            st_xchg_free */
+                            (the donor's, as it sent in its XCHG_REPLY);
+                            with held, values is NULL: the parameters are
+                            already the donor's, keep them and take the
+                            step. values is owned by the machine, valid
+                            until st_xchg_free */
   ST_XACT_ENCODE,        /* compressed: work holds our snapshot s (n floats);
                             write C(s - anchor) into coded[0..coded_len),
                             exactly coded_len bytes, then D of those bytes
@@ -907,6 +924,8 @@ typedef struct {
   uint64_t at_ms;
   st_xchg_result_t result;
   bool coded_exchange;      /* DONE: the exchange went compressed */
+  bool held;                /* APPLY and DONE(OK) of a FETCH: nothing was
+                               sent, both sides held the state (above) */
   int codec_drop;           /* DONE(FAIL_CODEC): the driver's reason code */
   const char* peer_model;   /* DONE: the peer's model description, when known
                                (borrowed until st_xchg_free) */

@@ -504,6 +504,7 @@ static int setup_training(st__daemon_t* d, char* err, size_t err_len) {
   /* Before a checkpoint replaces it: the seeded initialization. */
   st__compress_start_anchor(d, d->trainer.model.params,
                             (size_t) d->local.n_params);
+  st__xchg_mark_start(d, d->trainer.model.params, (size_t) d->local.n_params);
   st__outer_mark_model(d);
   st__compress_sized(d);
   if (access(d->checkpoint_path, F_OK) == 0) {

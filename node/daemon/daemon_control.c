@@ -199,6 +199,7 @@ static void status_json_exchanges(st__daemon_t* d, st_json_buf_t* b,
   kv_num(b, first, "clip_bound", d->clip_last);
   kv_u64(b, first, "state_transfers", d->c.fetches_ok);
   kv_u64(b, first, "state_transfers_refused_step", d->c.fetch_step_refused);
+  kv_u64(b, first, "state_transfers_held", d->c.fetches_held);
   kv_num(b, first, "exchange_ms_mean",
          d->c.ok > 0 ? d->c.exchange_ms_sum / (double) d->c.ok : NAN);
   kv_num(b, first, "exchange_ms_last",

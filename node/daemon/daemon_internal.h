@@ -303,6 +303,8 @@ typedef struct {
   uint64_t ring_nonfinite;     /* ring results not applied: NaN or Inf */
   uint64_t fetch_step_refused; /* state transfers refused: the donor's step
                                   beyond st__robust_step_bound */
+  uint64_t fetches_held;       /* of fetches_ok: the donor held this node's own
+                                  seeded initialization, nothing was sent */
   /* Multi-donor sync (daemon_sync.c). Joiner: states taken from several
    * donors, falls back to one donor, manifests heard, chunks verified and
    * refused, donors dropped for a bad chunk or for going away. Donor:
@@ -485,6 +487,13 @@ struct st__daemon_s {
    * vector: the anchor of compressed averaging until a ring round gives
    * one (daemon_compress.c, st__compress_anchor); released then. */
   struct st__anchor_s* start_anchor;
+  /* With the built-in trainer: the seeded initialization's id (as a start
+   * anchor's, round 0) and the BLAKE2b-256 of its float bytes, so that a
+   * FETCH between two nodes that both still hold it sends nothing
+   * (daemon_xchg.c, st__xchg_mark_start; gossip.h, "held"). */
+  bool start_known;
+  uint8_t start_id[ST_XCHG_ANCHOR_BYTES];
+  uint8_t start_hash[ST_HASH_BYTES];
   /* The outer optimizer (--outer; daemon_outer.c): the shared vector of
    * the last round and the momentum, n_params floats each once a round
    * has given one (NULL before); what this round moved the node to (the
@@ -1015,6 +1024,11 @@ void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 void st__xchg_codec_done(st__conn_t* c, bool decode, int rc, int reason);
 void st__xchg_gossip_tick(st__daemon_t* d);
 void st__xchg_sync_tick(st__daemon_t* d);
+/* Notes params[0..n) (on d->be), the built-in trainer's seeded
+ * initialization, as d's start state (id and hash), for FETCHes that
+ * find both sides holding it. Skipped, and said, when the host copy
+ * cannot be allocated. */
+void st__xchg_mark_start(st__daemon_t* d, const float* params, size_t n);
 /* daemon_sync.c: multi-donor state sync. The joiner's tick while it syncs
  * (from st__xchg_sync_tick): true when it is handled here, false when the
  * joiner has fallen back to one donor (FETCH). */

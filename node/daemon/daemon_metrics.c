@@ -316,6 +316,10 @@ static void render_exchanges(st__daemon_t* d, st_json_buf_t* b) {
   counter(b, "starling_state_transfers_refused_step_total",
           "State transfers refused: the donor's step beyond the others'.",
           d->c.fetch_step_refused);
+  counter(b, "starling_state_transfers_held_total",
+          "State transfers that sent nothing: the donor held this node's "
+          "own seeded initialization.",
+          d->c.fetches_held);
   gauge(b, "starling_exchange_last_duration_seconds",
         "The last successful averaging exchange, connect to done (NaN "
         "before one).",

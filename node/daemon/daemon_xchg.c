@@ -24,13 +24,51 @@
 #define SYNC_RETRY_LOG_EVERY 10
 #define SYNC_WAIT_TICKS 20 /* 5 s at the 250 ms sync tick */
 
+void st__xchg_mark_start(st__daemon_t* d, const float* params, size_t n) {
+  if (n == 0)
+    return;
+  const float* v = params;
+  float* host = NULL;
+  if (st_backend_kind(d->be) != ST_BACKEND_CPU) {
+    host = malloc(n * sizeof(float));
+    if (host == NULL || st_copy_to_host(d->be, host, params, n) != 0) {
+      free(host);
+      st__dwarn(d, "no start state (%zu floats): joiners fetch it in full", n);
+      return;
+    }
+    v = host;
+  }
+  st__agreed_id(v, n, 0, d->start_id);
+  st_hash_t h;
+  st_hash_init(&h);
+  st_hash_update(&h, v, n * sizeof(float));
+  st_hash_final(&h, d->start_hash);
+  d->start_known = true;
+  free(host);
+}
+
+/* A FETCH, either side: the start state as the held one while this node
+ * has not stepped (the donor checks its snapshot's hash before it sends
+ * nothing, gossip/exchange.c). */
+static void fill_held(st__daemon_t* d, uint64_t step, st_xchg_local_t* l) {
+  memset(l->anchor, 0, sizeof l->anchor);
+  l->has_held = d->start_known && step == 0;
+  if (!l->has_held)
+    return;
+  memcpy(l->anchor, d->start_id, sizeof l->anchor);
+  memcpy(l->held_hash, d->start_hash, sizeof l->held_hash);
+}
+
 static void fill_local(st__conn_t* c, st_xchg_local_t* l) {
   st__daemon_t* d = c->d;
   *l = d->local;
   st__tt_stats_t st;
   st__tt_stats(d->tt, &st);
   l->step = st.step;
-  st__compress_fill(d, c, l);
+  if (c->xkind == ST_XCHG_FETCH)
+    fill_held(d, st.step, l);
+  else
+    st__compress_fill(d, c, l);
   if (d->state == ST__D_SYNCING)
     l->n_params = 0; /* nothing to give yet */
 }
@@ -126,6 +164,37 @@ static const float* xchg_own(st__conn_t* c, size_t n) {
   return drift;
 }
 
+/* A FETCH's state, its step within the bound: taken (or, held, this
+ * node's own parameters kept: the donor's were the same seeded
+ * initialization, at step 0), and the node is synchronized. */
+static void fetched(st__conn_t* c, const st_xact_t* a) {
+  st__daemon_t* d = c->d;
+  char id[33];
+  st_node_id_format(&c->peer, id);
+  if (a->held && a->step != 0) {
+    /* A donor offers its start state only at step 0 (fill_held). */
+    st__dwarn(d,
+              "refused a state transfer from %.12s: it said this node "
+              "holds its state, at step %llu",
+              id, (unsigned long long) a->step);
+    return;
+  }
+  int rc = a->held ? 0 : st__tt_set_state(d->tt, a->values, a->n, a->step);
+  if (rc != 0 || d->state != ST__D_SYNCING)
+    return;
+  if (a->held)
+    st__dlog(d,
+             "synchronized from %.12s at step %llu: it holds this node's "
+             "own seeded initialization, nothing was sent",
+             id, (unsigned long long) a->step);
+  else
+    st__dlog(d, "synchronized from %.12s at step %llu", id,
+             (unsigned long long) a->step);
+  d->c.fetches_ok++;
+  d->c.fetches_held += a->held;
+  st__daemon_synced(d);
+}
+
 static void drain(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xact_t a;
@@ -161,15 +230,7 @@ static void drain(st__conn_t* c) {
                       (unsigned long long) bound);
             break;
           }
-          int rc = st__tt_set_state(d->tt, a.values, a.n, a.step);
-          if (rc == 0 && d->state == ST__D_SYNCING) {
-            char id[33];
-            st_node_id_format(&c->peer, id);
-            st__dlog(d, "synchronized from %.12s at step %llu", id,
-                     (unsigned long long) a.step);
-            d->c.fetches_ok++;
-            st__daemon_synced(d);
-          }
+          fetched(c, &a);
         } else {
           /* A clipped move is applied as it is (the outer step's state is
            * not fed a peer robust averaging distrusts). */

@@ -6,7 +6,8 @@
  * XCHG_CODED or XCHG_DONE built from the input's choices (so that the
  * fuzzer reaches the transfer without first finding valid msgpack; the
  * DONE may carry the right hash of what was delivered; REQ and REPLY carry
- * our anchor or another), a snapshot, an acknowledged frame, a tick or the
+ * our anchor or another; the DONE may carry the hash of a held start
+ * state, gossip.h "FETCH"), a snapshot, an acknowledged frame, a tick or the
  * connection closing. In a compressed role (gossip.h, "Compressed
  * averaging") ENCODE and DECODE are answered at once, succeeding or
  * refusing as the input says. After every event the actions are
@@ -87,7 +88,8 @@ static void drain(harness_t* h) {
       case ST_XACT_APPLY:
         CHECK(h->applies++ == 0);
         CHECK(a.n == h->n);
-        for (size_t i = 0; i < a.n; i++)
+        CHECK(a.held ? a.values == NULL : a.values != NULL || a.n == 0);
+        for (size_t i = 0; !a.held && i < a.n; i++)
           CHECK(isfinite(a.values[i]));
         break;
       case ST_XACT_ENCODE:
@@ -136,6 +138,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (role & 8) { /* compressed, with an anchor of ours */
     l.coded_bytes = 8 + 2 * l.n_params;
     memset(l.anchor, 0x5a, sizeof l.anchor);
+  }
+  if (role & 16) { /* holding a start state: the snapshot of byte 0 */
+    float held[MAX_FLOATS];
+    for (size_t i = 0; i < MAX_FLOATS; i++)
+      held[i] = (float) i / 8;
+    l.has_held = true;
+    memset(l.anchor, 0x5a, sizeof l.anchor);
+    st_hash_t hh;
+    st_hash_init(&hh);
+    st_hash_update(&hh, held, (size_t) l.n_params * sizeof(float));
+    st_hash_final(&hh, l.held_hash);
   }
   harness_t h;
   memset(&h, 0, sizeof h);
@@ -247,9 +260,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         feed(&h, &m);
         break;
       }
-      case 4: { /* XCHG_DONE, with the hash of what was sent or not */
+      case 4: { /* XCHG_DONE, with the hash of what was sent, the held
+                   state's, or another */
         m.type = ST_MSG_XCHG_DONE;
-        if (fuzz_byte(&in) & 1) {
+        uint8_t b = fuzz_byte(&in);
+        if (b & 2) {
+          memcpy(m.u.xchg_done.hash, l.held_hash, ST_HASH_BYTES);
+        } else if (b & 1) {
           st_hash_t copy = h.rx;
           st_hash_final(&copy, m.u.xchg_done.hash);
         } else {

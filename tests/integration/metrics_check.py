@@ -53,6 +53,7 @@ SIMPLE = {
     "state_transfers": ("starling_state_transfers_total", {}),
     "state_transfers_refused_step":
         ("starling_state_transfers_refused_step_total", {}),
+    "state_transfers_held": ("starling_state_transfers_held_total", {}),
     # The mean is the histogram's _sum / _count.
     "exchange_ms_mean": ("starling_exchange_duration_seconds_sum", {}),
     "exchange_ms_last": ("starling_exchange_last_duration_seconds", {}),

@@ -7,7 +7,11 @@
 #   (b) a second node joins with --min-nodes 2: it synchronizes from the
 #       waiting one, and both start training, the first only once the
 #       second holds its state (a member counts once its STATUS says
-#       synced);
+#       synced); the waiting one held the same seeded initialization as
+#       the joiner, so nothing was sent (state_transfers_held, its log
+#       line; about 1 MB fewer bytes in);
+#   (d) a third node joins once they train: it fetches their state in
+#       full (not held);
 #   (c) bad values are refused naming the flag.
 # And, with node 0 at hand: a node on the CPU maps no CUDA library.
 source "$(dirname "$0")/lib.sh"
@@ -73,6 +77,22 @@ print(f"node 1 synced at {synced:.3f}, node 0 started at {start:.3f}")
 sys.exit(0 if start >= synced - 0.01 else 1)
 EOF
 pass "(b) a second node joins: node 0 starts once it has synced; both train ($(elapsed) s)"
+grep -q "synchronized from [0-9a-f]* at step 0: it holds this node's own seeded initialization, nothing was sent" \
+  "$(node_log 1)" || node_fail "(b) node 1 does not say its state transfer sent nothing"
+[ "$(node_field 1 state_transfers)" = 1 ] && [ "$(node_field 1 state_transfers_held)" = 1 ] ||
+  node_fail "(b) node 1: state_transfers $(node_field 1 state_transfers), held $(node_field 1 state_transfers_held)"
+pass "(b) the joiner held the waiting node's state (its own seeded initialization): nothing sent"
+
+# (d) a later joiner, once the two have trained: a real transfer.
+wait_for 30 "node 0 past step 50" step_over 0 50
+node_start 2 "${RECIPE[@]}" --epochs 1 --shard 2/10 --join "$seed"
+node_up 2
+wait_for 30 "node 2 synchronizing" grep -q "synchronized from" "$(node_log 2)"
+! grep -q "nothing was sent" "$(node_log 2)" ||
+  node_fail "(d) node 2 kept its initialization though the others had trained"
+[ "$(node_field 2 state_transfers_held)" = 0 ] || node_fail "(d) node 2 counts a held transfer"
+node_leave 2
+pass "(d) a node joining a trained cluster fetches the state in full"
 
 node_leave 1
 node_leave 0

@@ -215,6 +215,78 @@ START_TEST(test_fetch) {
 }
 END_TEST
 
+/* FETCH of a held state (gossip.h): sides that name the same start state
+ * (anchor, and the hash of its floats in held_hash). */
+static void set_held(st_xchg_local_t* l, uint8_t id, const float* v, size_t n) {
+  l->has_held = true;
+  memset(l->anchor, id, sizeof l->anchor);
+  st_hash_t h;
+  st_hash_init(&h);
+  st_hash_update(&h, v, n * sizeof(float));
+  st_hash_final(&h, l->held_hash);
+}
+
+typedef enum {
+  HELD_BOTH,        /* both hold it: nothing sent */
+  HELD_DONOR_MOVED, /* the donor's snapshot is not it any more: streamed */
+  HELD_JOINER_NONE, /* the joiner names none: streamed */
+  HELD_OTHER_ID,    /* the two name different states: streamed */
+  HELD_LYING_DONOR, /* same id, another hash: an empty stream, refused */
+  HELD_CASES
+} held_case_t;
+
+/* A FETCH between sides that hold the start state sends REPLY and DONE
+ * only, and the joiner keeps its parameters (APPLY held, values NULL);
+ * any other case streams as ever, or fails HASH, never applying a state
+ * nobody sent. */
+START_TEST(test_fetch_held) {
+  size_t n = _i % 2 ? BIG_N : 1000;
+  held_case_t c = (held_case_t) (_i / 2);
+  run_t r;
+  run_init(&r, ST_XCHG_FETCH, n);
+  float* start = rand_vec(n, -3, 3);
+  float* moved = rand_vec(n, -3, 3);
+  set_held(&r.la, 7, start, n);
+  set_held(&r.lb, 7, start, n);
+  r.snap_b = c == HELD_DONOR_MOVED ? moved : start;
+  if (c == HELD_JOINER_NONE)
+    memset(&r.la.anchor, 0, sizeof r.la.anchor);
+  if (c == HELD_OTHER_ID)
+    memset(&r.la.anchor, 8, sizeof r.la.anchor);
+  if (c == HELD_LYING_DONOR) {
+    set_held(&r.la, 7, moved, n); /* the joiner's own state hashes apart */
+    r.la.has_held = true;
+  }
+  pump_t p;
+  pump_start(&p, &r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  if (c == HELD_LYING_DONOR) {
+    ck_assert_int_eq(sa->result, ST_XCHG_FAIL_HASH);
+    ck_assert_int_eq(sa->n_apply, 0);
+  } else {
+    ck_assert_int_eq(sa->result, ST_XCHG_OK);
+    ck_assert_int_eq(sb->result, ST_XCHG_OK);
+    ck_assert_int_eq(sa->n_apply, 1);
+    ck_assert_uint_eq(sa->apply_step, 4242);
+  }
+  bool held = c == HELD_BOTH || c == HELD_LYING_DONOR;
+  /* REPLY and DONE, or those and the chunks. */
+  ck_assert_int_eq(
+      sb->sent_frames,
+      held ? 2 : 2 + (int) ((n + CHUNK_FLOATS - 1) / CHUNK_FLOATS));
+  if (c == HELD_BOTH) {
+    ck_assert(sa->apply_held && sa->apply_ptr == NULL);
+    ck_assert(sa->done_held && sb->done_held);
+  } else if (c != HELD_LYING_DONOR) {
+    ck_assert(!sa->apply_held && !sa->done_held && !sb->done_held);
+    ck_assert_mem_eq(sa->apply, r.snap_b, n * sizeof(float));
+  }
+  pump_free(&p);
+  free(start);
+  free(moved);
+}
+END_TEST
+
 /* ==== Refusals ==============================================================
  */
 
@@ -935,6 +1007,7 @@ static Suite* exchange_suite(void) {
   tcase_add_checked_fixture(ok, setup, NULL);
   tcase_add_loop_test(ok, test_average, 0, 2 * NSIZES);
   tcase_add_loop_test(ok, test_fetch, 0, 2 * NSIZES);
+  tcase_add_loop_test(ok, test_fetch_held, 0, 2 * HELD_CASES);
   tcase_add_test(ok, test_average_clipped);
   tcase_add_test(ok, test_clip_bound);
   tcase_add_loop_test(ok, test_refusals, 0, NREFUSALS);

@@ -67,6 +67,8 @@ typedef struct {
   const float* apply_ptr;
   size_t apply_n;
   uint64_t apply_step;
+  bool apply_held; /* APPLY's held (values NULL) */
+  bool done_held;  /* DONE's held */
   int n_done;
   st_xchg_result_t result;
   bool has_peer_model;
@@ -165,9 +167,12 @@ static void drain(side_t* s) {
         s->apply_n = a.n;
         s->apply_ptr = a.values;
         s->apply_step = a.step;
+        s->apply_held = a.held;
+        ck_assert(a.held == (a.values == NULL));
         s->apply = malloc(a.n * sizeof(float) + 1);
         ck_assert_ptr_nonnull(s->apply);
-        memcpy(s->apply, a.values, a.n * sizeof(float));
+        if (a.values != NULL)
+          memcpy(s->apply, a.values, a.n * sizeof(float));
         break;
       case ST_XACT_ENCODE:
       case ST_XACT_DECODE:
@@ -188,6 +193,7 @@ static void drain(side_t* s) {
         s->n_done++;
         s->result = a.result;
         s->coded_exchange = a.coded_exchange;
+        s->done_held = a.held;
         s->codec_drop = a.codec_drop;
         s->delta_norm = a.delta_norm;
         s->clipped = a.clipped;
