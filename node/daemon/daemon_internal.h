@@ -487,8 +487,8 @@ struct st__daemon_s {
    * vector: the anchor of compressed averaging until a ring round gives
    * one (daemon_compress.c, st__compress_anchor); released then. */
   struct st__anchor_s* start_anchor;
-  /* With the built-in trainer: the seeded initialization's id (as a start
-   * anchor's, round 0) and the BLAKE2b-256 of its float bytes, so that a
+  /* With the built-in trainer: the BLAKE2b-256 of the seeded
+   * initialization's float bytes and the id derived from it, so that a
    * FETCH between two nodes that both still hold it sends nothing
    * (daemon_xchg.c, st__xchg_mark_start; gossip.h, "held"). */
   bool start_known;

@@ -38,13 +38,25 @@ void st__xchg_mark_start(st__daemon_t* d, const float* params, size_t n) {
     }
     v = host;
   }
-  st__agreed_id(v, n, 0, d->start_id);
   st_hash_t h;
   st_hash_init(&h);
   st_hash_update(&h, v, n * sizeof(float));
   st_hash_final(&h, d->start_hash);
-  d->start_known = true;
   free(host);
+  /* Its id: BLAKE2b-256("starling-held-v1" || hash), cut to 16 bytes, a
+   * first 0 written as 1 (docs/protocol.md). Not an anchor's id, so that
+   * a node from before held transfers, which names its compression
+   * anchor in a FETCH, is never taken for one that holds the state. */
+  static const char domain[] = "starling-held-v1";
+  uint8_t full[ST_HASH_BYTES];
+  st_hash_init(&h);
+  st_hash_update(&h, domain, sizeof domain - 1);
+  st_hash_update(&h, d->start_hash, sizeof d->start_hash);
+  st_hash_final(&h, full);
+  memcpy(d->start_id, full, sizeof d->start_id);
+  if (d->start_id[0] == 0)
+    d->start_id[0] = 1;
+  d->start_known = true;
 }
 
 /* A FETCH, either side: the start state as the held one while this node
