@@ -133,6 +133,8 @@ expect_fail "status --field of an object" 1 "'rejected' is an object; name one o
   "$STARLING" status --data-dir "$(node_dir 0)" --field rejected
 expect_fail "status --field with --json" 2 "--field and --json exclude each other" -- \
   "$STARLING" status --data-dir "$(node_dir 0)" --field step --json
+expect_fail "peers --field" 2 "unknown option '--field'" -- \
+  "$STARLING" peers --data-dir "$(node_dir 0)" --field step
 
 # --- Leave, all at once -----------------------------------------------------------------
 for ((k = 0; k < N; k++)); do

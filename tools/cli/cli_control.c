@@ -61,13 +61,17 @@ static void usage(FILE* f, const char* cmd) {
                  : "");
 }
 
-int st__control_flags(const char* cmd, int argc, char** argv,
-                      void (*help)(FILE*, const char*), bool args,
-                      const char** dir, const char** control, int* json) {
+/* st__control_flags, and --field KEY into *field when field is not NULL
+ * (`status` only; for the others it is an unknown option). */
+static int control_flags(const char* cmd, int argc, char** argv,
+                         void (*help)(FILE*, const char*), bool args,
+                         const char** dir, const char** control, int* json,
+                         const char** field) {
   static const struct option opts[] = {
       {"data-dir", required_argument, NULL, 'd'},
       {"control", required_argument, NULL, 'c'},
       {"json", no_argument, NULL, 'j'},
+      {"field", required_argument, NULL, 'f'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -84,6 +88,16 @@ int st__control_flags(const char* cmd, int argc, char** argv,
         break;
       case 'j':
         *json = 1;
+        break;
+      case 'f':
+        if (field == NULL) {
+          fprintf(stderr,
+                  "starling %s: unknown option '--field'; see 'starling %s "
+                  "--help'\n",
+                  cmd, cmd);
+          return 2;
+        }
+        *field = optarg;
         break;
       case 'h':
         help(stdout, cmd);
@@ -106,6 +120,12 @@ int st__control_flags(const char* cmd, int argc, char** argv,
     return 2;
   }
   return -1;
+}
+
+int st__control_flags(const char* cmd, int argc, char** argv,
+                      void (*help)(FILE*, const char*), bool args,
+                      const char** dir, const char** control, int* json) {
+  return control_flags(cmd, argc, argv, help, args, dir, control, json, NULL);
 }
 
 bool st__take_flag(int* argc, char** argv, const char* flag) {
@@ -293,34 +313,6 @@ static int relay_answer(const char* cmd, int fd, const char* path) {
   return status;
 }
 
-/* Takes "--field KEY" or "--field=KEY" out of argv (before any "--") into
- * *field. 0, or 2 when --field has no value (said on stderr). */
-static int take_field(const char* cmd, int* argc, char** argv,
-                      const char** field) {
-  int out = 1;
-  for (int i = 1; i < *argc; i++) {
-    if (strcmp(argv[i], "--") == 0) {
-      while (i < *argc)
-        argv[out++] = argv[i++];
-      break;
-    }
-    if (strncmp(argv[i], "--field=", 8) == 0) {
-      *field = argv[i] + 8;
-    } else if (strcmp(argv[i], "--field") == 0) {
-      if (i + 1 >= *argc) {
-        fprintf(stderr, "starling %s: --field needs a value\n", cmd);
-        return 2;
-      }
-      *field = argv[++i];
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  argv[out] = NULL;
-  return 0;
-}
-
 /* Prints the value at the dotted path `field` of the JSON document doc
  * (len bytes): numbers as the shortest text that reads back the same
  * (integers whole), true/false/null, strings as their text. Returns the
@@ -398,10 +390,8 @@ static int run(const char* cmd, int argc, char** argv) {
   const char* control = NULL;
   const char* field = NULL;
   int json = 0;
-  if (strcmp(cmd, "status") == 0 && take_field(cmd, &argc, argv, &field) != 0)
-    return 2;
-  int rc =
-      st__control_flags(cmd, argc, argv, usage, false, &dir, &control, &json);
+  int rc = control_flags(cmd, argc, argv, usage, false, &dir, &control, &json,
+                         strcmp(cmd, "status") == 0 ? &field : NULL);
   if (rc >= 0)
     return rc;
   if (field != NULL && json) {
