@@ -44,8 +44,15 @@ for ((k = 1; k < N; k++)); do node_start "$k" --join "$seed" "${ARGS[@]}"; done
 node_start 9 "${ARGS[@]}" # a cluster of its own
 for ((k = 1; k < N; k++)); do node_up "$k"; done
 node_up 9
-count_members() { [ "$(node_peers 0 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = "$N" ]; }
-wait_for 20 "node 0 seeing $N members" count_members
+# Every member must see all N alive: the commands' default group is "every
+# member alive" as each member sees it (a member that has not yet heard of
+# a third one calls with a group of 2, and the group lists differ).
+count_members() { [ "$(node_peers "$1" | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = "$N" ]; }
+all_see_all() {
+  local k
+  for ((k = 0; k < N; k++)); do count_members "$k" || return 1; done
+}
+wait_for 20 "every member seeing $N members" all_see_all
 
 # on_all OUT CMD ARGS...: CMD ARGS --data-dir DIR_K --shard K/N on every
 # member at once, stdout to OUT.K, stderr to OUT.K.err; waits for all.
