@@ -197,6 +197,9 @@ static void status_json_exchanges(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, first, "exchanges_dropped", d->c.dropped);
   kv_u64(b, first, "exchanges_clipped", d->c.clipped);
   kv_num(b, first, "clip_bound", d->clip_last);
+  kv_u64(b, first, "suspects", d->suspects);
+  put_key(b, first, "suspicion_set_aside");
+  st_json_buf_puts(b, d->suspicion_aside ? "true" : "false");
   kv_u64(b, first, "state_transfers", d->c.fetches_ok);
   kv_u64(b, first, "state_transfers_refused_step", d->c.fetch_step_refused);
   kv_u64(b, first, "state_transfers_held", d->c.fetches_held);
@@ -565,6 +568,7 @@ static void peers_doc(st__daemon_t* d, st_json_buf_t* b, bool json) {
       kv_u64(b, &first, "incarnation", m.incarnation);
       kv_u64(b, &first, "averaged", averaged);
       kv_u64(b, &first, "clipped", clipped);
+      kv_num(b, &first, "suspicion", h != NULL ? (double) h->suspicion : 0);
       bool in_ring = false;
       for (uint32_t k = 0; k < d->c.ring_last_n; k++)
         if (memcmp(&d->ring_last_members[k], &m.id, sizeof(m.id)) == 0)

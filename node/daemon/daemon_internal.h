@@ -479,8 +479,13 @@ struct st__daemon_s {
    * averaging exchanges, a ring; clip_n of them known. */
   double clip_norms[ST_XCHG_CLIP_HISTORY];
   uint32_t clip_n, clip_at;
-  double clip_last;      /* the bound the last exchange ran with (0: none) */
-  st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
+  double clip_last; /* the bound the last exchange ran with (0: none) */
+  /* The live members this node suspects (daemon_robust.c), counted after
+   * each exchange; their suspicion is set aside while they are not fewer
+   * than the members it trusts, itself included. */
+  uint32_t suspects;
+  bool suspicion_aside;
+  st_xchg_local_t local;       /* fingerprint, model, n_params, coded_bytes */
   struct st__anchor_s* anchor; /* the agreed state (daemon_agreed.c) */
   /* Under --compress with the built-in trainer: the seeded
    * initialization, the same on every node of the model, as round 0's
@@ -931,8 +936,13 @@ st_xchg_config_t st__robust_xchg_config(st__conn_t* c);
 /* An averaging exchange on c applied (DONE OK): history, suspicion,
  * counters. */
 void st__robust_record(st__conn_t* c, const st_xact_t* done);
-/* Whether this node averages with member id in rings (not a suspect). */
+/* Whether this node averages with member id in rings (not a suspect, or
+ * suspicion set aside). */
 bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id);
+/* Whether suspects among `others` live members (this node not counted)
+ * are a minority that suspicion may act on: fewer than the members trusted,
+ * this node included. */
+bool st__robust_minority(size_t others, size_t suspects);
 /* The factor (at most 1) that a ring round's move delta[0..n) is applied
  * with: the gossip bound over its norm when longer (counted); 0 when the
  * move is not finite (counted: nothing is applied). */

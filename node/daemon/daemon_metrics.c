@@ -311,6 +311,13 @@ static void render_exchanges(st__daemon_t* d, st_json_buf_t* b) {
   gauge(b, "starling_clip_bound",
         "The robust-averaging bound of the last exchange (0: none yet).",
         d->clip_last);
+  gauge(b, "starling_suspects",
+        "Live members this node suspects (robust averaging).",
+        (double) d->suspects);
+  gauge(b, "starling_suspicion_set_aside",
+        "1 while the suspects are not a minority and their suspicion is "
+        "set aside.",
+        d->suspicion_aside ? 1.0 : 0.0);
   counter(b, "starling_state_transfers_total",
           "State transfers this node fetched.", d->c.fetches_ok);
   counter(b, "starling_state_transfers_refused_step_total",

@@ -22,6 +22,17 @@
  * gossip history has RING_WARMUP pulls (with gossip off, rings run
  * unclipped).
  *
+ * Suspicion acts only against a minority: while the members this node
+ * suspects are not fewer than the ones it trusts (itself included), it
+ * cannot tell the liars from itself, and it sets suspicion aside (pulls
+ * clipped at the untightened bound and recorded, rings open to all).
+ * Without that, two honest nodes that drift apart faster than their
+ * exchanges' history expected (or a node back from a partition, far from
+ * everyone) suspect each other for good: a suspect's pulls never enter
+ * the history, so the bound never catches up, and a ring without the only
+ * peer is no ring. Robust averaging assumes an honest majority, as every
+ * robust aggregation rule does.
+ *
  * Joining: a donor's step is believed only within st__robust_step_bound of
  * the steps the other members report (a donor claiming step 2^64-1 would
  * otherwise leave the joiner with no steps to train), and a member
@@ -50,12 +61,47 @@ st_xchg_config_t st__robust_xchg_config(st__conn_t* c) {
   double bound =
       st_xchg_clip_bound(d->clip_norms, d->clip_n, d->cfg->clip_mult);
   const st__heard_t* h = st__net_heard_find(d, &c->peer);
-  double trust = h != NULL ? 1.0 - (double) h->suspicion : 1.0;
+  double trust =
+      h != NULL && !d->suspicion_aside ? 1.0 - (double) h->suspicion : 1.0;
   cfg.clip_norm = bound;
   cfg.clip_rel = bound > 0 ? FLOOR_REL : WARMUP_REL;
   cfg.clip_scale = trust > MIN_TRUST ? trust : MIN_TRUST;
   d->clip_last = bound;
   return cfg;
+}
+
+bool st__robust_minority(size_t others, size_t suspects) {
+  return suspects < others - suspects + 1;
+}
+
+/* Counts the live members this node suspects and decides whether their
+ * suspicion holds (logged when that changes). */
+static void count_suspects(st__daemon_t* d) {
+  size_t n = st_membership_count(d->m), others = 0, suspects = 0;
+  for (size_t i = 0; i < n; i++) {
+    const st_member_t* mb = st_membership_at(d->m, i);
+    if (mb == NULL ||
+        (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT) ||
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+      continue;
+    others++;
+    const st__heard_t* h = st__net_heard_find(d, &mb->id);
+    suspects += h != NULL && h->suspicion >= SUSPECT_LEVEL;
+  }
+  bool aside = !st__robust_minority(others, suspects);
+  if (aside != d->suspicion_aside) {
+    if (aside)
+      st__dwarn(d,
+                "suspects %zu of its %zu live peers: not a minority, so it "
+                "cannot tell them from itself; their suspicion is set aside "
+                "(pulls still clipped at the bound)",
+                suspects, others);
+    else
+      st__dlog(d, "suspects %zu of its %zu live peers: suspicion acts again",
+               suspects, others);
+  }
+  d->suspects = (uint32_t) suspects;
+  d->suspicion_aside = aside;
 }
 
 void st__robust_record(st__conn_t* c, const st_xact_t* done) {
@@ -69,8 +115,11 @@ void st__robust_record(st__conn_t* c, const st_xact_t* done) {
    * for that); clipped pulls counted as what was applied (near 0 for a
    * suspect) would drag it to nothing instead. The floor of the bound (a
    * hundredth of our own norm) keeps it from shrinking to nothing as the
-   * models agree, which would make every member a suspect. */
-  if (h == NULL || h->suspicion < SUSPECT_LEVEL) {
+   * models agree, which would make every member a suspect. While
+   * suspicion is set aside, every pull counts (capped at the bound): the
+   * bound then follows the pulls up, by at most --clip times in half a
+   * history. */
+  if (h == NULL || d->suspicion_aside || h->suspicion < SUSPECT_LEVEL) {
     d->clip_norms[d->clip_at] = base > 0 && pull > base ? base : pull;
     d->clip_at = (d->clip_at + 1) % ST_XCHG_CLIP_HISTORY;
     if (d->clip_n < ST_XCHG_CLIP_HISTORY)
@@ -81,6 +130,7 @@ void st__robust_record(st__conn_t* c, const st_xact_t* done) {
     float beyond = base > 0 && pull > base;
     h->suspicion += SUSPICION_RATE * (beyond - h->suspicion);
   }
+  count_suspects(d);
   if (!done->clipped)
     return;
   d->c.clipped++;
@@ -105,7 +155,7 @@ bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id) {
       d->clip_n < RING_WARMUP)
     return false;
   const st__heard_t* h = st__net_heard_find(d, id);
-  return h == NULL || h->suspicion < SUSPECT_LEVEL;
+  return h == NULL || d->suspicion_aside || h->suspicion < SUSPECT_LEVEL;
 }
 
 /* The gossip bound from as few as RING_WARMUP pulls (the known ones

@@ -50,6 +50,8 @@ SIMPLE = {
     "exchanges_dropped": ("starling_exchanges_total", {"result": "dropped"}),
     "exchanges_clipped": ("starling_exchanges_clipped_total", {}),
     "clip_bound": ("starling_clip_bound", {}),
+    "suspects": ("starling_suspects", {}),
+    "suspicion_set_aside": ("starling_suspicion_set_aside", {}),
     "state_transfers": ("starling_state_transfers_total", {}),
     "state_transfers_refused_step":
         ("starling_state_transfers_refused_step_total", {}),

@@ -198,11 +198,11 @@ pass "(d) hostile int8 snapshots (NaN scale, another kind) dropped and counted b
 
 # --- (e) coded ring rounds ------------------------------------------------------------
 pair_stop 90
-# Robust averaging off (--clip 0): two nodes that each train ~50,000
-# samples/s drift far between exchanges, and robust averaging came to
-# suspect the only peer, which keeps it out of ring rounds (a rehearsal
-# of eed9e7d: no round in 60 s). The coded rounds are the point here.
-int8_pair 95 --ring-every 1 --clip 0
+# With robust averaging on (the default): two nodes that each train
+# ~50,000 samples/s drift far between exchanges, and robust averaging once
+# came to suspect the only peer for good, which kept it out of ring rounds
+# (no round in 60 s). Suspicion now acts only against a minority.
+int8_pair 95 --ring-every 1
 # coded_agreed: both nodes idle after the same coded round (their second at
 # least), holding the same agreed state.
 coded_agreed() {

@@ -18,6 +18,10 @@
 #       that was never filled (it was sent, and averaged into the node's own
 #       copy, as whatever the memory held), so the honest node drops
 #       nothing and both nodes' parameters stay sane.
+#   (e) a pair, one of them the poisoner: the honest node suspects its only
+#       peer, cannot tell it from itself, and sets the suspicion aside
+#       (logged), so ring rounds go on (an honest pair that drifted apart
+#       used to suspect each other for good and never ring again).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -102,6 +106,8 @@ bad = [p for p in peers if p["id"] == sys.argv[2]][0]
 # Most of the attacker's pulls are clipped (not all: a node's first 8
 # averagings set the bound, and its suspicion takes a few to rise).
 assert bad["averaged"] >= 5 and bad["clipped"] >= 0.4 * bad["averaged"], bad
+assert all(0 <= p["suspicion"] <= 1 for p in peers), peers
+assert bad["suspicion"] > 0, bad  # it pulled beyond the bound to the end
 for p in peers:
     if p["id"] != sys.argv[2] and not p["self"]:
         # Honest pulls are clipped far less often than the attacker's (an
@@ -188,3 +194,32 @@ for path in sys.argv[1:]:
         assert np.isfinite(v).all() and np.abs(v).max() < 1e3, (path, name, v.max(), v.min())
 EOF
 pass "(d) a program's NaN ends its node's exchanges and rings: nothing dropped, both models sane"
+
+# (e) a pair: the only peer is suspected, and suspicion is set aside (it
+# cannot be told from this node: robust averaging protects a majority).
+# Before, an honest pair that drifted apart suspected each other for good
+# and never took a ring round again; here the suspect is a poisoner, whose
+# pulls go beyond the bound every time, so that the suspicion is certain.
+flags=(--attach --gossip-every 0.1 --ring-every 1)
+node_start 50 "${flags[@]}"
+wait_for 20 "node 50's control socket" test -S "$(node_dir 50)/control.sock"
+"$CLIENT" --socket "$(node_dir 50)/control.sock" --steps 1 >/dev/null ||
+  node_fail "(e) the first program"
+node_up 50
+node_start 51 "${flags[@]}" --join "$NODE_ADDR"
+wait_for 20 "node 51's control socket" test -S "$(node_dir 51)/control.sock"
+"$HOSTILE" --socket "$(node_dir 51)/control.sock" --attack poison:8 \
+  --steps 100000 --step-us 1000 >"$SCRATCH/pair.out" 2>&1 &
+PIDS+=($!)
+"$CLIENT" --socket "$(node_dir 50)/control.sock" --steps 100000 --step-us 1000 \
+  >"$SCRATCH/pe.out" 2>&1 &
+PIDS+=($!)
+wait_for "$(scaled 30)" "node 50 to set aside its suspicion of its only peer" \
+  grep -q "suspicion is set aside" "$(node_log 50)"
+rounds=$(node_field 50 ring_rounds_ok)
+wait_for "$(scaled 20)" "ring rounds of node 50 after it suspected its only peer" \
+  sh -c "[ \$($(printf %q "$STARLING") status --data-dir $(printf %q "$(node_dir 50)") \
+    --field ring_rounds_ok) -ge $((rounds + 3)) ]"
+[ "$(node_field 50 ring_proposals_distrusted)" = 0 ] ||
+  node_fail "(e) node 50 refused a proposal for distrust of its only peer"
+pass "(e) a pair: the only peer's suspicion is set aside, ring rounds go on ($rounds, then 3 more)"

@@ -1,9 +1,9 @@
 /* test_daemon_robust.c: the Check suite for the pure parts of robust
  * averaging in the daemon (node/daemon/daemon_robust.c): the bound on the
- * step a joiner believes, and the factor a ring round's result is applied
- * with. (The clip bound is gossip/exchange.c's
- * st_xchg_clip_bound, tested in test_gossip_exchange.c; the rest runs on
- * real processes in tests/integration/test_node_robust.sh.) */
+ * step a joiner believes, the factor a ring round's result is applied
+ * with, and when suspicion holds (a minority of suspects). (The clip bound is
+ * gossip/exchange.c's st_xchg_clip_bound, tested in test_gossip_exchange.c; the
+ * rest runs on real processes in tests/integration/test_node_robust.sh.) */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
@@ -64,11 +64,28 @@ START_TEST(test_ring_scale) {
 }
 END_TEST
 
+/* Suspicion acts only against a minority: suspects must be fewer than the
+ * members trusted, this node included. */
+START_TEST(test_minority) {
+  ck_assert(st__robust_minority(0, 0));
+  ck_assert(!st__robust_minority(1, 1)); /* a pair: the only peer */
+  ck_assert(st__robust_minority(2, 1));  /* one of three */
+  ck_assert(!st__robust_minority(2, 2)); /* this node is the far one */
+  ck_assert(st__robust_minority(3, 1));
+  ck_assert(!st__robust_minority(3, 2)); /* two of four: a tie */
+  ck_assert(st__robust_minority(4, 2));  /* two of five */
+  ck_assert(!st__robust_minority(4, 3));
+  ck_assert(st__robust_minority(99, 49));
+  ck_assert(!st__robust_minority(99, 50));
+}
+END_TEST
+
 static Suite* robust_suite(void) {
   Suite* s = suite_create("daemon_robust");
   TCase* tc = tcase_create("step_bound");
   tcase_add_test(tc, test_step_bound);
   tcase_add_test(tc, test_ring_scale);
+  tcase_add_test(tc, test_minority);
   suite_add_tcase(s, tc);
   return s;
 }
