@@ -98,7 +98,9 @@
  *   FAIL_TIMEOUT.
  * - Memory: the machine copies the snapshot it is given; it holds the
  *   peer's snapshot in its own buffer, and for AVERAGE turns it into the
- *   delta in place, so APPLY's values stay valid until st_xchg_free. SEND
+ *   delta in place, so APPLY's values stay valid until st_xchg_free or
+ *   st_xchg_release_buffers (after DONE: the driver's word that nothing is
+ *   borrowed). SEND
  *   data is encoded when the action is drained, into one buffer (of
  *   ST_WIRE_MAX_MESSAGE_BYTES for chunks, a small one for the rest), valid
  *   until the next call into the machine. Initiators allocate their
@@ -551,6 +553,15 @@ void st_xchg_free(st_xchg_t* x) {
   free(x->peer_tensors);
   free(x->reply_buf);
   free(x);
+}
+
+int st_xchg_release_buffers(st_xchg_t* x) {
+  if (x == NULL || x->phase != PH_FINISHED)
+    return -EINVAL;
+  free_buffers(x);
+  x->have_own = false; /* st_xchg_own and st_xchg_coded_own: nothing */
+  x->encoded = false;
+  return 0;
 }
 
 /* ==== Messages ==============================================================

@@ -898,7 +898,8 @@ typedef enum {
                             with held, values is NULL: the parameters are
                             already the donor's, keep them and take the
                             step. values is owned by the machine, valid
-                            until st_xchg_free */
+                            until st_xchg_free or
+                            st_xchg_release_buffers */
   ST_XACT_ENCODE,        /* compressed: work holds our snapshot s (n floats);
                             write C(s - anchor) into coded[0..coded_len),
                             exactly coded_len bytes, then D of those bytes
@@ -967,6 +968,13 @@ int st_xchg_new_responder(const st_xchg_config_t* cfg,
                           const st_xchg_local_t* local, bool busy,
                           uint64_t now_ms, st_xchg_t** out);
 void st_xchg_free(st_xchg_t* x);
+/* Frees a finished exchange's parameter-sized buffers (both snapshots, the
+ * delta, the coded bytes) while the machine itself stays: the driver calls
+ * it once DONE was drained and nothing it was given (APPLY's values, the
+ * buffers of ENCODE, DECODE and WANT_SNAPSHOT) is borrowed any more, so
+ * that a connection still closing holds no copy of the model. -EINVAL on
+ * an unfinished exchange; a second call does nothing. */
+int st_xchg_release_buffers(st_xchg_t* x);
 
 /* Events. A protocol failure is not an error of the call: it ends the
  * exchange with a DONE action. The calls return -EINVAL only for misuse. */

@@ -135,6 +135,8 @@ static void maybe_free(st__conn_t* c) {
 
 void st__conn_release(st__conn_t* c) {
   c->tt_pending--;
+  if (c->tt_pending == 0 && c->ops != NULL && c->ops->on_idle != NULL)
+    c->ops->on_idle(c);
   maybe_free(c);
 }
 

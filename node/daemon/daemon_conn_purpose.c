@@ -69,6 +69,7 @@ static const st__conn_ops_t xchg_ops = {
     .on_frame = st__xchg_on_message,
     .on_sent = st__xchg_on_sent,
     .on_close = st__xchg_on_closed,
+    .on_idle = st__xchg_settle,
     .owns_deadline = xchg_owns_deadline,
 };
 

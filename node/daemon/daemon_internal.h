@@ -78,6 +78,9 @@ typedef struct {
   void (*on_close)(st__conn_t* c);
   /* The handle is closed, however the connection ended. */
   void (*on_handle_closed)(st__conn_t* c);
+  /* The last trainer request or pool job that borrowed from c is done
+   * (tt_pending fell to 0: st__conn_release). */
+  void (*on_idle)(st__conn_t* c);
   /* true while the purpose keeps its own timeout and the connection's
    * deadline does not apply. */
   bool (*owns_deadline)(const st__conn_t* c);
@@ -1028,6 +1031,12 @@ void st__xchg_on_ready(st__conn_t* c); /* initiator up */
 void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len);
 void st__xchg_on_closed(st__conn_t* c);
 void st__xchg_on_sent(st__conn_t* c);
+/* Once c's exchange has ended and neither the trainer nor a pool job
+ * borrows its buffers (the snapshot written, the delta added): the
+ * buffers are freed and the node's slot for it is free again, so that a
+ * node holds one exchange's buffers at a time (a connection still closing
+ * held a second copy of the model while the next exchange began). */
+void st__xchg_settle(st__conn_t* c);
 void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 /* An ENCODE (decode false) or DECODE of c's exchange finished with rc
  * (and, for a refused DECODE, the codec's reason). */

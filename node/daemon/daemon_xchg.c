@@ -85,6 +85,26 @@ static void fill_local(st__conn_t* c, st_xchg_local_t* l) {
     l->n_params = 0; /* nothing to give yet */
 }
 
+/* The node's slot for this exchange (one AVERAGE, and as a joiner one
+ * FETCH, at a time). */
+static void slot_release(st__conn_t* c) {
+  st__daemon_t* d = c->d;
+  if (!c->counted_active)
+    return;
+  c->counted_active = false;
+  if (c->xkind == ST_XCHG_FETCH && c->initiator)
+    d->fetch_active = false;
+  else if (d->avg_active > 0)
+    d->avg_active--;
+}
+
+void st__xchg_settle(st__conn_t* c) {
+  if (c->x == NULL || !st_xchg_finished(c->x) || c->tt_pending > 0)
+    return;
+  st_xchg_release_buffers(c->x);
+  slot_release(c);
+}
+
 static void finish_counts(st__conn_t* c, st_xchg_result_t r,
                           const st_xact_t* done) {
   const char* peer_model = done->peer_model;
@@ -92,13 +112,8 @@ static void finish_counts(st__conn_t* c, st_xchg_result_t r,
   char id[33];
   st_node_id_format(&c->peer, id);
   d->c.by_result[r]++;
-  if (c->counted_active) {
-    c->counted_active = false;
-    if (c->xkind == ST_XCHG_FETCH && c->initiator)
-      d->fetch_active = false;
-    else if (d->avg_active > 0)
-      d->avg_active--;
-  }
+  if (c->x == NULL)
+    slot_release(c); /* else once the exchange settles */
   if (c->xkind == ST_XCHG_AVERAGE) {
     if (r == ST_XCHG_OK) {
       d->c.ok++;
@@ -263,6 +278,7 @@ static void drain(st__conn_t* c) {
         break;
       case ST_XACT_DONE:
         finish_counts(c, a.result, &a);
+        st__xchg_settle(c); /* or once the trainer is done with it */
         /* A peer that did not take the exchange in its time gets a reset:
          * the rest of a transfer is of no use to it, and the kernel would
          * go on sending it megabytes at its pace after a graceful close. */

@@ -158,21 +158,27 @@ int st_trainer_save(st_trainer_t* t, const char* path,
   int L = t->cfg.model.n_layers;
   size_t n = t->model.n_params;
   size_t n_tensors = (size_t) nbufs * 2 * (size_t) L + N_NORM_TENSORS;
-  float* host = malloc((size_t) nbufs * (n ? n : 1) * sizeof(float));
+  /* On the CPU the buffers are host memory, written from where they are
+   * (this runs on the trainer's thread, between steps): no copy of the
+   * model and its optimizer state (2x the model with momentum) at every
+   * checkpoint. A device's go through one host copy. */
+  bool on_host = st_backend_kind(t->be) == ST_BACKEND_CPU;
+  float* host =
+      on_host ? NULL : malloc((size_t) nbufs * (n ? n : 1) * sizeof(float));
   st_tensor_desc_t* tensors = calloc(n_tensors, sizeof(*tensors));
   char(*names)[NAME_LEN] = calloc(n_tensors, NAME_LEN);
   st_meta_kv_t* meta = calloc(N_OWN_META + n_extra, sizeof(*meta));
   meta_text_t* text = malloc(sizeof(*text));
   int rc = -ENOMEM;
-  if (host == NULL || tensors == NULL || names == NULL || meta == NULL ||
-      text == NULL) {
+  if ((!on_host && host == NULL) || tensors == NULL || names == NULL ||
+      meta == NULL || text == NULL) {
     st_set_err(err, err_len, "%s: out of memory writing the checkpoint", path);
     goto done;
   }
   size_t k = 0;
   for (int b = 0; b < nbufs; b++) {
-    float* h = host + (size_t) b * n;
-    rc = st_copy_to_host(t->be, h, bufs[b].device, n);
+    float* h = on_host ? bufs[b].device : host + (size_t) b * n;
+    rc = on_host ? 0 : st_copy_to_host(t->be, h, bufs[b].device, n);
     if (rc != 0) {
       st_set_err(err, err_len, "%s: cannot read the model from the device: %s",
                  path, st_backend_last_error(t->be));

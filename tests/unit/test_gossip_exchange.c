@@ -60,6 +60,14 @@ START_TEST(test_average) {
   if (n == BIG_N && r.lazy_acks)
     ck_assert_uint_eq(sa->max_unacked, ST_XCHG_CHUNKS_IN_FLIGHT);
   ck_assert(sa->has_peer_model && sb->has_peer_model);
+  /* Finished: the driver may free the buffers (APPLY's values, the
+   * snapshot) while the machine stays; twice does nothing. */
+  ck_assert_ptr_nonnull(st_xchg_own(sa->x));
+  ck_assert_int_eq(st_xchg_release_buffers(sa->x), 0);
+  sa->released = true;
+  ck_assert_ptr_null(st_xchg_own(sa->x));
+  ck_assert_int_eq(st_xchg_release_buffers(sa->x), 0);
+  ck_assert(st_xchg_finished(sa->x));
   pump_free(&p);
   free(a);
   free(b);
@@ -983,6 +991,9 @@ START_TEST(test_misuse) {
   ck_assert_int_eq(st_xchg_snapshot(x, T0, NULL, 10, 0), -EINVAL);
   ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 10, 0), 0);
   ck_assert_int_eq(st_xchg_snapshot(x, T0, v, 10, 0), -EINVAL); /* twice */
+  /* Unfinished: its buffers are in use. */
+  ck_assert_int_eq(st_xchg_release_buffers(x), -EINVAL);
+  ck_assert_int_eq(st_xchg_release_buffers(NULL), -EINVAL);
   st_xchg_free(x);
   st_xchg_free(NULL);
   ck_assert_int_eq(st_xchg_tick(NULL, 0), -EINVAL);

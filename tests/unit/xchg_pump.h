@@ -65,6 +65,7 @@ typedef struct {
   int n_apply;
   float* apply; /* a copy of APPLY's values */
   const float* apply_ptr;
+  bool released; /* st_xchg_release_buffers was called: apply_ptr is gone */
   size_t apply_n;
   uint64_t apply_step;
   bool apply_held; /* APPLY's held (values NULL) */
@@ -308,7 +309,7 @@ static void pump_free(pump_t* p) {
   for (int i = 0; i < 2; i++) {
     side_t* s = &p->s[i];
     /* APPLY's values are still the machine's, unchanged, until free. */
-    if (s->n_apply > 0 && s->apply_n > 0 && !s->apply_held)
+    if (s->n_apply > 0 && s->apply_n > 0 && !s->apply_held && !s->released)
       ck_assert_mem_eq(s->apply_ptr, s->apply, s->apply_n * sizeof(float));
     st_xchg_free(s->x);
     for (size_t k = s->out_head; k < s->out_head + s->out_len; k++)
