@@ -182,8 +182,15 @@ struct st_xchg_s {
   bool tx_done_sent;  /* our XCHG_DONE emitted */
   unsigned outstanding;
 
-  /* The peer's snapshot (rx): AVERAGE both sides, the FETCH joiner. */
+  /* The peer's snapshot (rx): AVERAGE both sides, the FETCH joiner. In
+   * place (cfg.delta_in_own, float32 AVERAGE): peer stays NULL and the
+   * peer's floats [delta_floats, rx_floats) wait in pend, from pend_from;
+   * the delta is made in own. */
   float* peer;
+  bool in_place;
+  float* pend;
+  size_t pend_cap; /* floats */
+  uint64_t pend_from;
   uint64_t rx_floats;
   bool rx_verified;  /* all there, hash and finiteness checked */
   bool norm_checked; /* AVERAGE: the norm guard passed */
@@ -308,7 +315,8 @@ static int alloc_buffers(st_xchg_t* x) {
     if (x->own == NULL || x->enc == NULL)
       return -ENOMEM;
   }
-  if (receives(x) && bytes > 0) {
+  x->in_place = x->cfg.delta_in_own && x->kind == ST_XCHG_AVERAGE;
+  if (receives(x) && bytes > 0 && !x->in_place) {
     x->peer = malloc(bytes);
     if (x->peer == NULL)
       return -ENOMEM;
@@ -338,6 +346,12 @@ static bool held_with(const st_xchg_t* x, const uint8_t* peer_anchor) {
 static int alloc_coded(st_xchg_t* x) {
   if (!x->coded)
     return 0;
+  if (x->in_place) { /* DECODE writes the peer's whole drift */
+    x->in_place = false;
+    x->peer = malloc(n_floats(x) * sizeof(float));
+    if (x->peer == NULL)
+      return -ENOMEM;
+  }
   x->tx_coded = malloc((size_t) x->local.coded_bytes);
   x->rx_coded = malloc((size_t) x->local.coded_bytes);
   return x->tx_coded == NULL || x->rx_coded == NULL ? -ENOMEM : 0;
@@ -349,6 +363,9 @@ static void free_buffers(st_xchg_t* x) {
   free(x->enc);
   free(x->tx_coded);
   free(x->rx_coded);
+  free(x->pend);
+  x->pend = NULL;
+  x->pend_cap = 0;
   x->own = x->peer = NULL;
   x->enc = x->tx_coded = x->rx_coded = NULL;
 }
@@ -370,9 +387,15 @@ static double sumsq(const float* v, size_t n) {
  * place over the floats received so far (the APPLY values). The guard
  * reads only the sums taken on arrival, so turning the floats early loses
  * nothing, and nothing is applied unless it passes. */
+static void delta_in_place(st_xchg_t* x);
+
 static void delta_catch_up(st_xchg_t* x) {
   if (x->kind != ST_XCHG_AVERAGE || !own_ready(x))
     return;
+  if (x->in_place) {
+    delta_in_place(x);
+    return;
+  }
   /* probe turns NaN if any delta is NaN or Inf: our own snapshot held one
    * (the guard checks the peer's), or peer - own overflowed float. */
   float probe = 0.0f;
@@ -386,6 +409,64 @@ static void delta_catch_up(st_xchg_t* x) {
     x->delta_bad = true;
   x->delta_sumsq += sq;
   x->delta_floats = x->rx_floats;
+}
+
+/* In place: delta = (s_peer - s_own) / 2 into own over the floats both
+ * received and already sent (a float of own is read for the last time when
+ * its chunk is encoded), in the same float arithmetic as above; those
+ * floats leave pend. */
+static void delta_in_place(st_xchg_t* x) {
+  uint64_t end = x->rx_floats < x->tx_floats ? x->rx_floats : x->tx_floats;
+  if (end <= x->delta_floats)
+    return;
+  const float* p = x->pend + (x->delta_floats - x->pend_from);
+  float probe = 0.0f;
+  double sq = 0.0;
+  for (uint64_t i = x->delta_floats; i < end; i++, p++) {
+    x->own[i] = (*p - x->own[i]) * 0.5f;
+    probe += x->own[i] * 0.0f;
+    sq += (double) x->own[i] * x->own[i];
+  }
+  if (probe != probe)
+    x->delta_bad = true;
+  x->delta_sumsq += sq;
+  x->delta_floats = end;
+  size_t left = (size_t) (x->rx_floats - end);
+  if (left > 0 && end > x->pend_from)
+    memmove(x->pend, x->pend + (end - x->pend_from), left * sizeof(float));
+  x->pend_from = end;
+}
+
+/* In place: room in pend for count more of the peer's floats (it grows
+ * when the driver reads past st_xchg_rx_room). false: no memory. */
+static bool pend_reserve(st_xchg_t* x, size_t count) {
+  size_t need = (size_t) (x->rx_floats - x->pend_from) + count;
+  if (need <= x->pend_cap)
+    return true;
+  size_t cap = x->pend_cap > 0 ? x->pend_cap : ST_XCHG_RX_WINDOW_FLOATS;
+  while (cap < need)
+    cap *= 2;
+  if (cap > n_floats(x))
+    cap = n_floats(x);
+  float* p = realloc(x->pend, cap * sizeof(float));
+  if (p == NULL)
+    return false;
+  x->pend = p;
+  x->pend_cap = cap;
+  return true;
+}
+
+bool st_xchg_rx_room(const st_xchg_t* x) {
+  uint64_t window = x != NULL && x->cfg.rx_window_floats > 0
+                        ? x->cfg.rx_window_floats
+                        : ST_XCHG_RX_WINDOW_FLOATS;
+  return x == NULL || !x->in_place || x->phase != PH_TRANSFER ||
+         x->rx_floats - x->pend_from < window;
+}
+
+/* The delta (APPLY's values): the peer's buffer, or own in place. */
+static float* delta_of(st_xchg_t* x) {
+  return x->in_place ? x->own : x->peer;
 }
 
 /* AVERAGE: a delta longer than cfg.clip_norm is scaled to it (centered
@@ -402,8 +483,9 @@ static void clip_delta(st_xchg_t* x) {
     return;
   float scale = (float) (bound / x->delta_norm);
   size_t n = n_floats(x);
+  float* delta = delta_of(x);
   for (size_t i = 0; i < n; i++)
-    x->peer[i] *= scale;
+    delta[i] *= scale;
   x->clipped = true;
 }
 
@@ -663,7 +745,12 @@ static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
   }
   /* The wire checked offset + count <= total = n_params. */
   size_t count = c->data_len / sizeof(float);
-  float* dst = x->peer + c->offset;
+  if (x->in_place && !pend_reserve(x, count)) {
+    finish(x, ST_XCHG_FAIL_SIZE); /* no memory to hold it: nothing applied */
+    return;
+  }
+  float* dst =
+      x->in_place ? x->pend + (c->offset - x->pend_from) : x->peer + c->offset;
   memcpy(dst, c->data, c->data_len);
   if (x->kind == ST_XCHG_FETCH)
     st_hash_update(&x->rx_hash, c->data, c->data_len);
@@ -790,7 +877,7 @@ float* st_xchg_snapshot_buffer(st_xchg_t* x) {
 }
 
 const float* st_xchg_own(const st_xchg_t* x) {
-  return x != NULL && x->have_own && !x->coded ? x->own : NULL;
+  return x != NULL && x->have_own && !x->coded && !x->in_place ? x->own : NULL;
 }
 
 float* st_xchg_coded_own(st_xchg_t* x) {
@@ -1009,7 +1096,8 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
     case Q_STREAM:
       if (!next_stream_send(x, out)) {
         x->outstanding++;
-        return true; /* the stream stays at the head */
+        delta_catch_up(x); /* in place: own's sent floats are free now */
+        return true;       /* the stream stays at the head */
       }
       break;
     case Q_WANT_SNAPSHOT:
@@ -1033,7 +1121,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
       break;
     case Q_APPLY:
       out->kind = ST_XACT_APPLY;
-      out->values = x->held ? NULL : x->peer;
+      out->values = x->held ? NULL : delta_of(x);
       out->held = x->held;
       out->n = n_floats(x);
       out->clipped = x->clipped;

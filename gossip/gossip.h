@@ -860,7 +860,21 @@ typedef struct {
   double clip_norm;
   double clip_rel;
   double clip_scale;
+  /* A float32 AVERAGE makes the delta in this side's snapshot buffer, each
+   * float once its chunk has been sent and the peer's has come, so that
+   * the exchange holds one copy of the model, not two: the peer's floats
+   * wait in a buffer that st_xchg_rx_room keeps to about
+   * ST_XCHG_RX_WINDOW_FLOATS when the driver stops reading while it says
+   * false. st_xchg_own is then NULL (the snapshot becomes the delta).
+   * Compressed exchanges and FETCH are as without it. Default false. */
+  bool delta_in_own;
+  /* delta_in_own: the window in floats (0: ST_XCHG_RX_WINDOW_FLOATS). */
+  uint32_t rx_window_floats;
 } st_xchg_config_t;
+
+/* delta_in_own: the peer's floats an exchange holds before it stops
+ * wanting more (st_xchg_rx_room): four chunks. */
+#define ST_XCHG_RX_WINDOW_FLOATS (4u * ST_WIRE_CHUNK_MAX_BYTES / 4u)
 
 void st_xchg_config_default(st_xchg_config_t* cfg);
 
@@ -995,9 +1009,15 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
 float* st_xchg_snapshot_buffer(st_xchg_t* x);
 /* This side's snapshot as it was taken, once it is in and until the
  * machine is freed (an AVERAGE's APPLY: the delta is mean - this); NULL
- * before, and for a compressed exchange (whose buffer then holds the
- * decoded drift). */
+ * before, for a compressed exchange (whose buffer then holds the decoded
+ * drift), and under delta_in_own (it becomes the delta). */
 const float* st_xchg_own(const st_xchg_t* x);
+/* Whether the machine wants more of the peer's frames now: false only
+ * under delta_in_own while the window (cfg.rx_window_floats) or more of the
+ * peer's floats wait for ours to be sent; the driver then stops reading until
+ * it says true again (after a SEND is drained or the snapshot comes). Frames
+ * that come anyway are taken (the buffer grows). */
+bool st_xchg_rx_room(const st_xchg_t* x);
 /* A compressed AVERAGE that ended OK (from its APPLY on): the decoded
  * drift of this side's snapshot, D(c_own), n_params floats, writable (the
  * machine reads it no more) until st_xchg_free; NULL otherwise. Anchor +

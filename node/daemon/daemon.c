@@ -921,6 +921,10 @@ int st_daemon_run(const st_daemon_config_t* cfg, char* err, size_t err_len) {
   prepare_process(d);
   st_xchg_config_default(&d->xcfg);
   d->xcfg.norm_mult = cfg->norm_mult;
+  /* One copy of the model an exchange, not two: the delta is made in our
+   * snapshot's buffer (gossip.h), unless the gossip outer step needs the
+   * snapshot after the exchange (daemon_xchg.c, xchg_own). */
+  d->xcfg.delta_in_own = cfg->outer.kind != ST_OUTER_NOLOCO;
   int rc = st_crypto_init();
   bool loop_started = false;
   /* The flags first, then the data directory: a refused start leaves the

@@ -222,7 +222,17 @@ static void fetched(st__conn_t* c, const st_xact_t* a) {
   st__daemon_synced(d);
 }
 
+static void drain_actions(st__conn_t* c);
+
+/* Runs the machine's actions; reading resumes once the machine has room
+ * for the peer's frames again (paused in st__xchg_on_message). */
 static void drain(st__conn_t* c) {
+  drain_actions(c);
+  if (c->paused && !c->closing && c->x != NULL && st_xchg_rx_room(c->x))
+    st__conn_resume(c);
+}
+
+static void drain_actions(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xact_t a;
   while (c->x != NULL && st_xchg_next_action(c->x, &a)) {
@@ -349,6 +359,8 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     return;
   st_xchg_message(c->x, st__dnow(d), msg, len);
   drain(c);
+  if (c->x != NULL && !st_xchg_rx_room(c->x) && !c->paused)
+    st__conn_pause(c); /* the peer is ahead of us: drain() resumes */
 }
 
 void st__xchg_on_closed(st__conn_t* c) {

@@ -114,6 +114,7 @@ static void feed(harness_t* h, const st_msg_t* m) {
   if (st_wire_encode(m, buf, sizeof buf, &len) != 0)
     return;
   CHECK(st_xchg_message(h->x, 1000, buf, len) == 0);
+  (void) st_xchg_rx_room(h->x); /* a driver asks after every message */
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -124,6 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint8_t clip = fuzz_byte(&in); /* robust averaging's bounds, or none */
   cfg.clip_norm = clip & 1 ? 0.5 : 0;
   cfg.clip_rel = clip & 2 ? 0.25 : 0;
+  cfg.delta_in_own = clip & 4;             /* the delta made in place */
+  cfg.rx_window_floats = clip & 8 ? 1 : 0; /* its window: one float */
   st_xchg_local_t l;
   memset(&l, 0, sizeof l);
   memset(l.fingerprint, 0x33, 16);

@@ -74,6 +74,60 @@ START_TEST(test_average) {
 }
 END_TEST
 
+/* delta_in_own: the delta made in the snapshot's buffer, bit for bit the
+ * same, whichever sides do it (the wire is the same). _i: 0 both sides;
+ * 1 the initiator only, lazy acks; 2 the responder only; 3 both, the
+ * responder's snapshot late (all of the initiator's chunks wait for it)
+ * and a driver that stops reading while the machine has no room (a window
+ * of one float); 4 the same, reading on (the waiting chunks are all
+ * held). */
+START_TEST(test_average_in_place) {
+  size_t n = BIG_N;
+  run_t r;
+  run_init(&r, ST_XCHG_AVERAGE, n);
+  r.split_cfg = true;
+  r.cfg_b = r.cfg;
+  r.cfg.delta_in_own = _i != 2;
+  r.cfg_b.delta_in_own = _i != 1;
+  r.lazy_acks = _i == 1;
+  if (_i >= 3) {
+    r.snap_b_after = 40;
+    r.cfg.rx_window_floats = r.cfg_b.rx_window_floats = 1;
+    r.honour_room = _i == 3;
+  }
+  float* a = rand_vec(n, -1, 1);
+  float* b = rand_vec(n, -1, 1);
+  r.snap_a = a;
+  r.snap_b = b;
+  pump_t p;
+  pump_start(&p, &r);
+  side_t *sa = &p.s[0], *sb = &p.s[1];
+  ck_assert_int_eq(sa->result, ST_XCHG_OK);
+  ck_assert_int_eq(sb->result, ST_XCHG_OK);
+  ck_assert_int_eq(sa->n_apply, 1);
+  ck_assert_int_eq(sb->n_apply, 1);
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float da = (b[i] - a[i]) / 2, db = (a[i] - b[i]) / 2;
+    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
+        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  /* In place, the snapshot became the delta. */
+  ck_assert((st_xchg_own(sa->x) == NULL) == r.cfg.delta_in_own);
+  ck_assert((st_xchg_own(sb->x) == NULL) == r.cfg_b.delta_in_own);
+  /* The responder had no room while it waited for its snapshot: a
+   * driver that honours it held the initiator's chunks back. */
+  if (_i == 3)
+    ck_assert_int_gt(sb->room_waits, 0);
+  ck_assert_int_eq(sa->room_waits, 0);
+  pump_free(&p);
+  free(a);
+  free(b);
+}
+END_TEST
+
 /* Clipping: A (clip_norm 1) gets B's pull scaled to norm 1 along the same
  * direction, B (no clipping) the whole delta; both report the norm before.
  * A bound above the delta changes nothing. BIG_N spans several chunks, so
@@ -86,13 +140,16 @@ START_TEST(test_average_clipped) {
   for (size_t i = 0; i < n; i++)
     b[i] = 1.0f;
   double norm = 0.5 * sqrt((double) n);
-  for (int above = 0; above < 2; above++) {
+  /* case: bit 0 above the bound; bit 1 A makes the delta in place. */
+  for (int cs = 0; cs < 4; cs++) {
+    int above = cs & 1;
     run_t r;
     run_init(&r, ST_XCHG_AVERAGE, n);
     r.cfg.norm_mult = 0; /* the norm guard would refuse B's from 0 */
     r.split_cfg = true;
     r.cfg_b = r.cfg;
     r.cfg.clip_norm = above ? norm * 1.01 : 1.0;
+    r.cfg.delta_in_own = cs >> 1;
     r.snap_a = a;
     r.snap_b = b;
     pump_t p;
@@ -1017,6 +1074,7 @@ static Suite* exchange_suite(void) {
   TCase* ok = tcase_create("exchanges");
   tcase_add_checked_fixture(ok, setup, NULL);
   tcase_add_loop_test(ok, test_average, 0, 2 * NSIZES);
+  tcase_add_loop_test(ok, test_average_in_place, 0, 5);
   tcase_add_loop_test(ok, test_fetch, 0, 2 * NSIZES);
   tcase_add_loop_test(ok, test_fetch_held, 0, 2 * HELD_CASES);
   tcase_add_test(ok, test_average_clipped);

@@ -94,6 +94,8 @@ typedef struct {
   st_xact_t pending;
   bool coded_exchange; /* DONE's */
   int codec_drop;      /* DONE's */
+  int snap_after;      /* answer WANT_SNAPSHOT from this round of the pump */
+  int room_waits;      /* rounds a frame to us waited: st_xchg_rx_room */
 } side_t;
 
 /* The driver's codec work for a compressed exchange: encode writes
@@ -115,6 +117,8 @@ typedef struct {
   void* hook_ctx;
   bool lazy_acks; /* one ack per side a round, else all at once */
   bool closed;
+  bool honour_room; /* hold frames while the receiver has no room, as a
+                       driver that stops reading */
 } pump_t;
 
 /* Does the held ENCODE or DECODE and reports it to the machine. */
@@ -243,7 +247,7 @@ static void pump_run(pump_t* p) {
         moved = true;
         drain(s);
       }
-      if (s->n_want > s->n_want_answered) {
+      if (s->n_want > s->n_want_answered && round >= s->snap_after) {
         ck_assert_uint_le(s->snap_n, BIG_N);
         memcpy(scratch, s->snap, s->snap_n * sizeof(float));
         ck_assert_int_eq(
@@ -267,6 +271,10 @@ static void pump_run(pump_t* p) {
       side_t *s = &p->s[i], *o = &p->s[1 - i];
       if (s->out_len <= s->unacked)
         continue; /* nothing written yet */
+      if (p->honour_room && !st_xchg_rx_room(o->x)) {
+        o->room_waits++;
+        continue;
+      }
       frame_t f = s->out[s->out_head++];
       s->out_len--;
       moved = true;
@@ -299,7 +307,11 @@ static void pump_run(pump_t* p) {
         moved = true;
       }
     }
-    if (!moved)
+    bool waiting = false; /* a snapshot due in a later round */
+    for (int i = 0; i < 2; i++)
+      waiting |= p->s[i].n_want > p->s[i].n_want_answered &&
+                 round < p->s[i].snap_after;
+    if (!moved && !waiting)
       return;
   }
   ck_abort_msg("the pump did not settle");
@@ -353,6 +365,8 @@ typedef struct {
   const xchg_pump_codec_t *codec_a, *codec_b;
   bool defer_codec;
   bool hold_decode_b; /* the responder decodes only after the close */
+  bool honour_room;
+  int snap_b_after; /* the responder's snapshot from this pump round */
 } run_t;
 
 static void run_init(run_t* r, st_xchg_kind_t kind, size_t n) {
@@ -368,6 +382,8 @@ static void pump_start(pump_t* p, const run_t* r) {
   p->hook = r->hook;
   p->hook_ctx = r->hook_ctx;
   p->lazy_acks = r->lazy_acks;
+  p->honour_room = r->honour_room;
+  p->s[1].snap_after = r->snap_b_after;
   ck_assert_int_eq(
       st_xchg_new_initiator(&r->cfg, r->kind, &r->la, T0, &p->s[0].x), 0);
   ck_assert_int_eq(st_xchg_new_responder(r->split_cfg ? &r->cfg_b : &r->cfg,
