@@ -1053,6 +1053,7 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
       st_hash_update(&x->tx_hash, m.u.chunk.data, m.u.chunk.data_len);
     x->tx_floats += k;
     encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
+    delta_catch_up(x); /* in place: the floats encoded are free now */
     return false;
   }
   m.type = ST_MSG_XCHG_DONE;
@@ -1096,8 +1097,7 @@ bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
     case Q_STREAM:
       if (!next_stream_send(x, out)) {
         x->outstanding++;
-        delta_catch_up(x); /* in place: own's sent floats are free now */
-        return true;       /* the stream stays at the head */
+        return true; /* the stream stays at the head */
       }
       break;
     case Q_WANT_SNAPSHOT:
