@@ -98,7 +98,12 @@
  *   FAIL_TIMEOUT.
  * - Memory: the machine copies the snapshot it is given; it holds the
  *   peer's snapshot in its own buffer, and for AVERAGE turns it into the
- *   delta in place, so APPLY's values stay valid until st_xchg_free or
+ *   delta in place; with cfg.delta_in_own (float32 AVERAGE) it holds no
+ *   peer buffer: the delta is made over our snapshot, each float once it
+ *   was encoded for sending and the peer's came, and the peer's floats
+ *   wait in a growable window (pend) meanwhile, which the driver keeps
+ *   small by not reading while st_xchg_rx_room says false. APPLY's values
+ *   stay valid until st_xchg_free or
  *   st_xchg_release_buffers (after DONE: the driver's word that nothing is
  *   borrowed). SEND
  *   data is encoded when the action is drained, into one buffer (of
