@@ -330,8 +330,9 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     if (c->xkind == ST_XCHG_AVERAGE) {
       /* Waiting (--min-nodes): at step 0 still, it would pull a peer's
        * trained model back towards the initialization. */
-      busy = d->avg_active > 0 || d->state == ST__D_SYNCING ||
-             d->state == ST__D_WAITING || d->state == ST__D_LEAVING;
+      busy = d->avg_active > 0 || d->fetch_serving > 0 ||
+             d->state == ST__D_SYNCING || d->state == ST__D_WAITING ||
+             d->state == ST__D_LEAVING;
       if (!busy) {
         d->avg_active++;
         c->counted_active = true;
@@ -482,8 +483,11 @@ static void start_exchange(st__daemon_t* d, const st_member_t* peer,
 }
 
 void st__xchg_gossip_tick(st__daemon_t* d) {
+  /* One model-sized exchange buffer at a time: not while a state transfer
+   * this node serves holds its snapshot (a joiner's, for the second or
+   * so it takes). */
   if ((d->state != ST__D_TRAINING && d->state != ST__D_DONE) ||
-      d->avg_active > 0)
+      d->avg_active > 0 || d->fetch_serving > 0)
     return;
   st_member_t peer;
   if (pick_peer(d, true, &peer))

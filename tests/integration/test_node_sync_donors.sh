@@ -167,7 +167,11 @@ grep -q "sent a chunk that does not match the agreed manifest" "$(node_log 10)" 
 pass "(b) 4 donors, 1 corrupting: $CHUNKS chunks verified, the bad donor dropped, state $AGREED exactly"
 kill -9 "${NODE_PID[10]}"
 
-# (c) a donor killed mid-transfer (and donor 3 still corrupting).
+# (c) a donor killed mid-transfer (and donor 3 still corrupting). Donor
+# 1's link at 1 Mbit/s: its range (a chunk or two of 1 MiB) takes 8 s or
+# more, so that the kill lands mid-range however late it comes (at 8 the
+# range was sometimes sent before the kill: donors_lost 0, 2026-11-28).
+tc -n "$PREFIX-sync-1" qdisc add dev eth0 root tbf rate 1mbit burst 16kb latency 400ms
 joiner 11 --sync-donors 4
 wait_for 30 "(c) joiner 11 agreeing on a manifest" grep -q "donors agree on the state" "$(node_log 11)"
 kill -9 "${NODE_PID[1]}"
