@@ -315,7 +315,7 @@ static size_t n_floats(const st_xchg_t* x) {
 static int alloc_buffers(st_xchg_t* x) {
   size_t bytes = n_floats(x) * sizeof(float);
   if (sends(x) && bytes > 0) {
-    x->own = malloc(bytes);
+    x->own = x->local.own_buf != NULL ? x->local.own_buf : malloc(bytes);
     x->enc = malloc(ST_WIRE_MAX_MESSAGE_BYTES);
     if (x->own == NULL || x->enc == NULL)
       return -ENOMEM;
@@ -363,7 +363,8 @@ static int alloc_coded(st_xchg_t* x) {
 }
 
 static void free_buffers(st_xchg_t* x) {
-  free(x->own);
+  if (x->own != x->local.own_buf)
+    free(x->own);
   free(x->peer);
   free(x->enc);
   free(x->tx_coded);

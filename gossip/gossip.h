@@ -898,6 +898,11 @@ typedef struct {
    * it to a joiner that names the same id as XCHG_DONE alone (above). */
   bool has_held;
   uint8_t held_hash[ST_HASH_BYTES];
+  /* Optional: n_params floats the machine uses for this side's snapshot
+   * instead of allocating them (borrowed: the driver keeps them, and
+   * gives them to no other machine, until st_xchg_release_buffers or
+   * st_xchg_free), so that a node reuses one buffer across exchanges. */
+  float* own_buf;
 } st_xchg_local_t;
 
 typedef enum {

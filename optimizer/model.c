@@ -168,7 +168,12 @@ size_t st_model_spec_classes(const st_model_spec_t* spec) {
  * ------------------------------------------------------------------ */
 
 int st_model_reset_params(st_model_t* m, uint64_t seed) {
-  float* host = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
+  /* On the CPU the parameters are host memory: written where they are (a
+   * staging copy of the model would stay in the process's heap). */
+  bool on_host = st_backend_kind(m->be) == ST_BACKEND_CPU;
+  float* host = on_host
+                    ? m->params
+                    : malloc((m->n_params ? m->n_params : 1) * sizeof(float));
   if (host == NULL)
     return -ENOMEM;
   /* PyTorch's nn.Linear default: kaiming_uniform with a = sqrt(5), which
@@ -187,6 +192,8 @@ int st_model_reset_params(st_model_t* m, uint64_t seed) {
     for (size_t i = 0; i < out; i++)
       b[i] = bound * (float) (2.0 * st_rng_uniform(&rng) - 1.0);
   }
+  if (on_host)
+    return 0;
   int rc = st_copy_to_device(m->be, m->params, host, m->n_params);
   free(host);
   return rc;

@@ -746,6 +746,7 @@ static void cleanup(st__daemon_t* d) {
     st__conn_release(c); /* down to 0: frees it */
   }
   free(d->rx_plain);
+  free(d->xbuf); /* after the conns: no machine borrows it now */
   st__ring_free(d);
   st__sync_free(d);
   st__anchor_release(d->anchor);

@@ -488,7 +488,13 @@ struct st__daemon_s {
    * than the members it trusts, itself included. */
   uint32_t suspects;
   bool suspicion_aside;
-  st_xchg_local_t local;       /* fingerprint, model, n_params, coded_bytes */
+  st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
+  /* The snapshot buffer of this node's averaging exchange (one at a time,
+   * daemon_xchg.c), kept across exchanges: no model-sized allocation, page
+   * faults or heap growth per exchange. xbuf_n floats; NULL until the
+   * first. */
+  float* xbuf;
+  size_t xbuf_n;
   struct st__anchor_s* anchor; /* the agreed state (daemon_agreed.c) */
   /* Under --compress with the built-in trainer: the seeded
    * initialization, the same on every node of the model, as round 0's

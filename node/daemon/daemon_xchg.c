@@ -301,11 +301,27 @@ static void drain_actions(st__conn_t* c) {
   }
 }
 
+/* The node's averaging snapshot buffer, for the one AVERAGE that holds
+ * the slot (NULL: the machine allocates its own, or answers BUSY). */
+static float* xbuf(st__daemon_t* d) {
+  size_t n = (size_t) d->local.n_params;
+  if (n == 0)
+    return NULL;
+  if (d->xbuf == NULL || d->xbuf_n != n) {
+    free(d->xbuf);
+    d->xbuf = malloc(n * sizeof(float));
+    d->xbuf_n = d->xbuf != NULL ? n : 0;
+  }
+  return d->xbuf;
+}
+
 void st__xchg_on_ready(st__conn_t* c) {
   st__daemon_t* d = c->d;
   st_xchg_local_t l;
   fill_local(c, &l);
   l.n_params = d->local.n_params;
+  if (c->xkind == ST_XCHG_AVERAGE) /* it holds the slot (start_exchange) */
+    l.own_buf = xbuf(d);
   st_xchg_config_t xcfg = st__robust_xchg_config(c);
   if (st_xchg_new_initiator(&xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
     st__conn_close(c);
@@ -336,6 +352,7 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
       if (!busy) {
         d->avg_active++;
         c->counted_active = true;
+        l.own_buf = xbuf(d);
       }
     }
     if (c->xkind == ST_XCHG_FETCH) {
