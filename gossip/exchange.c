@@ -382,11 +382,44 @@ static bool own_ready(const st_xchg_t* x) {
   return x->have_own && (!x->coded || x->encoded);
 }
 
+/* In double, eight running sums (one chain of dependent adds ran at a
+ * quarter of the speed: 5 ms for 10M floats against 2). NaN or Inf when
+ * a float is; finite floats cannot overflow it (FLT_MAX^2 * 2^40 <
+ * DBL_MAX). */
 static double sumsq(const float* v, size_t n) {
+  double a[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      a[k] += (double) v[i + k] * v[i + k];
   double s = 0;
-  for (size_t i = 0; i < n; i++)
+  for (; i < n; i++)
     s += (double) v[i] * v[i];
-  return s;
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) + s;
+}
+
+/* delta = (peer - own) / 2 in float, into the peer's floats or into our
+ * own (restrict: the buffers never overlap, and the loops vectorize). */
+static void halve_into_peer(float* restrict peer, const float* restrict own,
+                            size_t n) {
+  for (size_t i = 0; i < n; i++)
+    peer[i] = (peer[i] - own[i]) * 0.5f;
+}
+
+static void halve_into_own(float* restrict own, const float* restrict peer,
+                           size_t n) {
+  for (size_t i = 0; i < n; i++)
+    own[i] = (peer[i] - own[i]) * 0.5f;
+}
+
+/* The delta's sums over d[0..n) (just made): its sum of squares, and
+ * whether one came out NaN or Inf (our own snapshot held one, the guard
+ * checks the peer's, or peer - own overflowed float). */
+static void delta_sums(st_xchg_t* x, const float* d, size_t n) {
+  double sq = sumsq(d, n);
+  if (!isfinite(sq))
+    x->delta_bad = true;
+  x->delta_sumsq += sq;
 }
 
 /* AVERAGE, once our snapshot is here: delta = (s_peer - s_own) / 2 in
@@ -402,18 +435,10 @@ static void delta_catch_up(st_xchg_t* x) {
     delta_in_place(x);
     return;
   }
-  /* probe turns NaN if any delta is NaN or Inf: our own snapshot held one
-   * (the guard checks the peer's), or peer - own overflowed float. */
-  float probe = 0.0f;
-  double sq = 0.0;
-  for (uint64_t i = x->delta_floats; i < x->rx_floats; i++) {
-    x->peer[i] = (x->peer[i] - x->own[i]) * 0.5f;
-    probe += x->peer[i] * 0.0f;
-    sq += (double) x->peer[i] * x->peer[i];
-  }
-  if (probe != probe)
-    x->delta_bad = true;
-  x->delta_sumsq += sq;
+  halve_into_peer(x->peer + x->delta_floats, x->own + x->delta_floats,
+                  (size_t) (x->rx_floats - x->delta_floats));
+  delta_sums(x, x->peer + x->delta_floats,
+             (size_t) (x->rx_floats - x->delta_floats));
   x->delta_floats = x->rx_floats;
 }
 
@@ -425,17 +450,10 @@ static void delta_in_place(st_xchg_t* x) {
   uint64_t end = x->rx_floats < x->tx_floats ? x->rx_floats : x->tx_floats;
   if (end <= x->delta_floats)
     return;
-  const float* p = x->pend + (x->delta_floats - x->pend_from);
-  float probe = 0.0f;
-  double sq = 0.0;
-  for (uint64_t i = x->delta_floats; i < end; i++, p++) {
-    x->own[i] = (*p - x->own[i]) * 0.5f;
-    probe += x->own[i] * 0.0f;
-    sq += (double) x->own[i] * x->own[i];
-  }
-  if (probe != probe)
-    x->delta_bad = true;
-  x->delta_sumsq += sq;
+  halve_into_own(x->own + x->delta_floats,
+                 x->pend + (x->delta_floats - x->pend_from),
+                 (size_t) (end - x->delta_floats));
+  delta_sums(x, x->own + x->delta_floats, (size_t) (end - x->delta_floats));
   x->delta_floats = end;
   size_t left = (size_t) (x->rx_floats - end);
   if (left > 0 && end > x->pend_from)
