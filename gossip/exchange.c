@@ -315,14 +315,17 @@ static size_t n_floats(const st_xchg_t* x) {
 static int alloc_buffers(st_xchg_t* x) {
   size_t bytes = n_floats(x) * sizeof(float);
   if (sends(x) && bytes > 0) {
-    x->own = x->local.own_buf != NULL ? x->local.own_buf : malloc(bytes);
+    x->own = x->local.buf != NULL ? x->local.buf : malloc(bytes);
     x->enc = malloc(ST_WIRE_MAX_MESSAGE_BYTES);
     if (x->own == NULL || x->enc == NULL)
       return -ENOMEM;
   }
   x->in_place = x->cfg.delta_in_own && x->kind == ST_XCHG_AVERAGE;
   if (receives(x) && bytes > 0 && !x->in_place) {
-    x->peer = malloc(bytes);
+    /* The lent buffer holds our snapshot when we send one (a FETCH joiner
+     * sends none: it receives the state into it). */
+    bool lent = x->local.buf != NULL && !sends(x);
+    x->peer = lent ? x->local.buf : malloc(bytes);
     if (x->peer == NULL)
       return -ENOMEM;
   }
@@ -363,9 +366,10 @@ static int alloc_coded(st_xchg_t* x) {
 }
 
 static void free_buffers(st_xchg_t* x) {
-  if (x->own != x->local.own_buf)
+  if (x->own != x->local.buf)
     free(x->own);
-  free(x->peer);
+  if (x->peer != x->local.buf)
+    free(x->peer);
   free(x->enc);
   free(x->tx_coded);
   free(x->rx_coded);

@@ -898,11 +898,12 @@ typedef struct {
    * it to a joiner that names the same id as XCHG_DONE alone (above). */
   bool has_held;
   uint8_t held_hash[ST_HASH_BYTES];
-  /* Optional: n_params floats the machine uses for this side's snapshot
-   * instead of allocating them (borrowed: the driver keeps them, and
-   * gives them to no other machine, until st_xchg_release_buffers or
+  /* Optional: n_params floats the machine uses instead of allocating
+   * them, for this side's snapshot (AVERAGE, FETCH donor) or, as a FETCH
+   * joiner, for the state it receives (borrowed: the driver keeps them,
+   * and lends them to no other machine, until st_xchg_release_buffers or
    * st_xchg_free), so that a node reuses one buffer across exchanges. */
-  float* own_buf;
+  float* buf;
 } st_xchg_local_t;
 
 typedef enum {

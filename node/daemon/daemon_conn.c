@@ -98,6 +98,8 @@ static void conn_free(st__conn_t* c) {
     d->n_released--;
   if (c->serving_fetch)
     d->fetch_serving--;
+  if (c->holds_xbuf)
+    st__xchg_xbuf_give_back(c);
   if (c->serving_sync)
     d->sync_serving--;
   for (st__conn_t** p = &d->conns; *p != NULL; p = &(*p)->next) {

@@ -106,6 +106,8 @@ struct st__conn_s {
   bool preauth, released;
   /* A FETCH we answer: one of d->fetch_serving. */
   bool serving_fetch;
+  /* Its exchange machine borrows d->xbuf (daemon_xchg.c). */
+  bool holds_xbuf;
   st_wire_addr_t peer_addr;
   st_node_id_t peer;
   st_session_framer_t sf; /* the handshake's framing; writes tx and rx */
@@ -489,12 +491,13 @@ struct st__daemon_s {
   uint32_t suspects;
   bool suspicion_aside;
   st_xchg_local_t local; /* fingerprint, model, n_params, coded_bytes */
-  /* The snapshot buffer of this node's averaging exchange (one at a time,
-   * daemon_xchg.c), kept across exchanges: no model-sized allocation, page
-   * faults or heap growth per exchange. xbuf_n floats; NULL until the
-   * first. */
+  /* The model-sized buffer of this node's exchanges (daemon_xchg.c), lent
+   * to one machine at a time (its snapshot, or a joiner's incoming state)
+   * and kept across them: no model-sized allocation, page faults or heap
+   * growth per exchange. xbuf_n floats; NULL until the first. */
   float* xbuf;
   size_t xbuf_n;
+  bool xbuf_held;              /* lent to a machine (its conn's holds_xbuf) */
   struct st__anchor_s* anchor; /* the agreed state (daemon_agreed.c) */
   /* Under --compress with the built-in trainer: the seeded
    * initialization, the same on every node of the model, as round 0's
@@ -1043,6 +1046,9 @@ void st__xchg_on_sent(st__conn_t* c);
  * node holds one exchange's buffers at a time (a connection still closing
  * held a second copy of the model while the next exchange began). */
 void st__xchg_settle(st__conn_t* c);
+/* c's machine no longer borrows the node's exchange buffer (settled, or c
+ * freed). */
+void st__xchg_xbuf_give_back(st__conn_t* c);
 void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 /* An ENCODE (decode false) or DECODE of c's exchange finished with rc
  * (and, for a refused DECODE, the codec's reason). */

@@ -102,6 +102,7 @@ void st__xchg_settle(st__conn_t* c) {
   if (c->x == NULL || !st_xchg_finished(c->x) || c->tt_pending > 0)
     return;
   st_xchg_release_buffers(c->x);
+  st__xchg_xbuf_give_back(c);
   slot_release(c);
 }
 
@@ -301,18 +302,29 @@ static void drain_actions(st__conn_t* c) {
   }
 }
 
-/* The node's averaging snapshot buffer, for the one AVERAGE that holds
- * the slot (NULL: the machine allocates its own, or answers BUSY). */
-static float* xbuf(st__daemon_t* d) {
+/* The node's exchange buffer for c's machine when no other machine holds
+ * it (NULL: the machine allocates its own). Given back when c's exchange
+ * settles, or with c. */
+static float* xbuf_take(st__conn_t* c) {
+  st__daemon_t* d = c->d;
   size_t n = (size_t) d->local.n_params;
-  if (n == 0)
+  if (n == 0 || d->xbuf_held)
     return NULL;
   if (d->xbuf == NULL || d->xbuf_n != n) {
     free(d->xbuf);
     d->xbuf = malloc(n * sizeof(float));
     d->xbuf_n = d->xbuf != NULL ? n : 0;
   }
+  if (d->xbuf != NULL)
+    d->xbuf_held = c->holds_xbuf = true;
   return d->xbuf;
+}
+
+void st__xchg_xbuf_give_back(st__conn_t* c) {
+  if (c->holds_xbuf) {
+    c->holds_xbuf = false;
+    c->d->xbuf_held = false;
+  }
 }
 
 void st__xchg_on_ready(st__conn_t* c) {
@@ -320,8 +332,7 @@ void st__xchg_on_ready(st__conn_t* c) {
   st_xchg_local_t l;
   fill_local(c, &l);
   l.n_params = d->local.n_params;
-  if (c->xkind == ST_XCHG_AVERAGE) /* it holds the slot (start_exchange) */
-    l.own_buf = xbuf(d);
+  l.buf = xbuf_take(c);
   st_xchg_config_t xcfg = st__robust_xchg_config(c);
   if (st_xchg_new_initiator(&xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
     st__conn_close(c);
@@ -352,7 +363,6 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
       if (!busy) {
         d->avg_active++;
         c->counted_active = true;
-        l.own_buf = xbuf(d);
       }
     }
     if (c->xkind == ST_XCHG_FETCH) {
@@ -367,6 +377,8 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
         c->serving_fetch = true;
       }
     }
+    if (!busy)
+      l.buf = xbuf_take(c);
     st_xchg_config_t xcfg = st__robust_xchg_config(c);
     if (st_xchg_new_responder(&xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
       st__conn_close(c);
@@ -447,9 +459,10 @@ void st__xchg_sweep(st__daemon_t* d) {
 }
 
 /* A random live member other than this node, with a status record; when
- * same_model, only one whose fingerprint equals ours; when past_zero, only
- * one whose reported step is past 0 (a donor that has trained: joiners
- * started together would otherwise ask each other, and hear NOT_READY). */
+ * same_model, only a synchronized one whose fingerprint equals ours; when
+ * past_zero, only one whose reported step is past 0 (a donor that has trained:
+ * joiners started together would otherwise ask each other, and hear NOT_READY).
+ */
 static bool pick_from(st__daemon_t* d, bool same_model, bool past_zero,
                       st_member_t* out) {
   size_t n = st_membership_count(d->m);
@@ -463,6 +476,11 @@ static bool pick_from(st__daemon_t* d, bool same_model, bool past_zero,
       continue;
     if (same_model && memcmp(mb->status.fingerprint, d->local.fingerprint,
                              sizeof(d->local.fingerprint)) != 0)
+      continue;
+    /* Nor one still fetching its state: it would answer BUSY, after this
+     * node had set a model-sized buffer aside (or taken the one that a
+     * state transfer it serves to that very joiner wants). */
+    if (same_model && !mb->status.synced)
       continue;
     if (past_zero && mb->status.step == 0)
       continue;

@@ -99,9 +99,9 @@ START_TEST(test_average_in_place) {
   float* b = rand_vec(n, -1, 1);
   r.snap_a = a;
   r.snap_b = b;
-  /* Case 0: A's snapshot in a buffer the driver lends (local.own_buf). */
+  /* Case 0: A's snapshot in a buffer the driver lends (local.buf). */
   float* lent = _i == 0 ? malloc(n * sizeof(float)) : NULL;
-  r.la.own_buf = lent;
+  r.la.buf = lent;
   pump_t p;
   pump_start(&p, &r);
   side_t *sa = &p.s[0], *sb = &p.s[1];
@@ -267,11 +267,21 @@ START_TEST(test_fetch) {
   r.lazy_acks = _i % 2;
   float* b = rand_vec(n, -3, 3);
   r.snap_b = b;
+  /* With lazy acks, both sides lend their buffer (local.buf): the donor's
+   * holds its snapshot, the joiner's the state it receives. */
+  float* lent_a = r.lazy_acks ? malloc(n * sizeof(float)) : NULL;
+  float* lent_b = r.lazy_acks ? malloc(n * sizeof(float)) : NULL;
+  r.la.buf = lent_a;
+  r.lb.buf = lent_b;
   pump_t p;
   pump_start(&p, &r);
   side_t *sa = &p.s[0], *sb = &p.s[1];
   ck_assert_int_eq(sa->result, ST_XCHG_OK);
   ck_assert_int_eq(sb->result, ST_XCHG_OK);
+  if (lent_a != NULL) {
+    ck_assert_ptr_eq(sa->apply_ptr, lent_a);
+    ck_assert_mem_eq(lent_b, b, n * sizeof(float)); /* the donor's snapshot */
+  }
   ck_assert_int_eq(sa->n_want, 0); /* the joiner sends nothing */
   ck_assert_int_eq(sb->n_want, 1);
   ck_assert_int_eq(sa->n_apply, 1);
@@ -282,6 +292,8 @@ START_TEST(test_fetch) {
   ck_assert_int_eq(sa->sent_frames, 1);
   ck_assert_int_eq(st_xchg_kind(sb->x), ST_XCHG_FETCH);
   pump_free(&p);
+  free(lent_a); /* still ours (ASan: freed once) */
+  free(lent_b);
   free(b);
 }
 END_TEST
