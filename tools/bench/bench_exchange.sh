@@ -15,13 +15,13 @@
 # its gradients and workspace, the exchange buffers and the runtime, not a
 # dataset. The first row (a 16-unit model) gives the runtime's own share.
 #
-#   tools/bench/bench_exchange.sh                     models of ~2.5M, 10M, 39M parameters
+#   tools/bench/bench_exchange.sh                     models of ~1M, 10M, 50M parameters (issue 16)
 #   MODELS="mlp:784-4096-1664-10" SECONDS_EACH=20 tools/bench/bench_exchange.sh
 set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
 bench_args "$0" "$@"
 
-MODELS=${MODELS:-"mlp:784-16-10 mlp:784-2048-416-10 mlp:784-4096-1664-10 mlp:784-8192-3968-10"}
+MODELS=${MODELS:-"mlp:784-16-10 mlp:784-1024-200-10 mlp:784-4096-1664-10 mlp:784-8192-5376-10"}
 SECONDS_EACH=${SECONDS_EACH:-15}
 build=${ST_BUILD_DIR:-build}
 S=$build/starling
