@@ -98,8 +98,7 @@ static void conn_free(st__conn_t* c) {
     d->n_released--;
   if (c->serving_fetch)
     d->fetch_serving--;
-  if (c->holds_xbuf)
-    st__xchg_xbuf_give_back(c);
+  st__xchg_conn_freed(c); /* its exchange's buffer and slot, if held */
   if (c->serving_sync)
     d->sync_serving--;
   for (st__conn_t** p = &d->conns; *p != NULL; p = &(*p)->next) {
@@ -239,6 +238,13 @@ static void write_cb(uv_write_t* req, int status) {
   c->frames_out_pending--;
   bool ack = w->xchg_ack && status == 0;
   free(w);
+  if (status < 0 && !c->closing) {
+    /* The peer is gone (EPIPE, a reset): its owner hears it now, not at
+     * its deadline, even while reading is paused (a reader that is not
+     * reading never sees the end of the stream). */
+    conn_abort(c);
+    return;
+  }
   if (ack && !c->closing && c->ops != NULL && c->ops->on_sent != NULL)
     c->ops->on_sent(c);
   if (c->closing && c->frames_out_pending == 0 &&

@@ -955,6 +955,10 @@ bool st__robust_trusts(const st__daemon_t* d, const st_node_id_t* id);
  * are a minority that suspicion may act on: fewer than the members trusted,
  * this node included. */
 bool st__robust_minority(size_t others, size_t suspects);
+/* Recounts the suspects among the members this node averages with, and
+ * whether their suspicion holds: after every exchange and at every gossip
+ * tick (members come and go between exchanges). */
+void st__robust_refresh(st__daemon_t* d);
 /* The factor (at most 1) that a ring round's move delta[0..n) is applied
  * with: the gossip bound over its norm when longer (counted); 0 when the
  * move is not finite (counted: nothing is applied). */
@@ -1046,9 +1050,10 @@ void st__xchg_on_sent(st__conn_t* c);
  * node holds one exchange's buffers at a time (a connection still closing
  * held a second copy of the model while the next exchange began). */
 void st__xchg_settle(st__conn_t* c);
-/* c's machine no longer borrows the node's exchange buffer (settled, or c
- * freed). */
-void st__xchg_xbuf_give_back(st__conn_t* c);
+/* c is being freed: the node's exchange buffer and its slot for c's
+ * exchange are given back if c still held them (a connection closed
+ * without its exchange ending, as when sealing a frame failed). */
+void st__xchg_conn_freed(st__conn_t* c);
 void st__xchg_on_tt_event(st__daemon_t* d, const st__tt_event_t* ev);
 /* An ENCODE (decode false) or DECODE of c's exchange finished with rc
  * (and, for a refused DECODE, the codec's reason). */

@@ -74,15 +74,21 @@ bool st__robust_minority(size_t others, size_t suspects) {
   return suspects < others - suspects + 1;
 }
 
-/* Counts the live members this node suspects and decides whether their
- * suspicion holds (logged when that changes). */
-static void count_suspects(st__daemon_t* d) {
+/* Counts the live members this node averages with (its model, its state
+ * synchronized, as gossip picks them) and those of them it suspects, and
+ * decides whether their suspicion holds (logged when that changes). An
+ * observer, a joiner or a member of another model does not count: it
+ * never averages with this node. */
+void st__robust_refresh(st__daemon_t* d) {
   size_t n = st_membership_count(d->m), others = 0, suspects = 0;
   for (size_t i = 0; i < n; i++) {
     const st_member_t* mb = st_membership_at(d->m, i);
     if (mb == NULL ||
         (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT) ||
-        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0)
+        memcmp(&mb->id, &d->ident.id, sizeof(mb->id)) == 0 || !mb->has_status ||
+        !mb->status.synced ||
+        memcmp(mb->status.fingerprint, d->local.fingerprint,
+               sizeof(d->local.fingerprint)) != 0)
       continue;
     others++;
     const st__heard_t* h = st__net_heard_find(d, &mb->id);
@@ -130,7 +136,7 @@ void st__robust_record(st__conn_t* c, const st_xact_t* done) {
     float beyond = base > 0 && pull > base;
     h->suspicion += SUSPICION_RATE * (beyond - h->suspicion);
   }
-  count_suspects(d);
+  st__robust_refresh(d);
   if (!done->clipped)
     return;
   d->c.clipped++;

@@ -98,11 +98,18 @@ static void slot_release(st__conn_t* c) {
     d->avg_active--;
 }
 
+static void xbuf_give_back(st__conn_t* c);
+
 void st__xchg_settle(st__conn_t* c) {
   if (c->x == NULL || !st_xchg_finished(c->x) || c->tt_pending > 0)
     return;
   st_xchg_release_buffers(c->x);
-  st__xchg_xbuf_give_back(c);
+  xbuf_give_back(c);
+  slot_release(c);
+}
+
+void st__xchg_conn_freed(st__conn_t* c) {
+  xbuf_give_back(c);
   slot_release(c);
 }
 
@@ -320,7 +327,7 @@ static float* xbuf_take(st__conn_t* c) {
   return d->xbuf;
 }
 
-void st__xchg_xbuf_give_back(st__conn_t* c) {
+static void xbuf_give_back(st__conn_t* c) {
   if (c->holds_xbuf) {
     c->holds_xbuf = false;
     c->d->xbuf_held = false;
@@ -332,7 +339,8 @@ void st__xchg_on_ready(st__conn_t* c) {
   st_xchg_local_t l;
   fill_local(c, &l);
   l.n_params = d->local.n_params;
-  l.buf = xbuf_take(c);
+  if (l.n_params > 0)
+    l.buf = xbuf_take(c);
   st_xchg_config_t xcfg = st__robust_xchg_config(c);
   if (st_xchg_new_initiator(&xcfg, c->xkind, &l, st__dnow(d), &c->x) != 0) {
     st__conn_close(c);
@@ -357,9 +365,8 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
     if (c->xkind == ST_XCHG_AVERAGE) {
       /* Waiting (--min-nodes): at step 0 still, it would pull a peer's
        * trained model back towards the initialization. */
-      busy = d->avg_active > 0 || d->fetch_serving > 0 ||
-             d->state == ST__D_SYNCING || d->state == ST__D_WAITING ||
-             d->state == ST__D_LEAVING;
+      busy = d->avg_active > 0 || d->state == ST__D_SYNCING ||
+             d->state == ST__D_WAITING || d->state == ST__D_LEAVING;
       if (!busy) {
         d->avg_active++;
         c->counted_active = true;
@@ -377,7 +384,7 @@ void st__xchg_on_message(st__conn_t* c, const uint8_t* msg, size_t len) {
         c->serving_fetch = true;
       }
     }
-    if (!busy)
+    if (!busy && l.n_params > 0)
       l.buf = xbuf_take(c);
     st_xchg_config_t xcfg = st__robust_xchg_config(c);
     if (st_xchg_new_responder(&xcfg, &l, busy, st__dnow(d), &c->x) != 0) {
@@ -518,11 +525,9 @@ static void start_exchange(st__daemon_t* d, const st_member_t* peer,
 }
 
 void st__xchg_gossip_tick(st__daemon_t* d) {
-  /* One model-sized exchange buffer at a time: not while a state transfer
-   * this node serves holds its snapshot (a joiner's, for the second or
-   * so it takes). */
+  st__robust_refresh(d); /* who counts, as members come and go */
   if ((d->state != ST__D_TRAINING && d->state != ST__D_DONE) ||
-      d->avg_active > 0 || d->fetch_serving > 0)
+      d->avg_active > 0)
     return;
   st_member_t peer;
   if (pick_peer(d, true, &peer))
