@@ -439,6 +439,8 @@ static void delta_catch_up(st_xchg_t* x) {
     delta_in_place(x);
     return;
   }
+  if (x->rx_floats <= x->delta_floats)
+    return; /* nothing new (and with no floats, no buffer to point into) */
   halve_into_peer(x->peer + x->delta_floats, x->own + x->delta_floats,
                   (size_t) (x->rx_floats - x->delta_floats));
   delta_sums(x, x->peer + x->delta_floats,
