@@ -158,15 +158,25 @@ done
 pass "(c) four joiners took the honest member's step (state transfers refused for their step: $refused)"
 for k in 20 21 22; do kill -9 "${NODE_PID[$k]}"; done
 
+# attached_pair TAG K FLAGS...: nodes K and K + 1 with --attach, gossip
+# every 0.1 s and a ring round every second (and FLAGS); node K's first
+# program runs one step, node K + 1 joins it; both control sockets up.
+attached_pair() {
+  local tag=$1 k=$2
+  shift 2
+  local flags=(--attach --gossip-every 0.1 --ring-every 1 "$@")
+  node_start "$k" "${flags[@]}"
+  wait_for 20 "node $k's control socket" test -S "$(node_dir "$k")/control.sock"
+  "$CLIENT" --socket "$(node_dir "$k")/control.sock" --steps 1 >/dev/null ||
+    node_fail "($tag) the first program"
+  node_up "$k"
+  node_start $((k + 1)) "${flags[@]}" --join "$NODE_ADDR"
+  wait_for 20 "node $((k + 1))'s control socket" \
+    test -S "$(node_dir $((k + 1)))/control.sock"
+}
+
 # (d) NaN from a program, rings and gossip on, no clipping.
-flags=(--attach --gossip-every 0.1 --ring-every 1 --clip 0)
-node_start 40 "${flags[@]}"
-wait_for 20 "node 40's control socket" test -S "$(node_dir 40)/control.sock"
-"$CLIENT" --socket "$(node_dir 40)/control.sock" --steps 1 >/dev/null ||
-  node_fail "(d) the first program"
-node_up 40
-node_start 41 "${flags[@]}" --join "$NODE_ADDR"
-wait_for 20 "node 41's control socket" test -S "$(node_dir 41)/control.sock"
+attached_pair d 40 --clip 0
 "$HOSTILE" --socket "$(node_dir 41)/control.sock" --attack nan:0.2 \
   --steps 100000 --step-us 1000 >"$SCRATCH/nan.out" 2>&1 &
 PIDS+=($!)
@@ -200,14 +210,7 @@ pass "(d) a program's NaN ends its node's exchanges and rings: nothing dropped, 
 # Before, an honest pair that drifted apart suspected each other for good
 # and never took a ring round again; here the suspect is a poisoner, whose
 # pulls go beyond the bound every time, so that the suspicion is certain.
-flags=(--attach --gossip-every 0.1 --ring-every 1)
-node_start 50 "${flags[@]}"
-wait_for 20 "node 50's control socket" test -S "$(node_dir 50)/control.sock"
-"$CLIENT" --socket "$(node_dir 50)/control.sock" --steps 1 >/dev/null ||
-  node_fail "(e) the first program"
-node_up 50
-node_start 51 "${flags[@]}" --join "$NODE_ADDR"
-wait_for 20 "node 51's control socket" test -S "$(node_dir 51)/control.sock"
+attached_pair e 50
 "$HOSTILE" --socket "$(node_dir 51)/control.sock" --attack poison:8 \
   --steps 100000 --step-us 1000 >"$SCRATCH/pair.out" 2>&1 &
 PIDS+=($!)

@@ -23,6 +23,21 @@
 static const size_t sizes[] = {1, 1000, BIG_N};
 #define NSIZES 3
 
+/* A's delta is (b - a) / 2 and B's (a - b) / 2, bit for bit in float: the
+ * pair's sum is preserved, the deltas cancel exactly. (Check logs every
+ * assertion to a file: one check after the loop.) */
+static void assert_pair_deltas(const side_t* sa, const side_t* sb,
+                               const float* a, const float* b, size_t n) {
+  long bad = -1;
+  for (size_t i = 0; i < n && bad < 0; i++) {
+    float da = (b[i] - a[i]) / 2, db = (a[i] - b[i]) / 2;
+    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
+        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
+      bad = (long) i;
+  }
+  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+}
+
 /* _i: size index * 2 + lazy acks. */
 START_TEST(test_average) {
   size_t n = sizes[_i / 2];
@@ -43,16 +58,7 @@ START_TEST(test_average) {
   ck_assert_uint_eq(sa->apply_n, n);
   ck_assert_uint_eq(sb->apply_n, n);
   ck_assert_int_eq(st_xchg_kind(sb->x), ST_XCHG_AVERAGE);
-  /* (Check logs every assertion to a file: one check after the loop.) */
-  long bad = -1;
-  for (size_t i = 0; i < n && bad < 0; i++) {
-    float da = (b[i] - a[i]) / 2, db = (a[i] - b[i]) / 2;
-    /* The pair's sum is preserved: the deltas cancel exactly. */
-    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
-        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
-      bad = (long) i;
-  }
-  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  assert_pair_deltas(sa, sb, a, b, n);
   /* REQ or REPLY, the chunks, XCHG_DONE. */
   int frames = 1 + (int) ((n + CHUNK_FLOATS - 1) / CHUNK_FLOATS) + 1;
   ck_assert_int_eq(sa->sent_frames, frames);
@@ -111,14 +117,7 @@ START_TEST(test_average_in_place) {
   ck_assert_int_eq(sb->n_apply, 1);
   if (lent != NULL) /* the delta was made in it; the machine frees it not */
     ck_assert_ptr_eq(sa->apply_ptr, lent);
-  long bad = -1;
-  for (size_t i = 0; i < n && bad < 0; i++) {
-    float da = (b[i] - a[i]) / 2, db = (a[i] - b[i]) / 2;
-    if (memcmp(&sa->apply[i], &da, 4) != 0 ||
-        memcmp(&sb->apply[i], &db, 4) != 0 || sa->apply[i] + sb->apply[i] != 0)
-      bad = (long) i;
-  }
-  ck_assert_msg(bad < 0, "deltas differ at %ld", bad);
+  assert_pair_deltas(sa, sb, a, b, n);
   /* In place, the snapshot became the delta. */
   ck_assert((st_xchg_own(sa->x) == NULL) == r.cfg.delta_in_own);
   ck_assert((st_xchg_own(sb->x) == NULL) == r.cfg_b.delta_in_own);
