@@ -335,8 +335,11 @@ static int serve(st_client_t* c, uint64_t req, uint64_t step) {
     if (bad < 0)
       did |= ST_CLIENT_DID_SNAPSHOT;
   } else if (flags & ST_ATTACH_REQ_APPLY) {
-    apply(c, b, NULL);
-    did |= ST_CLIENT_DID_APPLY;
+    bad = first_nonfinite(c);
+    if (bad < 0) {
+      apply(c, b, NULL);
+      did |= ST_CLIENT_DID_APPLY;
+    }
   }
   h->ack_status = bad < 0 ? ST_ATTACH_ACK_OK : ST_ATTACH_ACK_NONFINITE;
   atomic_store_explicit(&h->ack_seq, req, memory_order_release);
@@ -361,7 +364,11 @@ int st_client_step(st_client_t* c, uint64_t step) {
   uint64_t n = atomic_load_explicit(&h->boundaries, memory_order_relaxed);
   atomic_store_explicit(&h->boundaries, n + 1, memory_order_release);
   uint64_t req = atomic_load_explicit(&h->req_seq, memory_order_acquire);
-  if (req != c->acked)
+  /* After st_client_pending only the request it saw is served: one that
+   * came since would find the program's host copies stale. */
+  bool gated = c->gated && req != c->gate_seq;
+  c->gated = false;
+  if (req != c->acked && !gated)
     return serve(c, req, step);
   double now = st__client_coarse_now_s();
   if (now < c->next_check_s)
@@ -372,10 +379,12 @@ int st_client_step(st_client_t* c, uint64_t step) {
   return node_gone(c);
 }
 
-unsigned st_client_pending(const st_client_t* c) {
+unsigned st_client_pending(st_client_t* c) {
   if (c->gone || c->h == NULL)
     return 0;
   uint64_t req = atomic_load_explicit(&c->h->req_seq, memory_order_acquire);
+  c->gated = true;
+  c->gate_seq = req;
   if (req == c->acked)
     return 0;
   uint32_t flags = c->h->req_flags;

@@ -35,6 +35,8 @@ struct st_client_s {
   uint64_t seg_bytes;
   st_attach_header_t* h; /* = seg */
   uint64_t acked;        /* the last req_seq served (= h->ack_seq) */
+  uint64_t gate_seq;     /* the req_seq st_client_pending saw last */
+  bool gated;            /* the next step serves only gate_seq */
   uint64_t cluster_step;
   double next_check_s; /* coarse monotonic time of the next liveness check */
   bool gone;           /* the node went away for good: -ENOTCONN */

@@ -126,8 +126,11 @@ ST_CLIENT_API int st_client_step(st_client_t* c, uint64_t step);
 /* What the node has asked for and the next st_client_step will serve (the
  * ST_CLIENT_DID_* bits; 0: nothing). One shared-memory read: a program
  * whose parameters live elsewhere (a GPU) copies them to the registered
- * host buffers only when this says SNAPSHOT or APPLY is wanted. */
-ST_CLIENT_API unsigned st_client_pending(const st_client_t* c);
+ * host buffers only when this says SNAPSHOT or APPLY is wanted. The next
+ * st_client_step then serves only what this reported: a request that
+ * comes between the two waits for the boundary after (it would otherwise
+ * be served from host buffers not copied for it). */
+ST_CLIENT_API unsigned st_client_pending(st_client_t* c);
 
 /* The step the parameters handed over at attach (or the last
  * ST_CLIENT_DID_STATE) belong to: a program continues counting from it so

@@ -370,6 +370,29 @@ def test_tensors_not_in_place_follow_through_host_copies(cluster: Cluster) -> No
     a.detach()
 
 
+def test_detach_hands_over_the_current_values_of_host_copies(cluster: Cluster) -> None:
+    """detach() gives the node the tensors' values at that moment, also for
+    a tensor the library reaches through a host copy (not contiguous here;
+    on a GPU the same path), which is stale between step boundaries."""
+    n = cluster.node()
+    torch.manual_seed(0)
+    m = Small()
+    m.fc1.weight = nn.Parameter(torch.randn(8, 16).t())  # [16, 8], strided
+    node = starling.attach(m, socket=n.sock, timeout=30 * SLOW)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        train_step(m, opt, gen)
+        node.step()
+    train_step(m, opt, gen)  # after the last boundary
+    want = flat(m)
+    assert node.detach() is True
+    torch.manual_seed(9)
+    fresh = Small()
+    with starling.attach(fresh, socket=n.sock, timeout=30 * SLOW):
+        assert np.array_equal(flat(fresh), want)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_model_follows_through_pinned_host_copies(cluster: Cluster) -> None:
     """Models on the GPU (the path for every CUDA tensor: a pinned host

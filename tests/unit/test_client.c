@@ -567,6 +567,45 @@ END_TEST
 
 /* ==== Step boundaries ===================================================== */
 
+/* After st_client_pending, a step serves only the request it reported: one
+ * posted between the two (the program copied nothing for it) waits for the
+ * next boundary. */
+START_TEST(test_pending_gates_the_next_step) {
+  node_t n = {0};
+  st_client_t* c = attach_ok(&n);
+  float b[N_FLOATS], before[N_FLOATS], now[N_FLOATS], want[N_FLOATS];
+  for (int i = 0; i < N_FLOATS; i++)
+    b[i] = 0.5f;
+  ck_assert_uint_eq(st_client_pending(c), 0);
+  uint64_t seq = post(&n, ST_ATTACH_REQ_APPLY, b, 0);
+  params(before);
+  ck_assert_int_eq(st_client_step(c, 1), 0); /* not the one pending saw */
+  ck_assert_uint_eq(atomic_load(&n.h->ack_seq), 0);
+  params(now);
+  ck_assert(memcmp(now, before, sizeof now) == 0);
+  /* The next boundary, without pending: served. */
+  ck_assert_int_eq(st_client_step(c, 2), ST_CLIENT_DID_APPLY);
+  assert_acked(&n, seq, ST_ATTACH_ACK_OK);
+  params(now);
+  for (int i = 0; i < N_FLOATS; i++)
+    want[i] = before[i] + b[i];
+  assert_floats(now, want, N_FLOATS);
+
+  /* Pending saw it: served at once, and the gate is gone after. */
+  seq = post(&n, ST_ATTACH_REQ_SNAPSHOT, NULL, 0);
+  ck_assert_uint_eq(st_client_pending(c), ST_CLIENT_DID_SNAPSHOT);
+  ck_assert_int_eq(st_client_step(c, 3), ST_CLIENT_DID_SNAPSHOT);
+  assert_acked(&n, seq, ST_ATTACH_ACK_OK);
+  ck_assert_uint_eq(st_client_pending(c), 0);
+  ck_assert_int_eq(st_client_step(c, 4), 0);
+  seq = post(&n, ST_ATTACH_REQ_SNAPSHOT, NULL, 0);
+  ck_assert_int_eq(st_client_step(c, 5), ST_CLIENT_DID_SNAPSHOT);
+  assert_acked(&n, seq, ST_ATTACH_ACK_OK);
+  st_client_detach(c);
+  node_stop(&n);
+}
+END_TEST
+
 START_TEST(test_noop_step) {
   node_t n = {0};
   st_client_t* c = attach_ok(&n);
@@ -676,10 +715,19 @@ START_TEST(test_nonfinite) {
                 "%s", st_client_error(c));
   assert_acked(&n, seq, ST_ATTACH_ACK_NONFINITE);
 
+  /* A correction alone is not added to parameters that are not finite
+   * either: acked NONFINITE (the node hands it over again later). */
+  params(before);
+  seq = post(&n, ST_ATTACH_REQ_APPLY, b, 0);
+  ck_assert_int_eq(st_client_step(c, 7), -EDOM);
+  assert_acked(&n, seq, ST_ATTACH_ACK_NONFINITE);
+  params(now);
+  ck_assert(memcmp(now, before, sizeof now) == 0);
+
   /* Finite again: served. */
   scalar = 1;
   seq = post(&n, ST_ATTACH_REQ_SNAPSHOT, NULL, 0);
-  ck_assert_int_eq(st_client_step(c, 7), ST_CLIENT_DID_SNAPSHOT);
+  ck_assert_int_eq(st_client_step(c, 8), ST_CLIENT_DID_SNAPSHOT);
   assert_acked(&n, seq, ST_ATTACH_ACK_OK);
   st_client_detach(c);
   node_stop(&n);
@@ -867,6 +915,7 @@ static Suite* client_suite(void) {
   tcase_add_test(ts, test_noop_step);
   tcase_add_test(ts, test_apply_snapshot_state);
   tcase_add_test(ts, test_nonfinite);
+  tcase_add_test(ts, test_pending_gates_the_next_step);
   tcase_add_test(ts, test_doorbell_wakes);
   tcase_add_test(ts, test_node_goes_away);
   tcase_add_test(ts, test_reconnect);

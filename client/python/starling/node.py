@@ -218,6 +218,8 @@ class Node:
         Safe to call twice."""
         if not self.attached:
             return True
+        if self._staged:  # the library hands the host buffers over
+            self._to_host()
         rc = self._lib.st_client_detach(self._c)
         self._c = ctypes.c_void_p()
         self._keep, self._staged = [], []
