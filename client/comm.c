@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -75,6 +76,8 @@ static int open_session(const char* path, const char* first, int* sock,
                path, strerror(e));
     return -e;
   }
+  /* Non-blocking: every wait below is a poll with the call's deadline. */
+  (void) fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
   double deadline = st_now_s() + OPEN_TIMEOUT_S;
   int rc = st__client_send_all(s, (const uint8_t*) first, strlen(first), -1,
                                deadline);
@@ -174,6 +177,15 @@ void st_comm_last_group(const st_comm_t* c, uint32_t* rank, uint32_t* size) {
 /* ---- One request ---------------------------------------------------------
  */
 
+/* The request's "timeout_ms": 0 for none, else at least 1 (a timeout under
+ * half a millisecond must not become none). */
+static uint64_t timeout_ms(double timeout_s) {
+  if (!(timeout_s > 0))
+    return 0;
+  double ms = ceil(timeout_s * 1000);
+  return ms < 1 ? 1 : (uint64_t) ms;
+}
+
 static int gone(st_comm_t* c, int rc) {
   c->gone = true;
   return fail(c, -ENOTCONN, "the node went away (%s)", strerror(-rc));
@@ -185,7 +197,9 @@ static int roundtrip(st_comm_t* c, const char* json, const void* data,
                      uint64_t bytes, double timeout_s, st_json_doc_t** doc,
                      void* out, uint64_t out_cap, uint64_t* out_len) {
   if (c->gone)
-    return fail(c, -ENOTCONN, "the node went away earlier");
+    return fail(c, -ENOTCONN,
+                "this communicator is closed: the node went away, or did not "
+                "answer a call in time (open a new one)");
   double deadline =
       timeout_s > 0 ? st_now_s() + timeout_s + REPLY_GRACE_S : INFINITY;
   size_t jl = strlen(json);
@@ -198,8 +212,16 @@ static int roundtrip(st_comm_t* c, const char* json, const void* data,
     rc = st__client_send_all(c->sock, data, bytes, -1, deadline);
   if (rc == 0)
     rc = st__client_recv_all(c->sock, hdr, 4, deadline);
-  if (rc == -ETIMEDOUT)
-    return fail(c, rc, "the node did not answer in time");
+  if (rc == -ETIMEDOUT) {
+    /* Its answer may still come, and would be read as the next call's. */
+    c->gone = true;
+    close(c->sock);
+    c->sock = -1;
+    return fail(c, rc,
+                "the node did not answer within %.0f s of the call's timeout; "
+                "this communicator is closed (open a new one)",
+                REPLY_GRACE_S);
+  }
   if (rc != 0)
     return gone(c, rc);
   uint32_t n = (uint32_t) hdr[0] | (uint32_t) hdr[1] << 8 |
@@ -380,7 +402,7 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
            ",\"root\":%u,\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
            kind_names[kind], op_names[op],
            dtype == ST_COMM_F64 ? "float64" : "float32", kind == 3 ? 1 : count,
-           root, (uint64_t) llround(timeout_s * 1000), wire);
+           root, timeout_ms(timeout_s), wire);
   st_json_buf_puts(&b, head);
   put_shm(&b, off);
   st_json_buf_puts(&b, ",\"group\":");
@@ -423,7 +445,7 @@ static void p2p_request(st_json_buf_t* b, int which, const char* peer,
            "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
            ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
            p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
-           moves ? count : 0, (uint64_t) llround(timeout_s * 1000), wire);
+           moves ? count : 0, timeout_ms(timeout_s), wire);
   st_json_buf_puts(b, head);
   put_shm(b, off);
   if (which <= P_FETCH) {

@@ -44,8 +44,8 @@ struct st_coll_s {
   uint8_t* buf;     /* count elements: own input, then the result */
   bool borrowed;    /* buf is the caller's (st_coll_new_in): not freed */
   uint8_t** got;    /* small path: each rank's contribution, or NULL */
-  uint32_t got_n;   /* contributions (HELLOs) received */
-  uint32_t need_n;  /* HELLOs this member waits for */
+  uint32_t got_n;   /* small path: contributions received; large: HELLOs */
+  uint32_t need_n;  /* small path: contributions this member waits for */
   bool* hello_from; /* by rank: its HELLO came */
   uint64_t seg;     /* elements per segment */
   /* Large path, the receive stream: the expected next segment. */
@@ -57,6 +57,7 @@ struct st_coll_s {
   uint8_t* out; /* the encoded message last taken */
   size_t out_cap;
   bool done, have_result;
+  bool forward; /* a peer's ABORT with a reason: pass it on (finish) */
   st_coll_result_t result;
   uint32_t culprit;
   char why[ST_COLL_REASON_MAX + 1];
@@ -121,7 +122,10 @@ static void finish(st_coll_t* x, st_coll_result_t r, uint32_t culprit,
                    const char* fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Ends the operation (once): on failure, ABORTs to every other member
- * unless a peer's ABORT is the cause; then DONE. */
+ * (when a peer's ABORT is the cause, to all but that peer, and only when
+ * it gave a reason: a withdrawal is not passed on); then DONE. Passing a
+ * peer's ABORT on reaches the members it did not tell: a member that
+ * found a mismatch tells its own group, which may not be everyone's. */
 static void finish(st_coll_t* x, st_coll_result_t r, uint32_t culprit,
                    const char* fmt, ...) {
   if (x->done)
@@ -139,9 +143,9 @@ static void finish(st_coll_t* x, st_coll_result_t r, uint32_t culprit,
   /* A failure drops what was still to send: the others fail anyway. */
   if (r != ST_COLL_OK)
     x->q_len = 0;
-  if (r != ST_COLL_OK && r != ST_COLL_FAIL_PEER)
+  if (r != ST_COLL_OK && (r != ST_COLL_FAIL_PEER || x->forward))
     for (uint32_t i = 0; i < x->s.n; i++)
-      if (i != x->s.rank)
+      if (i != x->s.rank && (r != ST_COLL_FAIL_PEER || i != culprit))
         (void) push(x, (qitem_t){.kind = Q_ABORT, .to = i});
   (void) push(x, (qitem_t){.kind = Q_DONE});
 }
@@ -272,6 +276,18 @@ static void skip_empty(st_coll_t* x) {
 /* ---- Start ---------------------------------------------------------------
  */
 
+/* Small path: whether member `from`'s HELLO to `to` carries its input. */
+static bool sends_data(const st_coll_t* x, uint32_t from, uint32_t to) {
+  const st_coll_spec_t* s = &x->s;
+  return s->kind == ST_COLL_ALL_REDUCE || s->kind == ST_COLL_BARRIER ||
+         (s->kind == ST_COLL_REDUCE && to == s->root) ||
+         (s->kind == ST_COLL_BROADCAST && from == s->root);
+}
+
+/* Every member sends a HELLO to every other (with its input where that
+ * member needs it), on both paths: so that each one checks the others'
+ * calls against its own, and the daemon sees every member's call when two
+ * wait on calls over different lists (daemon_coll.c, crossed_call). */
 static int start_small(st_coll_t* x) {
   const st_coll_spec_t* s = &x->s;
   x->got = calloc(s->n, sizeof(*x->got));
@@ -279,20 +295,28 @@ static int start_small(st_coll_t* x) {
     return -ENOMEM;
   bool root = s->rank == s->root;
   bool all = s->kind == ST_COLL_ALL_REDUCE || s->kind == ST_COLL_BARRIER;
-  for (uint32_t i = 0; i < s->n; i++) {
-    if (i == s->rank)
-      continue;
-    bool to_i = all || (s->kind == ST_COLL_REDUCE && i == s->root) ||
-                (s->kind == ST_COLL_BROADCAST && root);
-    if (to_i && push(x, (qitem_t){.kind = Q_HELLO, .to = i, .with_data = true}))
+  for (uint32_t i = 0; i < s->n; i++)
+    if (i != s->rank &&
+        push(x, (qitem_t){.kind = Q_HELLO,
+                          .to = i,
+                          .with_data = sends_data(x, s->rank, i)}) != 0)
       return -ENOMEM;
-  }
   x->need_n = all                         ? s->n - 1
               : s->kind == ST_COLL_REDUCE ? (root ? s->n - 1 : 0)
                                           : (root ? 0 : 1);
   if (x->need_n == 0)
     complete(x);
   return 0;
+}
+
+/* Large path: the receive stream ended and every HELLO this member waits
+ * for came: on the ring, every member's (all of them take part); on the
+ * chain, its predecessor's (the root waits for nobody). */
+static bool large_ended(const st_coll_t* x) {
+  if (x->t < x->t_end)
+    return false;
+  return is_chain(x) ? x->prev == x->s.n || x->hello_from[x->prev]
+                     : x->got_n == x->s.n - 1;
 }
 
 static int start_large(st_coll_t* x) {
@@ -307,10 +331,12 @@ static int start_large(st_coll_t* x) {
     x->next = (s->rank + 1) % s->n;
     x->t_end = 2 * (s->n - 1);
   }
-  x->need_n = x->prev < s->n ? 1 : 0;
-  if (x->next < s->n) {
-    if (push(x, (qitem_t){.kind = Q_HELLO, .to = x->next}) != 0)
+  /* HELLOs to all first (see start_small); the one to next precedes
+   * our segments to it. */
+  for (uint32_t i = 0; i < s->n; i++)
+    if (i != s->rank && push(x, (qitem_t){.kind = Q_HELLO, .to = i}) != 0)
       return -ENOMEM;
+  if (x->next < s->n) {
     /* Step 0: our own chunk (the root's whole vector on the chain). */
     if (!is_chain(x) || x->prev == s->n) {
       uint64_t lo, len;
@@ -321,7 +347,7 @@ static int start_large(st_coll_t* x) {
     }
   }
   skip_empty(x);
-  if (x->need_n == 0 && x->t >= x->t_end)
+  if (large_ended(x))
     complete(x);
   return 0;
 }
@@ -460,28 +486,28 @@ static void on_hello(st_coll_t* x, uint32_t from,
                      const st_msg_coll_hello_t* h) {
   if (!hello_matches(x, from, h))
     return;
-  bool expected = x->small ? x->need_n > 0 && (x->s.kind != ST_COLL_BROADCAST ||
-                                               from == x->s.root)
-                           : from == x->prev;
-  if (!expected || x->hello_from[from]) {
-    finish(x, ST_COLL_FAIL_PROTOCOL, from, "rank %u sent an unexpected HELLO",
-           from);
+  if (x->hello_from[from]) {
+    finish(x, ST_COLL_FAIL_PROTOCOL, from, "rank %u sent a second HELLO", from);
     return;
   }
   x->hello_from[from] = true;
-  x->got_n++;
-  if (!x->small) {
-    if (x->t >= x->t_end)
-      complete(x);
-    return;
-  }
-  uint64_t bytes = x->s.count * x->esz;
+  bool data = x->small && sends_data(x, from, x->s.rank);
+  uint64_t bytes = data ? x->s.count * x->esz : 0;
   if (h->data_len != bytes) {
     finish(x, ST_COLL_FAIL_PROTOCOL, from,
            "rank %u sent %u bytes of data, %llu expected", from, h->data_len,
            (unsigned long long) bytes);
     return;
   }
+  if (!x->small) {
+    x->got_n++;
+    if (large_ended(x))
+      complete(x);
+    return;
+  }
+  if (!data)
+    return;
+  x->got_n++;
   x->got[from] = malloc(bytes > 0 ? bytes : 1);
   if (x->got[from] == NULL) {
     finish(x, ST_COLL_FAIL_ABORTED, x->s.n, "out of memory");
@@ -532,7 +558,7 @@ static void on_seg(st_coll_t* x, uint32_t from, const st_msg_coll_seg_t* g) {
     x->t++;
     skip_empty(x);
   }
-  if (x->t >= x->t_end)
+  if (large_ended(x))
     complete(x);
 }
 
@@ -559,6 +585,7 @@ int st_coll_message(st_coll_t* x, uint32_t from, const st_msg_t* msg) {
     return 0;
   if (msg->type == ST_MSG_COLL_ABORT) {
     const st_msg_coll_abort_t* a = &msg->u.coll_abort;
+    x->forward = a->reason_len > 0;
     if (a->reason_len == 0)
       finish(x, ST_COLL_FAIL_PEER, from,
              "rank %u withdrew its call: it timed out before it heard from "

@@ -455,14 +455,68 @@ static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
   return false;
 }
 
+/* A HELLO of op's operation id from a member that is not in op's group.
+ * Only a call on "all" shares its id with calls over other lists (an
+ * explicit list's id hashes the list): the two nodes' views of the members
+ * differed when they called, and each waits for what the other never
+ * sends. When op is on "all" and the sender is a member this node holds
+ * alive or suspect (a node that only holds the cluster key cannot fail
+ * calls it has no part in), op fails as a mismatch naming both calls and
+ * the sender, which op's ABORTs would not reach, is told directly; else
+ * the HELLO is dropped (counted). true: op ended. */
+static bool foreign_hello(st__daemon_t* d, st__coll_op_t* op,
+                          const st_node_id_t* from,
+                          const st_msg_coll_hello_t* h) {
+  const st_member_t* mb = st_membership_find(d->m, from);
+  if (!op->g.all || mb == NULL ||
+      (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT)) {
+    d->c.coll_dropped++;
+    return false;
+  }
+  char hex[33], text[ST_COLL_REASON_MAX];
+  st_node_id_format(from, hex);
+  snprintf(text, sizeof text,
+           "member %s: it called %s(%s, root %u) of %llu %s in a group of %u "
+           "(members %016llx) with this node in it; this member called "
+           "%s(%s, root %u) of %llu %s in a group of %u (members %016llx) "
+           "without it (the members' lists differ; with \"all\", their "
+           "views of the cluster did)",
+           hex, st_coll_kind_name(h->kind), st_coll_rop_name(h->rop), h->root,
+           (unsigned long long) h->count, st_coll_dtype_name(h->dtype), h->n,
+           (unsigned long long) h->members_hash, st_coll_kind_name(op->kind),
+           st_coll_rop_name(op->rop), op->root, (unsigned long long) op->count,
+           st_coll_dtype_name(op->dtype), op->g.n,
+           (unsigned long long) op->g.members_hash);
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_COLL_ABORT;
+  m.u.coll_abort = (st_msg_coll_abort_t){.op_id = op->g.op_id,
+                                         .reason = text,
+                                         .reason_len = (uint32_t) strlen(text)};
+  uint8_t buf[ST_COLL_REASON_MAX + 128];
+  size_t len = 0;
+  if (st_wire_encode(&m, buf, sizeof buf, &len) == 0)
+    (void) send_to(d, from, buf, len);
+  st_coll_abort(op->m, ST_COLL_FAIL_MISMATCH, op->g.n, text);
+  return op_drain(d, op);
+}
+
 bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
                    const uint8_t* data, size_t len) {
   int r = rank_of(op, from);
   st_msg_t msg;
-  if (r < 0 || (uint32_t) r == op->g.rank ||
+  if ((uint32_t) r == op->g.rank ||
       st_wire_decode(data, len, &msg, &d->wc) != 0) {
     d->c.coll_dropped++;
     return false;
+  }
+  if (r < 0) {
+    bool ended = msg.type == ST_MSG_COLL_HELLO &&
+                 foreign_hello(d, op, from, &msg.u.coll_hello);
+    if (msg.type != ST_MSG_COLL_HELLO)
+      d->c.coll_dropped++;
+    st_wire_msg_free(&msg);
+    return ended;
   }
   op->heard_ms = st__dnow(d);
   st_coll_message(op->m, (uint32_t) r, &msg);

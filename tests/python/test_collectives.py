@@ -662,19 +662,22 @@ def test_mismatch(members: Members) -> None:
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
-def test_crossed_lists_without_timeout(members: Members) -> None:
+@pytest.mark.parametrize("count", [10, 20000])
+def test_crossed_lists_without_timeout(members: Members, count: int) -> None:
     """Rank 0 all-reduces over the list [0, 1], ranks 1 and 2 over [0, 1,
     2], with no timeout: the op ids differ, so the calls never meet. The
     crossed-call rule ends it anyway, in about 5 s (ST__COLL_CROSSED_MS):
     every member raises CollectiveMismatch, and the sentences name both
     lists' calls. A hang here is what the rule prevents (run's 60 s). The
-    same calls with a timeout fail at the timeout instead."""
+    same calls with a timeout fail at the timeout instead. Both paths: 10
+    floats go in one round, 20000 (80 KB) on the pipelined ring, where
+    every member's first message goes to every other one too."""
     pair, trio = members.ids[:2], list(members.ids)
     t0 = time.monotonic()
 
     def fn(comm: Any, rank: int) -> Any:
         group = pair if rank == 0 else trio
-        comm.all_reduce(np.ones(10, dtype=np.float32), group=group, timeout=0)
+        comm.all_reduce(np.ones(count, dtype=np.float32), group=group, timeout=0)
 
     out = members.run(fn)
     took = time.monotonic() - t0
@@ -689,7 +692,7 @@ def test_crossed_lists_without_timeout(members: Members) -> None:
     # With a timeout the rule stays out of it: the caller's limit decides.
     def timed(comm: Any, rank: int) -> Any:
         group = pair if rank == 0 else trio
-        comm.all_reduce(np.ones(10, dtype=np.float32), group=group, timeout=7)
+        comm.all_reduce(np.ones(count, dtype=np.float32), group=group, timeout=7)
 
     t0 = time.monotonic()
     out = members.run(timed)
@@ -703,6 +706,108 @@ def test_crossed_lists_without_timeout(members: Members) -> None:
     assert took > 6.5, f"{took:.1f} s"
     # The next call on "all" meets everyone.
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
+
+
+def test_tiny_timeout_is_a_timeout(members: Members) -> None:
+    """A timeout under half a millisecond is still one (it went to the node
+    as 0 ms, which means none, and the call waited for ever): rank 0 alone
+    calls a barrier that nobody joins."""
+    t0 = time.monotonic()
+    out = members.run(lambda comm, rank: comm.barrier(timeout=0.0001), who=[0])
+    e = out[members.ranks[0]]
+    assert isinstance(e, starling.CollectiveTimeout), out
+    assert time.monotonic() - t0 < 10 * SLOW
+
+
+def test_unanswered_call_closes_the_communicator(tmp_path: Path) -> None:
+    """A node that never answers a call (here a fake one on a Unix socket):
+    the call fails REPLY_GRACE_S (10 s) past its timeout and closes the
+    communicator, so that a late answer is never read as the next call's."""
+    path = str(tmp_path / "fake.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: Dict[str, bytes] = {}
+
+    def fake_node() -> None:
+        conn, _ = srv.accept()
+        got["open"] = conn.recv(64)
+        conn.sendall(b"ready\n")
+        got["call"] = conn.recv(4096)  # never answered in time
+        time.sleep(12)
+        body = b'{"ok":true,"rank":0,"n":1,"bytes":0}'
+        try:
+            conn.sendall(struct.pack("<I", len(body)) + body)  # late
+        except OSError:
+            pass  # the client closed it, as it should
+        conn.close()
+
+    t = threading.Thread(target=fake_node, daemon=True)
+    t.start()
+    comm = starling.open_comm(path, timeout=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(starling.CollectiveTimeout, match="closed"):
+        comm.barrier()
+    assert 9 < time.monotonic() - t0 < 20 * SLOW
+    with pytest.raises(starling.NodeUnavailable, match="closed"):
+        comm.barrier()
+    comm.close()
+    t.join(20)
+    srv.close()
+    assert got["open"].startswith(b"collectives") and b'"barrier"' in got["call"]
+
+
+def test_views_of_all_differ(cluster: Cluster) -> None:
+    """Node A's program calls all_reduce on "all" while A knows A and B;
+    then C joins, and C's program makes the same call on "all", now A, B
+    and C; B's program never calls. The two calls share their operation id
+    (the first on "all" on each node) but not their lists: A gets a first
+    message from a member outside its list. Both fail with a mismatch
+    naming both calls, with no timeout set; without it, each would wait
+    for ever (A for B, C for B and for A's data)."""
+    def node(join: Optional[str]) -> Any:  # on the network with a model
+        n = cluster.node(join=join)
+        with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
+            pass
+        return n
+
+    a = node(None)
+    node(a.address())
+    ca = starling.open_comm(a.sock, timeout=30)
+    deadline = time.monotonic() + 30 * SLOW
+    while len(ca.members()[0]) != 2:
+        assert time.monotonic() < deadline, "A never saw B" + cluster.logs()
+        time.sleep(0.1)
+    out: Dict[str, Any] = {}
+
+    def call(name: str, comm: Any) -> None:
+        try:
+            comm.all_reduce(np.ones(10, dtype=np.float32), timeout=0)
+            out[name] = "returned"
+        except Exception as e:  # handed to the test
+            out[name] = e
+
+    ta = threading.Thread(target=call, args=("a", ca), daemon=True)
+    ta.start()
+    time.sleep(0.5)  # A's call is made, on [A, B]
+    c = node(a.address())
+    cc = starling.open_comm(c.sock, timeout=30)
+    look = starling.open_comm(a.sock, timeout=30)  # ca is in its call
+    while len(cc.members()[0]) != 3 or len(look.members()[0]) != 3:
+        assert time.monotonic() < deadline, "C never saw all" + cluster.logs()
+        time.sleep(0.1)
+    tc = threading.Thread(target=call, args=("c", cc), daemon=True)
+    tc.start()
+    for t in (ta, tc):
+        t.join(30 * SLOW)
+        assert not t.is_alive(), "a call on all hangs" + cluster.logs()
+    for k in ("a", "c"):
+        assert isinstance(out[k], starling.CollectiveError), out
+    text = f"{out['a']} | {out['c']}"
+    assert "in a group of 2" in text and "in a group of 3" in text, text
+    assert "lists differ" in text, text
+    for comm in (ca, cc, look):
+        comm.close()
 
 
 def test_timeout_names_the_absent_member(members: Members) -> None:

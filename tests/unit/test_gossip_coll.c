@@ -411,6 +411,148 @@ START_TEST(test_mismatch) {
 }
 END_TEST
 
+/* A call over another member list (members_hash), at every rank, for every
+ * kind on both paths: nobody hangs; where every member waits for every
+ * other (all-reduce, barrier, reduce on the ring) all fail, and every
+ * member that receives from the odd one fails naming both calls. A member
+ * may complete only where its part needed nothing from the odd one: an
+ * eager sender (a broadcast's root, a small reduce's non-root: they send
+ * and are done, odd or not) or a broadcast receiver that had the root's
+ * data (which it then holds). */
+START_TEST(test_mismatch_every_kind) {
+  const st_coll_kind_t kinds[] = {ST_COLL_ALL_REDUCE, ST_COLL_REDUCE,
+                                  ST_COLL_BROADCAST, ST_COLL_BARRIER};
+  for (int big = 0; big < 2; big++)
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+      for (int odd = 0; odd < 4; odd++) {
+        net_t w;
+        st_coll_kind_t kind = kinds[k];
+        net_init(&w, 4, kind, ST_COLL_SUM, ST_COLL_F32, big ? 40000 : 100,
+                 4096);
+        w.spec[odd].members_hash ^= 1;
+        run(&w);
+        bool all_fail = kind == ST_COLL_ALL_REDUCE || kind == ST_COLL_BARRIER ||
+                        (kind == ST_COLL_REDUCE && big);
+        uint32_t root = w.spec[0].root;
+        for (int r = 0; r < 4; r++) {
+          ck_assert_msg(w.done[r], "%s big %d odd %d: rank %d hangs",
+                        st_coll_kind_name(kind), big, odd, r);
+          bool eager = (kind == ST_COLL_BROADCAST && (uint32_t) r == root) ||
+                       (kind == ST_COLL_REDUCE && !big && (uint32_t) r != root);
+          if ((r == odd && !eager) || all_fail) {
+            ck_assert_msg(w.result[r] != ST_COLL_OK,
+                          "%s big %d odd %d: rank %d succeeded",
+                          st_coll_kind_name(kind), big, odd, r);
+            continue;
+          }
+          if (w.result[r] != ST_COLL_OK || kind != ST_COLL_BROADCAST ||
+              (uint32_t) r == root)
+            continue;
+          const void* got = st_coll_result(w.m[r]);
+          ck_assert_ptr_nonnull(got);
+          ck_assert(memcmp(got, w.input[root], w.spec[r].count * 4) == 0);
+        }
+        for (int r = 0; r < 4; r++)
+          ck_assert_msg(
+              w.result[r] == ST_COLL_OK || strstr(w.why[r], "members") != NULL,
+              "rank %d: %s", r, w.why[r]);
+        net_free(&w);
+      }
+}
+END_TEST
+
+/* Every member's first message to every other one is its HELLO, on both
+ * paths and for every kind (what lets each check the others' calls, and
+ * the daemon see crossed calls); a ring member does not complete before
+ * it has every member's. */
+START_TEST(test_hello_to_all) {
+  const st_coll_kind_t kinds[] = {ST_COLL_ALL_REDUCE, ST_COLL_REDUCE,
+                                  ST_COLL_BROADCAST, ST_COLL_BARRIER};
+  for (int big = 0; big < 2; big++)
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+      for (int r = 0; r < 4; r++) {
+        net_t w;
+        net_init(&w, 4, kinds[k], ST_COLL_SUM, ST_COLL_F32, big ? 40000 : 100,
+                 4096);
+        create(&w, r);
+        for (int to = 0; to < 4; to++) {
+          if (to == r)
+            continue;
+          frame_t* f = w.link[r][to].head;
+          ck_assert_msg(f != NULL, "%s big %d: rank %d sent %d nothing",
+                        st_coll_kind_name(kinds[k]), big, r, to);
+          uint64_t type = 0;
+          ck_assert_int_eq(st_wire_peek_type(f->p, f->len, &type), 0);
+          ck_assert_uint_eq(type, ST_MSG_COLL_HELLO);
+        }
+        net_free(&w);
+      }
+  /* The ring: rank 0 (which receives from 2) holds its stream's end until
+   * rank 1's HELLO comes. */
+  net_t w;
+  net_init(&w, 3, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32, 40000, 4096);
+  for (int r = 0; r < 3; r++)
+    create(&w, r);
+  frame_t* hello = w.link[1][0].head; /* held back */
+  ck_assert_uint_eq(w.link[1][0].n, 1);
+  w.link[1][0].head = w.link[1][0].tail = NULL;
+  w.link[1][0].n = 0;
+  run(&w);
+  ck_assert(w.done[1] && w.done[2] && !w.done[0]);
+  st_msg_t m;
+  ck_assert_int_eq(st_wire_decode(hello->p, hello->len, &m, NULL), 0);
+  ck_assert_int_eq(st_coll_message(w.m[0], 1, &m), 0);
+  st_wire_msg_free(&m);
+  free(hello->p);
+  free(hello);
+  drain(&w, 0);
+  ck_assert(w.done[0]);
+  check_reduced(&w);
+  net_free(&w);
+}
+END_TEST
+
+/* A peer's ABORT with a reason is passed on to the members that sender may
+ * not have told (its own group differs); a withdrawal is not. */
+START_TEST(test_abort_passed_on) {
+  net_t w;
+  net_init(&w, 4, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32, 10, 0);
+  create(&w, 0);
+  st_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.type = ST_MSG_COLL_ABORT;
+  m.u.coll_abort =
+      (st_msg_coll_abort_t){.op_id = OP, .reason = "odd list", .reason_len = 8};
+  ck_assert_int_eq(st_coll_message(w.m[0], 3, &m), 0);
+  drain(&w, 0);
+  ck_assert_int_eq(w.result[0], ST_COLL_FAIL_PEER);
+  /* ABORTs to 1 and 2, behind the HELLOs; none back to 3 (only its
+   * HELLO). */
+  for (int to = 1; to <= 2; to++) {
+    frame_t* f = w.link[0][to].tail;
+    st_msg_t a;
+    ck_assert_int_eq(st_wire_decode(f->p, f->len, &a, NULL), 0);
+    ck_assert_int_eq(a.type, ST_MSG_COLL_ABORT);
+    char why[ST_COLL_REASON_MAX + 1];
+    snprintf(why, sizeof why, "%.*s", (int) a.u.coll_abort.reason_len,
+             a.u.coll_abort.reason);
+    ck_assert_msg(strstr(why, "odd list") != NULL, "%s", why);
+    st_wire_msg_free(&a);
+  }
+  ck_assert_uint_eq(w.link[0][3].n, 1);
+  net_free(&w);
+
+  net_init(&w, 3, ST_COLL_ALL_REDUCE, ST_COLL_SUM, ST_COLL_F32, 10, 0);
+  create(&w, 0);
+  m.u.coll_abort.reason_len = 0; /* a withdrawal */
+  ck_assert_int_eq(st_coll_message(w.m[0], 2, &m), 0);
+  drain(&w, 0);
+  ck_assert_int_eq(w.result[0], ST_COLL_FAIL_PEER);
+  ck_assert_uint_eq(w.link[0][1].n, 1); /* its HELLO only */
+  net_free(&w);
+}
+END_TEST
+
 /* A driver's abort on one member (its peer died, its deadline passed)
  * fails every other member, through ABORT, naming the reason. */
 START_TEST(test_abort_spreads) {
@@ -664,6 +806,9 @@ static Suite* suite(void) {
   tcase_add_test(tc, test_in_place);
   tcase_add_test(tc, test_barrier);
   tcase_add_test(tc, test_mismatch);
+  tcase_add_test(tc, test_mismatch_every_kind);
+  tcase_add_test(tc, test_abort_passed_on);
+  tcase_add_test(tc, test_hello_to_all);
   tcase_add_test(tc, test_abort_spreads);
   tcase_add_test(tc, test_withdraw);
   tcase_add_test(tc, test_protocol);
