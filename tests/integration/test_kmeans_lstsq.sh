@@ -14,7 +14,9 @@
 #       solve fell back to pivoted QR, and NumPy's minimum-norm solution;
 #   (d) lstsq --method gd: every member the same weights, equal to the
 #       closed form within 1e-5 (it stops at a gradient 1e-6 of its first);
-#   (e) one member with another --k: every member fails, naming --k.
+#   (e) one member with another --k: every member fails, naming --k;
+#   (f) a fourth node joins during a run: the run goes on (the default
+#       group is frozen once the members agreed) and ends on every member.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 
@@ -32,6 +34,8 @@ y = x @ np.array([1.0, -2.0, 0.5, 3.0, 0.25]) + 4.0 + 0.1 * rng.normal(size=2000
 np.savetxt(d + "/rows.csv", np.c_[x, y], fmt="%.6f", delimiter=",")
 xs = np.c_[x[:, :2], x[:, 1], x[:, 2:]]  # column 2 repeats column 1
 np.savetxt(d + "/singular.csv", np.c_[xs, y], fmt="%.6f", delimiter=",")
+xl = np.c_[rng.normal(size=600), 1e-3 * rng.normal(size=600)]  # cond ~1e6
+np.savetxt(d + "/slow.csv", np.c_[xl, xl @ [1.0, 500.0] + 1], fmt="%.9f", delimiter=",")
 EOF
 
 ARGS=(--model linear:5-1 --data "csv:$SCRATCH/rows.csv" --epochs 1 --batch 500
@@ -178,3 +182,31 @@ for ((k = 0; k < N; k++)); do
   grep -q "disagree on --k" "$SCRATCH/e.$k" || node_fail "(e) member $k: $(cat "$SCRATCH/e.$k")"
 done
 pass "(e) another --k on one member: all fail: $(head -c 140 "$SCRATCH/e.0")"
+
+# (f) a node that joins while a run goes on does not stall it: the
+# default group ("all") is frozen as a list once the members agreed. A
+# long run (gradient descent on badly conditioned data runs all its
+# iterations); the fourth node joins meanwhile; each step would otherwise
+# wait for it (it never calls) until --timeout and fail.
+fp=()
+for ((k = 0; k < N; k++)); do
+  timeout "$(scaled 120)" "$STARLING" lstsq --data "csv:$SCRATCH/slow.csv" \
+    --method gd --max-iter 20000 --timeout 15 --json \
+    --data-dir "$(node_dir "$k")" --shard "$k/$N" >"$SCRATCH/f.$k" 2>"$SCRATCH/f.$k.err" &
+  PIDS+=("$!")
+  fp[$k]=$!
+done
+started() { local k; for ((k = 0; k < N; k++)); do grep -q "member" "$SCRATCH/f.$k.err" || return 1; done; }
+wait_for 30 "every member's run started" started
+node_start 3 --join "$seed" "${ARGS[@]}"
+node_up 3
+sees_four() { [ "$(node_peers 0 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = 4 ]; }
+wait_for 20 "node 0 seeing the fourth node" sees_four
+running=0
+for ((k = 0; k < N; k++)); do kill -0 "${fp[$k]}" 2>/dev/null && running=$((running + 1)); done
+[ "$running" = "$N" ] || node_fail "(f) a run ended before node 0 saw the fourth node (it failed, or was too short): $(tail -c 400 "$SCRATCH/f.0.err")"
+for ((k = 0; k < N; k++)); do
+  wait "${fp[$k]}" || node_fail "(f) member $k failed after a node joined: $(cat "$SCRATCH/f.$k.err")"
+done
+same_json f weight
+pass "(f) a node joined during a run of $N members: all $N finished, same weights"

@@ -330,7 +330,8 @@ int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
 /* A session with the local node for one run. */
 typedef struct {
   struct st_comm_s* comm; /* the client library's communicator */
-  const char* group;
+  const char* group;      /* NULL: "all" (until the members agreed) */
+  char* group_list;       /* "all" frozen as a list once they did */
   double timeout_s;
   uint32_t rank, size; /* in the group */
   bool same_data;      /* every member holds the same rows (warned) */
@@ -341,8 +342,10 @@ typedef struct {
 /* Opens the communicator and checks, in the first two all-reduces, that
  * every member has the same values v[0..n) (names[i] says what v[i] is, for
  * the message) and the same number of features; warns on stderr when every
- * member holds the same rows. 0 or a negative errno with err set; close
- * with st__algo_close either way. */
+ * member holds the same rows. A group of "all" is then frozen as the list
+ * of members it had, so that a node joining later does not stall the run.
+ * 0 or a negative errno with err set; close with st__algo_close either
+ * way. */
 int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
                   const st_dataset_t* ds, const double* v,
                   const char* const* names, size_t n, char* err,

@@ -288,6 +288,43 @@ static int agree(st__algo_session_t* s, const double* v,
   return rc;
 }
 
+/* "all" as the list of members the node sees now, sorted as ranks are, in
+ * s->group; -EAGAIN when that is not the group the members just agreed in
+ * (one joined or left meanwhile). */
+static int freeze_all(st__algo_session_t* s, char* err, size_t err_len) {
+  size_t n = 0, rank = 0;
+  int rc = st_comm_members(s->comm, NULL, 0, &n, &rank);
+  char(*ids)[33] = rc == 0 ? calloc(n > 0 ? n : 1, sizeof(*ids)) : NULL;
+  char* list = ids != NULL ? malloc(n * 33 + 1) : NULL;
+  if (rc == 0 && list == NULL)
+    rc = -ENOMEM;
+  size_t again = n;
+  if (rc == 0)
+    rc = st_comm_members(s->comm, ids, n, &again, &rank);
+  if (rc == 0 && (again != n || n != s->size || rank != s->rank))
+    rc = -EAGAIN;
+  if (rc == 0) {
+    char* p = list;
+    *p = '\0';
+    for (size_t i = 0; i < n; i++)
+      p += sprintf(p, "%s%s", i ? "," : "", ids[i]);
+    s->group_list = list;
+    s->group = list;
+    list = NULL;
+  } else if (rc == -EAGAIN) {
+    st_set_err(err, err_len,
+               "the members changed while the group formed (%u agreed, %zu "
+               "listed now); start again",
+               s->size, n);
+  } else {
+    st_set_err(err, err_len, "cannot list the members: %s",
+               rc == -ENOMEM ? "out of memory" : st_comm_error(s->comm));
+  }
+  free(ids);
+  free(list);
+  return rc;
+}
+
 int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
                   const st_dataset_t* ds, const double* v,
                   const char* const* names, size_t n, char* err,
@@ -320,6 +357,8 @@ int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
     st_comm_last_group(s->comm, &s->rank, &s->size);
     s->algo = (st_algo_comm_t){comm_sum, s, s->rank, s->size};
     s->same_data = s->size > 1 && ds->n > 0 && lo[n + 1] == hi[n + 1];
+    if (s->group == NULL)
+      rc = freeze_all(s, err, err_len);
   }
   free(all);
   free(all_names);
@@ -335,6 +374,9 @@ int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
 void st__algo_close(st__algo_session_t* s) {
   st_comm_close(s->comm);
   s->comm = NULL;
+  free(s->group_list);
+  s->group_list = NULL;
+  s->group = NULL;
 }
 
 void st__algo_print_error(const st__algo_session_t* s, const char* cmd,
