@@ -852,6 +852,11 @@ int st__daemon_start_node(st__daemon_t* d, char* err, size_t err_len) {
       st__dwarn(d,
                 "STARLING_FAULT_SYNC_CORRUPT is set: this node corrupts "
                 "every chunk of the agreed state it serves (for tests)");
+    d->fault_sync_manifest = getenv("STARLING_FAULT_SYNC_MANIFEST") != NULL;
+    if (d->fault_sync_manifest)
+      st__dwarn(d,
+                "STARLING_FAULT_SYNC_MANIFEST is set: this node describes "
+                "its agreed state falsely to joiners (for tests)");
     rc = start_membership(d, err, err_len);
     if (rc == 0 && (d->resumed || d->n_seeds == 0))
       st__daemon_synced(d);

@@ -315,7 +315,7 @@ typedef struct {
    * refused, donors dropped for a bad chunk or for going away. Donor:
    * manifests and chunks served, requests answered BUSY. */
   uint64_t sync_ok, sync_single, sync_manifests, sync_chunks_ok;
-  uint64_t sync_chunks_bad, sync_donors_bad, sync_donors_lost;
+  uint64_t sync_chunks_bad, sync_donors_bad, sync_donors_lost, sync_disagreed;
   uint64_t sync_served_manifests, sync_served_chunks, sync_refused;
   double exchange_ms_sum; /* successful averaging exchanges, connect to
                              done: the mean is sum / ok */
@@ -539,7 +539,8 @@ struct st__daemon_s {
   /* Tests only: STARLING_FAULT_SYNC_CORRUPT set, this node corrupts the
    * chunks it serves (docs/security.md, "Multi-donor state sync"). */
   bool fault_sync_corrupt;
-  int avg_active; /* averaging exchanges in progress, either role */
+  bool fault_sync_manifest; /* STARLING_FAULT_SYNC_MANIFEST: a false one */
+  int avg_active;           /* averaging exchanges in progress, either role */
   uint64_t next_conn_id;
   double hs_tokens;     /* HS1s that may be answered now (cfg handshake_rate) */
   uint64_t hs_token_ms; /* when hs_tokens was last refilled */

@@ -563,6 +563,11 @@ static void render_sync(st__daemon_t* d, st_json_buf_t* b) {
       {"starling_sync_donors_lost_total",
        "Donors that went away mid-range; their chunks came from others.",
        offsetof(st__dcounters_t, sync_donors_lost)},
+      {"starling_sync_disagreed_total",
+       "Rounds of asking for manifests in which two or more donors "
+       "described different states, again and again (asked again, never "
+       "one donor's word taken).",
+       offsetof(st__dcounters_t, sync_disagreed)},
       {"starling_sync_served_manifests_total", "Manifests served as donor.",
        offsetof(st__dcounters_t, sync_served_manifests)},
       {"starling_sync_served_chunks_total", "Chunks served as donor.",

@@ -65,6 +65,8 @@ struct st__sync_s {
   unsigned answered, usable, not_ready;
   uint64_t ask_deadline_ms;
   unsigned tries, restarts;
+  unsigned disagreements; /* rounds of 3 that ended with no two alike */
+  uint64_t ask_after_ms;  /* no new round of asking before (back-off) */
   uint64_t started_ms;
   unsigned bad_donors, lost_donors;
 };
@@ -101,8 +103,16 @@ static void reply(st__conn_t* c, uint8_t status, st__anchor_t* a,
   r->step = st.step;
   r->hashes = hashes;
   r->hashes_len = hashes_len;
+  uint8_t* lie = NULL;
+  if (d->fault_sync_manifest && hashes_len > 0 &&
+      (lie = malloc(hashes_len)) != NULL) {
+    memcpy(lie, hashes, hashes_len);
+    lie[0] ^= 0x01; /* the first chunk's hash */
+    r->hashes = lie;
+  }
   if (send_msg(c, &m, false) != 0)
     st__conn_close_reset(c);
+  free(lie);
 }
 
 /* ---- The donor ----------------------------------------------------------- */
@@ -380,12 +390,31 @@ static void decide(st__daemon_t* d) {
              agree, s->n_donors, d->cfg->sync_donors);
     return;
   }
-  if (s->usable == 0 && s->not_ready > 0 && s->not_ready == s->answered)
+  if (s->usable == 0 && s->not_ready > 0 && s->not_ready == s->answered) {
     fall_back(d, "no member holds an agreed state yet (no ring round)");
-  else if (s->tries >= ST__SYNC_ASK_TRIES)
-    fall_back(d, "no two donors sent the same manifest");
-  else
+  } else if (s->tries >= ST__SYNC_ASK_TRIES && s->usable < 2) {
+    fall_back(d, "no two donors sent a manifest");
+  } else if (s->tries >= ST__SYNC_ASK_TRIES) {
+    /* Two or more donors describe different states, round after round:
+     * one of them lies (or is broken), and taking one donor's word is
+     * what multi-donor sync is for not doing. Ask again, for as long as
+     * it takes a ring round to make two agree. */
+    uint64_t wait_ms = (uint64_t) ST__SYNC_ASK_MS
+                       << (s->disagreements < 4 ? s->disagreements : 4);
+    st__dwarn(d,
+              "%u donors described %u different agreed states %u times: "
+              "not taking any one donor's word; asking again in %.0f s",
+              s->usable, s->usable, s->tries, (double) wait_ms / 1000.0);
+    s->tries = 0;
+    s->disagreements++;
+    d->c.sync_disagreed++;
+    drop_conns(s);
+    st_sync_plan_free(s->plan);
+    s->plan = NULL;
+    s->ask_after_ms = st__dnow(d) + wait_ms;
+  } else {
     ask(d);
+  }
 }
 
 /* The chunks a donor takes at once: its share of what is left. */
@@ -477,10 +506,13 @@ static void advance(st__daemon_t* d) {
     return;
   }
   if (s->phase == PH_ASK) {
-    if (s->plan == NULL)
+    if (s->plan == NULL) {
+      if (st__dnow(d) < s->ask_after_ms)
+        return; /* backing off (decide) */
       ask(d);
-    else if (!asking(s) || st__dnow(d) >= s->ask_deadline_ms)
+    } else if (!asking(s) || st__dnow(d) >= s->ask_deadline_ms) {
       decide(d);
+    }
     if (d->sync == NULL || s->phase == PH_ASK)
       return;
   }
