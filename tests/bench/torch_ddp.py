@@ -12,6 +12,10 @@ the wall time since --t0 (the moment the caller launched the processes, so
 that start-up counts on both sides) and the samples processed by all ranks,
 and every rank stops at the next check (an all-reduce of one flag every
 --check-every steps). Prints one JSON object on stdout.
+
+With --rank R --master HOST:PORT the program is one rank only (the caller
+starts WORLD of them, e.g. each in its own network namespace:
+tools/bench/bench_compress.sh); rank 0 writes the JSON to --json-out.
 """
 import argparse
 import json
@@ -37,9 +41,9 @@ def load(split):
     return x, labels.astype(np.int64)
 
 
-def run(rank, args, port, out_path):
+def run(rank, args, master, out_path):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+    dist.init_process_group("gloo", init_method=f"tcp://{master}",
                             rank=rank, world_size=args.world)
     xtr, ytr = load("train")
     xte, yte = load("test")
@@ -130,11 +134,21 @@ def main():
     p.add_argument("--check-every", type=int, default=50)
     p.add_argument("--t0", type=float, default=None)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--rank", type=int, default=None,
+                   help="run this rank only (with --master and --json-out)")
+    p.add_argument("--master", default=None, help="HOST:PORT of rank 0")
+    p.add_argument("--json-out", default=None, help="rank 0's result (JSON)")
     args = p.parse_args()
     if args.t0 is None:
         args.t0 = time.time()
+    if args.rank is not None:
+        if not args.master or not args.json_out:
+            p.error("--rank needs --master HOST:PORT and --json-out FILE")
+        run(args.rank, args, args.master, args.json_out)
+        return
     out_path = f"/tmp/torch_ddp_{os.getpid()}.json"
-    mp.spawn(run, args=(args, args.port, out_path), nprocs=args.world)
+    mp.spawn(run, args=(args, f"127.0.0.1:{args.port}", out_path),
+             nprocs=args.world)
     with open(out_path) as f:
         print(f.read())
     os.unlink(out_path)

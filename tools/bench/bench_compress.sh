@@ -22,9 +22,18 @@
 # --local-steps 50) to that run: the outer optimizer (docs/compression.md,
 # "The outer optimizer"). NODE_ARGS go to every run (e.g. --ring-every 1).
 #
+# With DDP=1, PyTorch DistributedDataParallel (gloo, 4 processes,
+# tests/bench/torch_ddp.py: the same MLP, shards, batch, optimizer and
+# schedule, one rank in each node's namespace when RATE is set) runs first
+# on the same links, and every codec's time to the target is also given
+# against DDP's, with the bytes each rank sent (its veth's counter) on
+# shaped links.
+#
+#   DDP=1 RATE=100mbit tools/bench/bench_compress.sh        against DDP
+#
 # Environment: CODECS, TARGET (0.87), EPOCHS (10), RATE (unset: loopback),
-# OUTER_ARGS, NODE_ARGS, TIMEOUT (seconds a cluster may take, 600),
-# ST_BUILD_DIR (build).
+# OUTER_ARGS, NODE_ARGS, TIMEOUT (seconds a cluster may take, 600), DDP
+# (0), DDP_TIMEOUT (seconds DDP may take, 1800), ST_BUILD_DIR (build).
 set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
 bench_args "$0" "$@"
@@ -34,6 +43,8 @@ TARGET=${TARGET:-0.87}
 EPOCHS=${EPOCHS:-10}
 RATE=${RATE:-}
 TIMEOUT=${TIMEOUT:-600}
+DDP=${DDP:-0}
+DDP_TIMEOUT=${DDP_TIMEOUT:-1800}
 read -r -a OUTER_ARGS <<<"${OUTER_ARGS:---outer nesterov --local-steps 50}"
 read -r -a NODE_ARGS <<<"${NODE_ARGS:-}"
 PY=${PY:-/usr/bin/python3}
@@ -45,7 +56,7 @@ if [ -n "$RATE" ] && [ "$(id -u)" -ne 0 ]; then
   echo "bench_compress.sh: RATE needs root (network namespaces)" >&2
   exit 2
 fi
-bench_setup "$build"
+if [ "$DDP" = 1 ]; then bench_setup "$build" python3-torch python3-numpy libopenblas0-pthread; else bench_setup "$build"; fi
 S=$(cd "$build" && pwd)/starling
 
 work=$(mktemp -d)
@@ -148,11 +159,59 @@ run() {
   echo "${at_target:-never} $bytes_target $min_acc $((bytes_end / N)) $comp"
 }
 
+# tx_bytes R: bytes sent so far on rank R's veth (shaped links only).
+tx_bytes() { ip netns exec "st-cmp-c-$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
+
+# run_ddp: sets DDP_RESULT to "seconds_to_target MB_per_rank@end final_acc"
+# ("-" for what is not known), or "timeout"/"failed". Runs in this shell (not
+# a subshell), so that the trap knows every rank's PID.
+run_ddp() {
+  local r host=127.0.0.1 ifname=lo port=$((29500 + RANDOM % 1000)) t0 pre before=() mb=- p
+  [ -n "$RATE" ] && host=10.77.0.1 ifname=eth0
+  if [ -n "$RATE" ]; then for ((r = 0; r < N; r++)); do before+=("$(tx_bytes $r)"); done; fi
+  rm -f "$work/ddp.json"
+  pids=()
+  t0=$(date +%s.%N)
+  for ((r = 0; r < N; r++)); do
+    pre=()
+    [ -n "$RATE" ] && pre=(ip netns exec "st-cmp-c-$r")
+    "${pre[@]}" env GLOO_SOCKET_IFNAME=$ifname OPENBLAS_NUM_THREADS=1 \
+      timeout "$DDP_TIMEOUT" "$PY" tests/bench/torch_ddp.py --rank "$r" --world "$N" \
+      --master "$host:$port" --json-out "$work/ddp.json" --epochs "$EPOCHS" \
+      --target "$TARGET" --t0 "$t0" --eval-every 0.5 >"$work/ddp$r.log" 2>&1 &
+    pids+=($!)
+  done
+  DDP_RESULT=
+  for p in "${pids[@]}"; do wait "$p" || DDP_RESULT=failed; done
+  pids=()
+  if [ -n "$DDP_RESULT" ] || [ ! -s "$work/ddp.json" ]; then
+    grep -q . "$work/ddp0.log" && tail -3 "$work/ddp0.log" >&2
+    DDP_RESULT=failed
+    return
+  fi
+  if [ -n "$RATE" ]; then
+    local sum=0
+    for ((r = 0; r < N; r++)); do sum=$((sum + $(tx_bytes $r) - before[r])); done
+    mb=$(awk -v b="$sum" -v n="$N" 'BEGIN { printf "%.1f", b / n / 1e6 }')
+  fi
+  DDP_RESULT=$("$PY" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["time_to_target_s"]
+print("%s %s %.4f" % ("never" if t is None else "%.1f" % t, sys.argv[2], d["final_accuracy"]))' "$work/ddp.json" "$mb")
+}
+
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u '+%F %H:%M UTC')"
 echo "4 nodes, $EPOCHS epochs; links: ${RATE:-loopback}; target test accuracy $TARGET (every node)"
 echo "every run: ${NODE_ARGS[*]:-(no extra flags)}; +outer: ${OUTER_ARGS[*]}"
 printf '%-12s %10s %16s %12s %16s %12s\n' codec to_target_s MB_per_node@tgt final_min_acc MB_per_node@end compressed
-base_t="" base_b=""
+base_t="" base_b="" ddp_t=""
+if [ "$DDP" = 1 ]; then
+  run_ddp
+  read -r ddp_t ddp_mb ddp_acc <<<"$DDP_RESULT"
+  printf '%-12s %10s %16s %12s %16s %12s\n' "ddp (gloo)" "$ddp_t" - "${ddp_acc:--}" "${ddp_mb:--}" -
+  [ "$ddp_t" = failed ] && ddp_t=""
+fi
 for codec in $CODECS; do
   read -r t bt acc be comp < <(run "$codec")
   printf '%-12s %10s %16.1f %12s %16.1f %12s\n' "$codec" "$t" \
@@ -163,5 +222,8 @@ for codec in $CODECS; do
   elif [ -n "$base_b" ] && [ "$bt" -gt 0 ] && [ "$t" != never ] && [ "$base_t" != never ]; then
     awk -v c="$codec" -v b="$base_b" -v x="$bt" -v tb="$base_t" -v tx="$t" \
       'BEGIN { printf "  %s vs none: %.2fx fewer bytes to the target, %.2fx the time\n", c, b / x, tx / tb }'
+  fi
+  if [ -n "$ddp_t" ] && [ "$ddp_t" != never ] && [ "$t" != never ] && [ "$t" != timeout ]; then
+    awk -v c="$codec" -v d="$ddp_t" -v x="$t" 'BEGIN { printf "  %s vs DDP: %.2fx the time\n", c, x / d }'
   fi
 done
