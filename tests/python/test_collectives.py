@@ -28,8 +28,12 @@ values computed here.
     publisher; NotPublished, a size that differs, unpublish, the node's
     bound on names;
   - NodeUnavailable with no node, and once the node went away;
-  - (expected to fail until the node is fixed) members() after an
-    operation on an explicit group leaves "all" in step.
+  - members() after an operation on an explicit group leaves "all" in
+    step;
+  - calls over lists that differ (crossed lists, on both paths; views of
+    "all" that differ) fail on every member instead of hanging, with no
+    timeout; a timeout under a millisecond is one; a node that never
+    answers closes the communicator.
 """
 
 from __future__ import annotations
