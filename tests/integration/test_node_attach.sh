@@ -11,7 +11,10 @@
 #   (d) kill -9 of a program mid-run: the node keeps its parameters, a new
 #       program resumes from them (the step goes on) and trains on;
 #   (e) kill -9 of the node under a program: the program stops with an
-#       error naming the socket.
+#       error naming the socket;
+#   (f) a checkpoint the node cannot take (a built-in model's, or a tensor
+#       of another size than its list says) is refused at start, named,
+#       and left as it was.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
 source "$(dirname "$0")/install_lib.sh"
@@ -124,3 +127,44 @@ wait "$p4" || status=$?
 grep -q "$(node_dir 0)/control.sock" "$SCRATCH/p4.err" ||
   fail "(e) the error does not name the socket: $(cat "$SCRATCH/p4.err")"
 pass "(e) the node's death stops the program with: $(cat "$SCRATCH/p4.err")"
+
+# (f) a node started on a checkpoint it cannot take refuses to start,
+# naming the file and what is wrong, and changes nothing: one written by a
+# built-in model (no attach_model), and one whose tensor is of another size
+# than its tensor list says.
+"$NUMPY_PY" - "$SCRATCH" <<'PYEOF'
+import json, struct, sys
+import numpy as np
+
+def write(path, tensors, meta):
+    header, blobs, off = {"__metadata__": meta}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+d = sys.argv[1]
+w = np.ones((2, 3), dtype=np.float32)
+write(d + "/builtin.safetensors", {"w": w}, {"step": "5", "model": "linear:3-2"})
+canon = "w\tF32\t2,3\n"  # attach/attach.h, st_attach_model_canonical
+write(d + "/resized.safetensors", {"w": np.ones((2, 2), dtype=np.float32)},
+      {"step": "5", "attach_model": canon})
+PYEOF
+for case in builtin resized; do
+  dir=$SCRATCH/ck_$case
+  mkdir -p "$dir"
+  cp "$SCRATCH/$case.safetensors" "$dir/checkpoint.safetensors"
+  want="it was not written by an attached node \(no attach_model\)"
+  [ "$case" = resized ] && want="tensor 'w' is missing or of another size"
+  expect_fail "(f) a checkpoint $case refused at start" 1 \
+    "checkpoint $dir/checkpoint.safetensors: .*$want" -- \
+    timeout "$(scaled 20)" "$STARLING" node "${ATTACH[@]}" --listen 127.0.0.1:0 \
+    --cluster-key "$KEY" --data-dir "$dir"
+  cmp -s "$SCRATCH/$case.safetensors" "$dir/checkpoint.safetensors" ||
+    fail "(f) the refused checkpoint ($case) was changed"
+done
