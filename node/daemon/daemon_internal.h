@@ -883,6 +883,12 @@ int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
                           st_ring_config_t* cfg);
 /* Lets go of the round's anchor (the machine is freed). */
 void st__ring_coded_release(st__daemon_t* d);
+/* A coded round's decoder (st_ring_codec_t.decode, ctx the daemon):
+ * st_codec_decode with d->ring_spec, a refused segment counted by reason
+ * in d->c.codec_drops (compression.dropped), as exchanges count theirs;
+ * the ring machine then fails the round. On the loop thread. */
+int st__ring_codec_decode(void* ctx, const uint8_t* in, size_t len, float* out,
+                          size_t n);
 /* d->local.coded_bytes from the codec and d->local.n_params. */
 void st__compress_sized(st__daemon_t* d);
 /* Mixes a setting every node must share into d->local's fingerprint

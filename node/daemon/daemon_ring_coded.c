@@ -21,18 +21,26 @@
 #include <errno.h>
 #include <string.h>
 
+/* The ring machine's codec (ctx: the daemon): d->ring_spec's. */
 static size_t codec_max_bytes(void* ctx, size_t n) {
-  return st_codec_encoded_bytes(ctx, n);
+  const st__daemon_t* d = ctx;
+  return st_codec_encoded_bytes(&d->ring_spec, n);
 }
 
 static int codec_encode(void* ctx, const float* x, size_t n, uint8_t* out,
                         size_t cap, size_t* len) {
-  return st_codec_encode(ctx, x, n, out, cap, len);
+  const st__daemon_t* d = ctx;
+  return st_codec_encode(&d->ring_spec, x, n, out, cap, len);
 }
 
-static int codec_decode(void* ctx, const uint8_t* in, size_t len, float* out,
-                        size_t n) {
-  return st_codec_decode(ctx, in, len, out, n, NULL);
+int st__ring_codec_decode(void* ctx, const uint8_t* in, size_t len, float* out,
+                          size_t n) {
+  st__daemon_t* d = ctx;
+  st_codec_drop_t why = ST_CODEC_DROP_COUNT;
+  int rc = st_codec_decode(&d->ring_spec, in, len, out, n, &why);
+  if (rc != 0 && (unsigned) why < ST_CODEC_DROP_COUNT)
+    d->c.codec_drops[why]++;
+  return rc;
 }
 
 void st__ring_coded_tag(st__daemon_t* d) {
@@ -58,8 +66,8 @@ int st__ring_coded_config(st__daemon_t* d, const uint8_t* tag,
   }
   d->ring_codec.max_bytes = codec_max_bytes;
   d->ring_codec.encode = codec_encode;
-  d->ring_codec.decode = codec_decode;
-  d->ring_codec.ctx = &d->ring_spec;
+  d->ring_codec.decode = st__ring_codec_decode;
+  d->ring_codec.ctx = d;
   st__ring_coded_release(d);
   d->ring_anchor = st__anchor_ref(a);
   cfg->codec = &d->ring_codec;
