@@ -15,7 +15,9 @@
 #   (d) lstsq --method gd: every member the same weights, equal to the
 #       closed form within 1e-5 (it stops at a gradient 1e-6 of its first);
 #   (e) one member with another --k: every member fails, naming --k;
-#   (f) a fourth node joins during a run: the run goes on (the default
+#   (f) lstsq's --out holds its --json's weights and bias;
+#   (g) kmeans reads IDX (pixels / 255) as it reads the same values in CSV;
+#   (h) a fourth node joins during a run: the run goes on (the default
 #       group is frozen once the members agreed) and ends on every member.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
@@ -183,7 +185,58 @@ for ((k = 0; k < N; k++)); do
 done
 pass "(e) another --k on one member: all fail: $(head -c 140 "$SCRATCH/e.0")"
 
-# (f) a node that joins while a run goes on does not stall it: the
+# (f) lstsq's --out of (b): the safetensors file holds the weights and bias
+# of its --json, as float32.
+"$NUMPY_PY" - "$SCRATCH/ls.safetensors" "$SCRATCH/ls.0" <<'PYEOF' || node_fail "(f) lstsq --out differs from its --json"
+import json, struct, sys
+import numpy as np
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+body = raw[8 + n:]
+def tensor(name):
+    t = head[name]
+    assert t["dtype"] == "F32", t
+    a, b = t["data_offsets"]
+    return np.frombuffer(body[a:b], dtype="<f4").reshape(t["shape"])
+r = json.load(open(sys.argv[2]))
+names = sorted(k for k in head if k != "__metadata__")
+w = tensor([k for k in names if "weight" in k][0]).ravel()
+b = tensor([k for k in names if "bias" in k][0]).ravel()
+assert np.array_equal(w, np.float32(r["weight"])), (w, r["weight"])
+assert np.array_equal(b, np.float32([r["bias"]])), (b, r["bias"])
+print("ok: %s: %s" % (sys.argv[1], ", ".join("%s %s" % (k, head[k]["shape"]) for k in names)))
+PYEOF
+pass "(f) lstsq --out holds the --json's weights and bias (float32)"
+
+# (g) IDX input: kmeans on images (idx:IMAGES,LABELS, pixels / 255) gives
+# the centroids of the same values written as CSV.
+"$NUMPY_PY" - "$SCRATCH" <<'PYEOF'
+import struct, sys
+import numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(11)
+centres = rng.integers(20, 235, size=(4, 2, 2))
+img = np.clip(centres[rng.integers(0, 4, 300)] + rng.normal(0, 12, (300, 2, 2)), 0, 255).astype(np.uint8)
+with open(d + "/img.idx", "wb") as f:
+    f.write(struct.pack(">BBBBIII", 0, 0, 8, 3, 300, 2, 2) + img.tobytes())
+with open(d + "/lbl.idx", "wb") as f:
+    f.write(struct.pack(">BBBBI", 0, 0, 8, 1, 300) + np.zeros(300, np.uint8).tobytes())
+x = img.reshape(300, 4).astype(np.float32) / np.float32(255)
+np.savetxt(d + "/img.csv", x, fmt="%.9g", delimiter=",")
+PYEOF
+on_all hi kmeans --data "idx:$SCRATCH/img.idx,$SCRATCH/lbl.idx" --k 4 --tol 0 --seed 2 --json
+on_all hc kmeans --data "csv:$SCRATCH/img.csv" --k 4 --tol 0 --seed 2 --json
+same_json hi centroids
+"$NUMPY_PY" - "$SCRATCH/hi.0" "$SCRATCH/hc.0" <<'PYEOF' || node_fail "(g) kmeans on IDX differs from the same values as CSV"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["centroids"] == b["centroids"], (a["centroids"], b["centroids"])
+assert a["points"] == b["points"] == 300, (a["points"], b["points"])
+PYEOF
+pass "(g) kmeans on idx:IMAGES,LABELS equals the same pixels / 255 as CSV, to every digit"
+
+# (h) a node that joins while a run goes on does not stall it: the
 # default group ("all") is frozen as a list once the members agreed. A
 # long run (gradient descent on badly conditioned data runs all its
 # iterations); the fourth node joins meanwhile; each step would otherwise
@@ -204,9 +257,9 @@ sees_four() { [ "$(node_peers 0 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["
 wait_for 20 "node 0 seeing the fourth node" sees_four
 running=0
 for ((k = 0; k < N; k++)); do kill -0 "${fp[$k]}" 2>/dev/null && running=$((running + 1)); done
-[ "$running" = "$N" ] || node_fail "(f) a run ended before node 0 saw the fourth node (it failed, or was too short): $(tail -c 400 "$SCRATCH/f.0.err")"
+[ "$running" = "$N" ] || node_fail "(h) a run ended before node 0 saw the fourth node (it failed, or was too short): $(tail -c 400 "$SCRATCH/f.0.err")"
 for ((k = 0; k < N; k++)); do
-  wait "${fp[$k]}" || node_fail "(f) member $k failed after a node joined: $(cat "$SCRATCH/f.$k.err")"
+  wait "${fp[$k]}" || node_fail "(h) member $k failed after a node joined: $(cat "$SCRATCH/f.$k.err")"
 done
 same_json f weight
-pass "(f) a node joined during a run of $N members: all $N finished, same weights"
+pass "(h) a node joined during a run of $N members: all $N finished, same weights"
