@@ -177,6 +177,16 @@ void st_comm_last_group(const st_comm_t* c, uint32_t* rank, uint32_t* size) {
 /* ---- One request ---------------------------------------------------------
  */
 
+/* A dtype's element bytes and wire name (valid dtypes only). */
+static uint64_t elem_bytes(st_comm_dtype_t t) {
+  return t == ST_COMM_F64 ? 8 : t == ST_COMM_BF16 ? 2 : 4;
+}
+static const char* dtype_name(st_comm_dtype_t t) {
+  return t == ST_COMM_F64    ? "float64"
+         : t == ST_COMM_BF16 ? "bfloat16"
+                             : "float32";
+}
+
 /* The request's "timeout_ms": 0 for none, else at least 1 (a timeout under
  * half a millisecond must not become none). */
 static uint64_t timeout_ms(double timeout_s) {
@@ -385,13 +395,13 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
                   st_comm_op_t op, double timeout_s) {
   if (c == NULL)
     return -EINVAL;
-  if ((unsigned) dtype > ST_COMM_F64 || (unsigned) op > ST_COMM_MAX ||
+  if ((unsigned) dtype > ST_COMM_BF16 || (unsigned) op > ST_COMM_MAX ||
       (count > 0 && data == NULL) || !(timeout_s >= 0))
     return fail(c, -EINVAL,
                 "bad arguments: dtype, op, data (NULL with count %" PRIu64
                 ") or timeout",
                 count);
-  uint64_t bytes = kind == 3 ? 0 : count * (dtype == ST_COMM_F64 ? 8 : 4);
+  uint64_t bytes = kind == 3 ? 0 : count * elem_bytes(dtype);
   int64_t off = shm_place(c, data, bytes, true);
   uint64_t wire = off >= 0 ? 0 : bytes; /* the operand's bytes on the socket */
   st_json_buf_t b;
@@ -400,9 +410,8 @@ static int run_op(st_comm_t* c, int kind, const char* group, uint32_t root,
   snprintf(head, sizeof head,
            "{\"op\":\"%s\",\"rop\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
            ",\"root\":%u,\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
-           kind_names[kind], op_names[op],
-           dtype == ST_COMM_F64 ? "float64" : "float32", kind == 3 ? 1 : count,
-           root, timeout_ms(timeout_s), wire);
+           kind_names[kind], op_names[op], dtype_name(dtype),
+           kind == 3 ? 1 : count, root, timeout_ms(timeout_s), wire);
   st_json_buf_puts(&b, head);
   put_shm(&b, off);
   st_json_buf_puts(&b, ",\"group\":");
@@ -444,8 +453,8 @@ static void p2p_request(st_json_buf_t* b, int which, const char* peer,
   snprintf(head, sizeof head,
            "{\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%" PRIu64
            ",\"timeout_ms\":%" PRIu64 ",\"bytes\":%" PRIu64,
-           p2p_names[which], dtype == ST_COMM_F64 ? "float64" : "float32",
-           moves ? count : 0, timeout_ms(timeout_s), wire);
+           p2p_names[which], dtype_name(dtype), moves ? count : 0,
+           timeout_ms(timeout_s), wire);
   st_json_buf_puts(b, head);
   put_shm(b, off);
   if (which <= P_FETCH) {
@@ -478,13 +487,13 @@ static int run_p2p(st_comm_t* c, int which, const char* peer, const char* name,
                 peer != NULL ? peer : "(null)");
   if (name == NULL || name[0] == '\0' || strlen(name) > 128)
     return fail(c, -EINVAL, "a %s name is 1 to 128 bytes", p2p_names[which]);
-  if ((moves && (unsigned) dtype > ST_COMM_F64) ||
+  if ((moves && (unsigned) dtype > ST_COMM_BF16) ||
       (moves && count > 0 && data == NULL) || !(timeout_s >= 0))
     return fail(c, -EINVAL,
                 "bad arguments: dtype, data (NULL with count %" PRIu64
                 ") or timeout",
                 count);
-  uint64_t bytes = moves ? count * (dtype == ST_COMM_F64 ? 8 : 4) : 0;
+  uint64_t bytes = moves ? count * elem_bytes(dtype) : 0;
   int64_t off = shm_place(c, data, bytes, sends);
   uint64_t wire = off >= 0 ? 0 : bytes; /* the operand's bytes on the socket */
   st_json_buf_t b;

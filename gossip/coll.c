@@ -80,12 +80,16 @@ const char* st_coll_rop_name(st_coll_rop_t r) {
   return (unsigned) r < ST_COLL_ROP_COUNT ? rop_names[r] : "unknown";
 }
 const char* st_coll_dtype_name(st_coll_dtype_t t) {
-  return t == ST_COLL_F32   ? "float32"
-         : t == ST_COLL_F64 ? "float64"
-                            : "unknown";
+  return t == ST_COLL_F32    ? "float32"
+         : t == ST_COLL_F64  ? "float64"
+         : t == ST_COLL_BF16 ? "bfloat16"
+                             : "unknown";
 }
 size_t st_coll_elem_bytes(st_coll_dtype_t t) {
-  return t == ST_COLL_F32 ? 4 : t == ST_COLL_F64 ? 8 : 0;
+  return t == ST_COLL_F32    ? 4
+         : t == ST_COLL_F64  ? 8
+         : t == ST_COLL_BF16 ? 2
+                             : 0;
 }
 
 void st_coll_spec_default(st_coll_spec_t* spec) {
@@ -169,10 +173,43 @@ COMBINE(float)
 COMBINE(double)
 #undef COMBINE
 
+static float bf16_get(const uint8_t* p) {
+  uint32_t u = (uint32_t) p[0] << 16 | (uint32_t) p[1] << 24;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Rounded to nearest even; a NaN stays a NaN (its top bits, quiet). */
+static void bf16_put(uint8_t* p, float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    u |= 0x00400000u;
+  else
+    u += 0x7fffu + ((u >> 16) & 1u);
+  p[0] = (uint8_t) (u >> 16);
+  p[1] = (uint8_t) (u >> 24);
+}
+
+/* bfloat16: each pair in float32, the result rounded once. */
+static void combine_bf16(st_coll_rop_t rop, uint8_t* out, const uint8_t* in,
+                         uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) {
+    float o = bf16_get(out + 2 * i), a = bf16_get(in + 2 * i);
+    o = rop == ST_COLL_MIN   ? (a < o ? a : o)
+        : rop == ST_COLL_MAX ? (a > o ? a : o)
+                             : o + a;
+    bf16_put(out + 2 * i, o);
+  }
+}
+
 static void combine(const st_coll_t* x, uint8_t* out, const uint8_t* in,
                     uint64_t n) {
   if (x->s.dtype == ST_COLL_F64)
     combine_double(x->s.rop, out, in, n);
+  else if (x->s.dtype == ST_COLL_BF16)
+    combine_bf16(x->s.rop, out, in, n);
   else
     combine_float(x->s.rop, out, in, n);
 }
@@ -187,6 +224,8 @@ static void finish_mean(const st_coll_t* x, uint8_t* p, uint64_t n) {
       memcpy(&v, p + 8 * i, 8);
       v /= (double) x->s.n;
       memcpy(p + 8 * i, &v, 8);
+    } else if (x->s.dtype == ST_COLL_BF16) {
+      bf16_put(p + 2 * i, bf16_get(p + 2 * i) / (float) x->s.n);
     } else {
       float v;
       memcpy(&v, p + 4 * i, 4);

@@ -1804,9 +1804,14 @@ typedef enum {
   ST_COLL_ROP_COUNT
 } st_coll_rop_t;
 
+/* BF16: bfloat16 (the top half of a float32); a reduction combines two
+ * values in float32 and rounds the result to nearest even, so a sum of n
+ * members rounds n - 1 times (relative error up to about (n - 1) 2^-8 of
+ * the sum of magnitudes); min and max are exact. */
 typedef enum {
   ST_COLL_F32 = 0,
   ST_COLL_F64,
+  ST_COLL_BF16,
   ST_COLL_DTYPE_COUNT
 } st_coll_dtype_t;
 

@@ -242,7 +242,7 @@ static int ring_seg_check(const st_msg_ring_seg_t* g, st_wire_drop_t* why) {
  * or phase, a group out of range, a root outside it, data that is not
  * whole elements or reaches past count or ST_COLL_MAX_COUNT). */
 static size_t coll_elem_bytes(uint8_t dtype) {
-  return dtype == ST_COLL_F64 ? 8 : dtype == ST_COLL_F32 ? 4 : 0;
+  return st_coll_elem_bytes((st_coll_dtype_t) dtype);
 }
 
 static int coll_hello_check(const st_msg_coll_hello_t* h, st_wire_drop_t* why) {

@@ -178,7 +178,14 @@ ST_CLIENT_API int st_client_detach(st_client_t* c);
  * partial result as complete. Not thread-safe: one thread per
  * communicator; a program may open several. */
 
-typedef enum { ST_COMM_F32 = 0, ST_COMM_F64 = 1 } st_comm_dtype_t;
+/* BF16: bfloat16 (2 bytes, the top half of a float32); reductions combine
+ * each pair in float32 and round to nearest even, so a sum of n members
+ * rounds n - 1 times; min, max and moving data are exact. */
+typedef enum {
+  ST_COMM_F32 = 0,
+  ST_COMM_F64 = 1,
+  ST_COMM_BF16 = 2
+} st_comm_dtype_t;
 typedef enum {
   ST_COMM_SUM = 0,
   ST_COMM_MEAN = 1,

@@ -310,21 +310,22 @@ enum { P2P_NONE = -1, P2P_PUSH, P2P_PULL, P2P_NOTIFY, P2P_WAIT, P2P_FETCH };
 static const char* const p2p_kinds[] = {"push", "pull", "notify", "wait",
                                         "fetch"};
 static const char* const rops[] = {"sum", "mean", "min", "max"};
-static const char* const dtypes[] = {"float32", "float64"};
+static const char* const dtypes[] = {"float32", "float64", "bfloat16"};
 
 /* Checks the request's fields into op; err names the first bad one. */
 static int op_fields(const st_json_t* root, st__coll_op_t* op, int kind,
                      uint64_t bytes, char* err, size_t len) {
   int rop = pick(str_of(root, "rop") ? str_of(root, "rop") : "sum", rops, 4);
   int dt = pick(str_of(root, "dtype") ? str_of(root, "dtype") : "float32",
-                dtypes, 2);
+                dtypes, 3);
   int64_t count = int_of(root, "count", kind == ST_COLL_BARRIER ? 1 : -1);
   int64_t root_rank = int_of(root, "root", 0);
   int64_t timeout = int_of(root, "timeout_ms", 0);
   if (rop < 0)
     return st_set_err(err, len, "\"rop\" is sum, mean, min or max"), -EINVAL;
   if (dt < 0)
-    return st_set_err(err, len, "\"dtype\" is float32 or float64"), -EINVAL;
+    return st_set_err(err, len, "\"dtype\" is float32, float64 or bfloat16"),
+           -EINVAL;
   if (count < 0 || (uint64_t) count > ST_COLL_MAX_COUNT ||
       (kind == ST_COLL_BARRIER && count != 1))
     return st_set_err(err, len, "\"count\" is 0 to 2^37 elements"), -EINVAL;
@@ -419,7 +420,7 @@ static int shm_operand(session_t* s, const st_json_t* root, int kind, int p2p,
   int64_t o = int_of(root, "shm", -1);
   int64_t count = int_of(root, "count", kind == ST_COLL_BARRIER ? 1 : -1);
   int dt = pick(str_of(root, "dtype") ? str_of(root, "dtype") : "float32",
-                dtypes, 2);
+                dtypes, 3);
   if (s->shm == NULL)
     return st_set_err(err, len,
                       "\"shm\" in a session without a shared segment (open "

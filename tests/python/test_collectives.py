@@ -618,6 +618,43 @@ def test_shared_segment(members: Members) -> None:
     assert [a - b for a, b in zip(after, counts)] == [1] * N, (counts, after)
 
 
+def test_bfloat16(members: Members) -> None:
+    """bfloat16 torch tensors, small (one round) and large (the ring, 96
+    KiB): a sum within a rounding per combine of the float64 sum (the
+    bound of gossip.h's st_coll_dtype_t), a max exact, a broadcast bit for
+    bit, and the same bits on every member."""
+    sizes = [1000, 49152]
+
+    def fn(comm: Any, rank: int) -> Dict[Any, torch.Tensor]:
+        got = {}
+        for n in sizes:
+            x = torch.from_numpy(value(rank, n)).to(torch.bfloat16)
+            comm.all_reduce(x, op="sum")
+            m = torch.from_numpy(value(rank, n)).to(torch.bfloat16)
+            comm.all_reduce(m, op="max")
+            b = torch.from_numpy(value(rank, n)).to(torch.bfloat16)
+            comm.broadcast(b, root=1)
+            got[n] = (x, m, b)
+        return got
+
+    out = members.ok(fn)
+    for n in sizes:
+        xs = np.stack([
+            torch.from_numpy(value(r, n)).to(torch.bfloat16).double().numpy()
+            for r in range(N)
+        ])
+        bound = (N + 2) * 2.0**-8 * np.abs(xs).sum(0)
+        for r in range(N):
+            x, m, b = out[r][n]
+            assert x.dtype == torch.bfloat16
+            err = np.abs(x.double().numpy() - xs.sum(0))
+            assert (err <= bound).all(), (n, float((err - bound).max()))
+            assert np.array_equal(m.double().numpy(), xs.max(0))
+            assert np.array_equal(b.double().numpy(), xs[1])
+            for k in range(3):
+                assert torch.equal(out[r][n][k], out[0][n][k]), (n, r, k)
+
+
 def test_refusals(members: Members) -> None:
     """Bad operands and arguments are refused, naming them, before the
     node is asked (a malformed group by the library); nothing changes."""

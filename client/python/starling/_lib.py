@@ -27,6 +27,7 @@ DID_STATE = 4
 # st_comm_dtype_t and st_comm_op_t.
 COMM_F32 = 0
 COMM_F64 = 1
+COMM_BF16 = 2
 COMM_OPS = {"sum": 0, "mean": 1, "min": 2, "max": 3}
 ID_HEX = 33  # a member id: 32 hex digits and a NUL
 

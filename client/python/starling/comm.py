@@ -15,7 +15,8 @@ root and number of elements) in the same order; each call blocks until the
 operation is complete on this member, or raises on every member
 (CollectiveMismatch, MemberFailed, CollectiveTimeout, NodeUnavailable).
 
-Operands: a float32 or float64 numpy array or torch tensor, changed in
+Operands: a float32 or float64 numpy array or torch tensor (or a bfloat16
+tensor), changed in
 place (a contiguous CPU one through its own memory; a CUDA or
 non-contiguous one through a host copy that is copied back), or a Python
 float or sequence of floats (float64), whose result is returned. Neither
@@ -65,11 +66,15 @@ def _refuse(what: str) -> CollectiveError:
 
 
 def _torch_operand(x: Any, torch: Any) -> _Operand:
-    dtypes = {torch.float32: _lib.COMM_F32, torch.float64: _lib.COMM_F64}
+    dtypes = {
+        torch.float32: _lib.COMM_F32,
+        torch.float64: _lib.COMM_F64,
+        torch.bfloat16: _lib.COMM_BF16,
+    }
     if x.dtype not in dtypes:
         raise _refuse(
-            f"a {x.dtype} tensor: collectives take float32 or float64; "
-            "cast it first (x.float() or x.double())"
+            f"a {x.dtype} tensor: collectives take float32, float64 or "
+            "bfloat16; cast it first (x.float() or x.double())"
         )
     if x.device.type == "cpu" and x.is_contiguous():
         return _Operand(x.data_ptr(), x.numel(), dtypes[x.dtype], x, None, lambda: x)
