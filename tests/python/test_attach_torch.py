@@ -96,6 +96,27 @@ def test_registers_float_parameters_and_buffers_in_state_dict_order() -> None:
     assert names == SMALL_NAMES  # num_batches_tracked (int64) is left out
 
 
+def test_example_net_and_its_wider_head() -> None:
+    """The example's CNN: 20,634 floats shared (parameters and BatchNorm's
+    running statistics); --hidden H puts a hidden layer
+    of H before the output (the benchmark's model for 100 Mbit/s links,
+    docs/benchmarks.md); both map a batch of images to 10 logits."""
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import pytorch_fmnist as ex
+    finally:
+        sys.path.pop(0)
+    count = lambda m: sum(t.numel() for _, t in starling.model_tensors(m))  # noqa: E731
+    narrow, wide = ex.Net(), ex.Net(256)
+    assert count(narrow) == 20634
+    assert count(wide) == 20634 - (1568 * 10 + 10) + (1568 * 256 + 256) + (256 * 10 + 10)
+    assert narrow.fc1 is None and wide.fc1.out_features == 256
+    x = torch.zeros(3, 1, 28, 28)
+    assert narrow(x).shape == wide(x).shape == (3, 10)
+    assert ex.parse_args(["--hidden", "64"]).hidden == 64
+    assert ex.parse_args([]).hidden == 0
+
+
 def test_tied_parameters_registered_once() -> None:
     m = nn.Sequential(nn.Embedding(10, 6), nn.Linear(6, 10, bias=False))
     m[1].weight = m[0].weight  # tied, as in a language model

@@ -32,6 +32,11 @@
 #   LOOPBACK=0 RATE=100mbit tools/bench/bench_attach_ddp.sh   shaped links only
 #   SETUP=0 EPOCHS=1 TARGET=0.8 tools/bench/bench_attach_ddp.sh   a quick check
 #   DEVICE=cuda PY=python3 tools/bench/bench_attach_ddp.sh   every process on the GPU
+#   HIDDEN=256 LOOPBACK=0 tools/bench/bench_attach_ddp.sh      the CNN with a wider head
+#
+# HIDDEN (default 0) is the example's --hidden on both sides: a hidden
+# fully connected layer of that width before the output (256: 0.42M
+# parameters instead of 21k), a model whose traffic loads 100 Mbit/s links.
 #
 # NODE_ARGS (default "--gossip-every 0.2 --ring-every 1") go to every
 # `starling node --attach`. Installs what is missing (python3-torch,
@@ -46,6 +51,7 @@ TARGET=${TARGET:-0.90}
 EPOCHS=${EPOCHS:-8}
 BATCH=${BATCH:-64}
 LR=${LR:-0.02}
+HIDDEN=${HIDDEN:-0}
 REPEATS=${REPEATS:-1}
 TIMEOUT=${TIMEOUT:-400}
 RATE=${RATE:-100mbit}
@@ -103,7 +109,7 @@ done
 "$PY" -c 'import torch' || { echo "bench_attach_ddp: $PY cannot import torch" >&2; exit 1; }
 "$S" keygen --cluster --out "$work/ck" >/dev/null
 
-TRAIN=(--epochs "$EPOCHS" --batch "$BATCH" --lr "$LR" --momentum 0.9
+TRAIN=(--epochs "$EPOCHS" --batch "$BATCH" --lr "$LR" --momentum 0.9 --hidden "$HIDDEN"
        --schedule cosine --threads 1 --seed 1 --device "$DEVICE")
 now() { date +%s.%N; }
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.2f", a - b }'; }

@@ -61,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hidden", type=int, default=0, help="the example's --hidden")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--target", type=float, default=0.90)
     p.add_argument("--t0", type=float, default=None, help="launch time (time.time())")
@@ -97,7 +98,7 @@ def train(a: argparse.Namespace) -> dict:
     device = torch.device(a.device)
     data = tuple(t.to(device) for t in load_data(a.data_dir, (a.rank, a.world)))
     xtr, ytr = data[0], data[1]
-    net = Net().to(device)
+    net = Net(a.hidden).to(device)
     model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     # Every rank takes the same number of steps (the smallest shard's), or
