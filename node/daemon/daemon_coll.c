@@ -39,6 +39,8 @@ typedef struct st__coll_out_s out_t;
 
 static void sweep_cb(uv_timer_t* t);
 static bool op_drain(st__daemon_t* d, st__coll_op_t* op);
+static void forget_pending(st__daemon_t* d, uint64_t op_id,
+                           const st_node_id_t* from);
 static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
                          bool aborts_only);
 
@@ -386,8 +388,13 @@ static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
                a.culprit < op->g.n ? "member " : "", hex,
                a.culprit < op->g.n ? ": " : "", a.why);
     }
-    if (!op->withdrawn) /* a withdrawn number is used again */
+    if (!op->withdrawn) { /* a withdrawn number is used again */
       remember_finished(d, op->g.op_id);
+      /* What came for it and was kept (a member's first message to an
+       * eager sender that had already finished when it started here)
+       * will never be used. */
+      forget_pending(d, op->g.op_id, NULL);
+    }
     op_unlink(d, op);
     if (op->serving != NULL)
       st__store_served(d, op, a.result);
@@ -524,13 +531,16 @@ bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
   return op_drain(d, op);
 }
 
-/* Drops what `from` sent for op_id before it withdrew the call. */
+/* Drops what `from` (NULL: anyone) sent for op_id and is kept: before it
+ * withdrew the call, or for an operation that ended here. Not counted:
+ * nothing was lost. */
 static void forget_pending(st__daemon_t* d, uint64_t op_id,
                            const st_node_id_t* from) {
   pend_t** p = &d->coll.pending;
   while (*p != NULL) {
     pend_t* e = *p;
-    if (e->op_id == op_id && memcmp(&e->from, from, sizeof(*from)) == 0) {
+    if (e->op_id == op_id &&
+        (from == NULL || memcmp(&e->from, from, sizeof(*from)) == 0)) {
       *p = e->next;
       d->coll.pending_bytes -= e->len;
       free(e);

@@ -343,6 +343,7 @@ static void status_json_collectives(st__daemon_t* d, st_json_buf_t* b,
   kv_u64(b, &f2, "failed", d->c.coll_failed);
   kv_u64(b, &f2, "running", running);
   kv_u64(b, &f2, "dropped", d->c.coll_dropped);
+  kv_u64(b, &f2, "kept_bytes", d->coll.pending_bytes);
   kv_u64(b, &f2, "bytes_in", d->c.coll_bytes_in);
   kv_u64(b, &f2, "bytes_out", d->c.coll_bytes_out);
   kv_u64(b, &f2, "sessions", d->coll.n_sessions);

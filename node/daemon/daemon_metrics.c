@@ -418,6 +418,10 @@ static void render_collectives(st__daemon_t* d, st_json_buf_t* b) {
           "Collective messages dropped: undecodable, from outside the "
           "group, kept too long or past the bound.",
           d->c.coll_dropped);
+  gauge(b, "starling_collectives_kept_bytes",
+        "Bytes of collective messages kept for operations not started here "
+        "yet (at most 256 MiB, each for at most 300 s).",
+        (double) d->coll.pending_bytes);
   counter(b, "starling_collectives_receive_bytes_total",
           "Bytes of collective messages received (plaintext).",
           d->c.coll_bytes_in);

@@ -96,6 +96,7 @@ COLLECTIVES = {
     "failed": ("starling_collectives_total", {"result": "failed"}),
     "running": ("starling_collectives_running", {}),
     "dropped": ("starling_collectives_dropped_total", {}),
+    "kept_bytes": ("starling_collectives_kept_bytes", {}),
     "bytes_in": ("starling_collectives_receive_bytes_total", {}),
     "bytes_out": ("starling_collectives_transmit_bytes_total", {}),
     "sessions": ("starling_collectives_sessions", {}),

@@ -618,6 +618,30 @@ def test_shared_segment(members: Members) -> None:
     assert [a - b for a, b in zip(after, counts)] == [1] * N, (counts, after)
 
 
+def test_wait_before_notify_keeps_nothing(members: Members) -> None:
+    """A wait called before its notify: the waiter's first message reaches
+    the notifier's node before the notify starts there, and is kept until
+    then; the notify (an eager send) ends at once, and what was kept for
+    it is let go with it, not held for 300 s (collectives.kept_bytes stays
+    where it was)."""
+    a, b = 0, 1  # node indexes
+    ida, idb = members.ids[members.ranks[a]], members.ids[members.ranks[b]]
+    node_b = members.cluster.nodes[b]
+    before = node_b.status()["collectives"]["kept_bytes"]
+
+    def fn(comm: Any, rank: int) -> None:
+        if rank == members.ranks[a]:
+            comm.wait(idb, "kept", timeout=30)
+        else:
+            time.sleep(0.3)  # the wait's first message gets there first
+            comm.notify(ida, "kept", timeout=30)
+
+    for _ in range(3):
+        out = members.run(fn, who=[a, b])
+        assert all(v is None for v in out.values()), out
+    assert node_b.status()["collectives"]["kept_bytes"] == before
+
+
 def test_bfloat16(members: Members) -> None:
     """bfloat16 torch tensors, small (one round) and large (the ring, 96
     KiB): a sum within a rounding per combine of the float64 sum (the
