@@ -460,6 +460,29 @@ END_TEST
  * Cholesky is refused, pivoted QR gives the minimum-norm solution (the
  * repeated column's weight split in halves, the constant's 0); with a
  * ridge Cholesky works again. */
+/* Positive definite but ill-conditioned (rcond below ST_LSTSQ_RCOND_MIN):
+ * Cholesky would succeed and lose the digits; the solve says why and
+ * takes pivoted QR, whose answer is the solution ([1, 1], also the
+ * minimum-norm one of the matrix rounded to rank 1). */
+START_TEST(lstsq_ill_conditioned_falls_back) {
+  const double xtx[4] = {1.0, 1.0, 1.0, 1.0 + 1e-14};
+  const double xty[2] = {2.0, 2.0 + 1e-14};
+  double w[2];
+  st_lstsq_solve_info_t info;
+  ck_assert_int_eq(st_lstsq_solve(xtx, xty, 2, 0.0, w, &info), 0);
+  ck_assert(info.positive_definite);
+  ck_assert_msg(info.rcond < ST_LSTSQ_RCOND_MIN, "rcond %g", info.rcond);
+  ck_assert_int_eq(info.solver, ST_LSTSQ_QR);
+  ck_assert_msg(fabs(w[0] - 1) < 1e-6 && fabs(w[1] - 1) < 1e-6, "w %g %g",
+                w[0], w[1]);
+  /* Well conditioned: Cholesky. */
+  const double good[4] = {2.0, 0.5, 0.5, 1.0};
+  ck_assert_int_eq(st_lstsq_solve(good, xty, 2, 0.0, w, &info), 0);
+  ck_assert_int_eq(info.solver, ST_LSTSQ_CHOLESKY);
+  ck_assert(info.rcond >= ST_LSTSQ_RCOND_MIN);
+}
+END_TEST
+
 START_TEST(lstsq_singular_falls_back) {
   st_rng_t rng;
   st_rng_seed(&rng, tu_seed());
@@ -597,6 +620,7 @@ static Suite* algos_suite(void) {
   tc = tcase_create("lstsq");
   tcase_add_loop_test(tc, lstsq_normal_matches_reference, 0, n_counts);
   tcase_add_test(tc, lstsq_singular_falls_back);
+  tcase_add_test(tc, lstsq_ill_conditioned_falls_back);
   tcase_add_test(tc, lstsq_gd_matches_closed_form);
   tcase_add_test(tc, lstsq_refuses);
   tcase_set_timeout(tc, 60);
