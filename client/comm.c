@@ -190,8 +190,8 @@ static const char* dtype_name(st_comm_dtype_t t) {
 /* The request's "timeout_ms": 0 for none, else at least 1 (a timeout under
  * half a millisecond must not become none). */
 static uint64_t timeout_ms(double timeout_s) {
-  if (!(timeout_s > 0))
-    return 0;
+  if (!(timeout_s > 0) || !isfinite(timeout_s))
+    return 0; /* none (an infinite one too) */
   double ms = ceil(timeout_s * 1000);
   return ms < 1 ? 1 : (uint64_t) ms;
 }

@@ -66,6 +66,8 @@ struct st__sync_s {
   uint64_t ask_deadline_ms;
   unsigned tries, restarts;
   unsigned disagreements; /* rounds of 3 that ended with no two alike */
+  bool conflicted;        /* a round heard two usable manifests, unlike */
+  bool said_wait;         /* logged that one member cannot settle it */
   uint64_t ask_after_ms;  /* no new round of asking before (back-off) */
   uint64_t started_ms;
   unsigned bad_donors, lost_donors;
@@ -339,8 +341,16 @@ static void ask(st__daemon_t* d) {
     fall_back(d, "no live member runs this node's model");
     return;
   }
-  if (k == 1) {
+  if (k == 1 && !s->conflicted) {
     fall_back(d, "one member can give the state");
+    return;
+  }
+  if (k == 1) { /* donors disagreed before: one cannot settle it */
+    if (!s->said_wait)
+      st__dwarn(d,
+                "one member left to ask, after donors disagreed: "
+                "waiting for a second one rather than take its word");
+    s->said_wait = true;
     return;
   }
   if (k == 0)
@@ -390,9 +400,12 @@ static void decide(st__daemon_t* d) {
              agree, s->n_donors, d->cfg->sync_donors);
     return;
   }
-  if (s->usable == 0 && s->not_ready > 0 && s->not_ready == s->answered) {
+  s->conflicted = s->conflicted || s->usable >= 2;
+  if (s->usable == 0 && s->not_ready > 0 && s->not_ready == s->answered &&
+      !s->conflicted) {
     fall_back(d, "no member holds an agreed state yet (no ring round)");
-  } else if (s->tries >= ST__SYNC_ASK_TRIES && s->usable < 2) {
+  } else if (s->tries >= ST__SYNC_ASK_TRIES && s->usable < 2 &&
+             !s->conflicted) {
     fall_back(d, "no two donors sent a manifest");
   } else if (s->tries >= ST__SYNC_ASK_TRIES) {
     /* Two or more donors describe different states, round after round:
@@ -402,9 +415,10 @@ static void decide(st__daemon_t* d) {
     uint64_t wait_ms = (uint64_t) ST__SYNC_ASK_MS
                        << (s->disagreements < 4 ? s->disagreements : 4);
     st__dwarn(d,
-              "%u donors described %u different agreed states %u times: "
-              "not taking any one donor's word; asking again in %.0f s",
-              s->usable, s->usable, s->tries, (double) wait_ms / 1000.0);
+              "donors described different agreed states (%u usable "
+              "manifests, no two alike, in the last of %u rounds): not "
+              "taking any one donor's word; asking again in %.0f s",
+              s->usable, s->tries, (double) wait_ms / 1000.0);
     s->tries = 0;
     s->disagreements++;
     d->c.sync_disagreed++;

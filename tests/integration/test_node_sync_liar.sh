@@ -6,7 +6,8 @@
 # word"): round after round of asking ends with no two manifests alike, so
 # it counts them (sync.disagreed), warns, asks again, and never falls back
 # to one donor (sync.single_donor 0) nor trains (it stays "syncing").
-# Loopback, about 30 s. (The corrupting donor and the agreeing ones:
+# When the liar is gone, it still waits: the one member left could be the
+# liar. Loopback, about 30 s. (The corrupting donor and the agreeing ones:
 # test_node_sync_donors.sh.)
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
@@ -57,3 +58,15 @@ a=$(node_field 2 agreed.id || true); [ -z "$a" ] || [ "$a" = null ] ||
 grep -q "not taking any one donor's word" "$(node_log 2)" ||
   node_fail "the joiner's log does not say why it waits"
 pass "with one honest and one lying donor the joiner waits: sync.disagreed $(node_field 2 sync.disagreed), single_donor 0, still syncing at step 0"
+
+# The liar goes away: one member is left, but after donors disagreed the
+# joiner cannot tell the honest one from the liar, so it keeps waiting
+# rather than take that one's word.
+kill -9 "${NODE_PID[1]}"
+one_left() { [ "$(node_peers 2 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = 2 ]; }
+wait_for 30 "the joiner seeing the liar gone" one_left
+wait_for 40 "the joiner saying it waits for a second member" \
+  grep -q "waiting for a second one rather than take its word" "$(node_log 2)"
+[ "$(node_field 2 sync.single_donor)" = 0 ] && [ "$(node_field 2 state)" = syncing ] ||
+  node_fail "with one member left after a disagreement the joiner took its word: single_donor $(node_field 2 sync.single_donor), state $(node_field 2 state)"
+pass "the liar gone, the joiner still waits (single_donor 0, syncing)"

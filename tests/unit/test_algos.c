@@ -473,8 +473,8 @@ START_TEST(lstsq_ill_conditioned_falls_back) {
   ck_assert(info.positive_definite);
   ck_assert_msg(info.rcond < ST_LSTSQ_RCOND_MIN, "rcond %g", info.rcond);
   ck_assert_int_eq(info.solver, ST_LSTSQ_QR);
-  ck_assert_msg(fabs(w[0] - 1) < 1e-6 && fabs(w[1] - 1) < 1e-6, "w %g %g",
-                w[0], w[1]);
+  ck_assert_msg(fabs(w[0] - 1) < 1e-6 && fabs(w[1] - 1) < 1e-6, "w %g %g", w[0],
+                w[1]);
   /* Well conditioned: Cholesky. */
   const double good[4] = {2.0, 0.5, 0.5, 1.0};
   ck_assert_int_eq(st_lstsq_solve(good, xty, 2, 0.0, w, &info), 0);

@@ -288,10 +288,13 @@ static int agree(st__algo_session_t* s, const double* v,
   return rc;
 }
 
-/* "all" as the list of members the node sees now, sorted as ranks are, in
- * s->group; -EAGAIN when that is not the group the members just agreed in
- * (one joined or left meanwhile). */
-static int freeze_all(st__algo_session_t* s, char* err, size_t err_len) {
+/* "all" as the list of members the node sees now (sorted, as ranks are)
+ * into s->group_list, and a hash of it into *hash (52 bits, exact in a
+ * double): the members agree on it with their other values, so that a
+ * join or a leave as they start fails every one of them alike instead of
+ * leaving them on different lists. */
+static int list_all(st__algo_session_t* s, double* hash, char* err,
+                    size_t err_len) {
   size_t n = 0, rank = 0;
   int rc = st_comm_members(s->comm, NULL, 0, &n, &rank);
   char(*ids)[33] = rc == 0 ? calloc(n > 0 ? n : 1, sizeof(*ids)) : NULL;
@@ -301,24 +304,24 @@ static int freeze_all(st__algo_session_t* s, char* err, size_t err_len) {
   size_t again = n;
   if (rc == 0)
     rc = st_comm_members(s->comm, ids, n, &again, &rank);
-  if (rc == 0 && (again != n || n != s->size || rank != s->rank))
+  if (rc == 0 && again != n)
     rc = -EAGAIN;
   if (rc == 0) {
     char* p = list;
     *p = '\0';
     for (size_t i = 0; i < n; i++)
       p += sprintf(p, "%s%s", i ? "," : "", ids[i]);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char* q = list; *q != '\0'; q++)
+      h = (h ^ (unsigned char) *q) * 0x100000001b3ull;
+    *hash = (double) (h >> 12);
     s->group_list = list;
-    s->group = list;
     list = NULL;
-  } else if (rc == -EAGAIN) {
-    st_set_err(err, err_len,
-               "the members changed while the group formed (%u agreed, %zu "
-               "listed now); start again",
-               s->size, n);
   } else {
     st_set_err(err, err_len, "cannot list the members: %s",
-               rc == -ENOMEM ? "out of memory" : st_comm_error(s->comm));
+               rc == -ENOMEM   ? "out of memory"
+               : rc == -EAGAIN ? "they changed as they were listed"
+                               : st_comm_error(s->comm));
   }
   free(ids);
   free(list);
@@ -335,30 +338,39 @@ int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
   int rc = st_comm_open(a->socket, &s->comm, err, err_len);
   if (rc != 0)
     return rc;
-  /* The caller's values, then the number of features and the data's
-   * fingerprint. */
-  double* all = malloc(3 * (n + 2) * sizeof(double));
-  const char** all_names = malloc((n + 2) * sizeof(char*));
+  /* The caller's values, then the number of features, the data's
+   * fingerprint and, for "all", the hash of the members' list. */
+  double* all = malloc(3 * (n + 3) * sizeof(double));
+  const char** all_names = malloc((n + 3) * sizeof(char*));
   if (all == NULL || all_names == NULL) {
     free(all);
     free(all_names);
     st_set_err(err, err_len, "out of memory");
     return -ENOMEM;
   }
-  double *lo = all + n + 2, *hi = lo + n + 2;
+  double *lo = all + n + 3, *hi = lo + n + 3;
   memcpy(all, v, n * sizeof(double));
   memcpy(all_names, names, n * sizeof(char*));
   all[n] = (double) ds->dim;
   all_names[n] = "the number of features (columns)";
   all[n + 1] = data_fingerprint(ds);
   all_names[n + 1] = NULL;
-  rc = agree(s, all, all_names, n + 2, lo, hi, err, err_len);
+  size_t count = n + 2;
+  if (s->group == NULL) {
+    rc = list_all(s, &all[n + 2], err, err_len);
+    all_names[n + 2] =
+        "the members of the group (one joined or left as "
+        "they started: start again)";
+    count = n + 3;
+  }
+  if (rc == 0)
+    rc = agree(s, all, all_names, count, lo, hi, err, err_len);
   if (rc == 0) {
     st_comm_last_group(s->comm, &s->rank, &s->size);
     s->algo = (st_algo_comm_t){comm_sum, s, s->rank, s->size};
     s->same_data = s->size > 1 && ds->n > 0 && lo[n + 1] == hi[n + 1];
     if (s->group == NULL)
-      rc = freeze_all(s, err, err_len);
+      s->group = s->group_list; /* "all" as it was at the agreement */
   }
   free(all);
   free(all_names);
