@@ -794,11 +794,27 @@ def test_unanswered_call_closes_the_communicator(tmp_path: Path) -> None:
     srv.listen(1)
     got: Dict[str, bytes] = {}
 
+    def exact(conn: socket.socket, n: int) -> bytes:
+        b = b""
+        while len(b) < n:
+            part = conn.recv(n - len(b))
+            if not part:
+                break
+            b += part
+        return b
+
     def fake_node() -> None:
         conn, _ = srv.accept()
-        got["open"] = conn.recv(64)
+        line = b""
+        while not line.endswith(b"\n"):
+            part = conn.recv(1)
+            if not part:
+                break
+            line += part
+        got["open"] = line
         conn.sendall(b"ready\n")
-        got["call"] = conn.recv(4096)  # never answered in time
+        n = struct.unpack("<I", exact(conn, 4))[0]
+        got["call"] = exact(conn, n)  # the request's JSON; never answered in time
         time.sleep(12)
         body = b'{"ok":true,"rank":0,"n":1,"bytes":0}'
         try:
