@@ -189,6 +189,10 @@ macs=$(node_field 0 rejected.handshake_mac)
   node_fail "a handshake under a forged key of the same id succeeded"
 [ "$(node_field 0 rejected.handshake_mac)" -gt "$macs" ] || node_fail "the forged HS1 was not counted as handshake_mac"
 
+# Node 2 (the last to join) decides the next request: it must have heard
+# every member say which keys it holds (a loaded CI machine once ran it
+# before: "member ... has not said which keys it holds yet", 2026-11-28).
+wait_for 20 "node 2 seeing key $B accepted and sent by all three" all_on 2 "$B:3/3"
 keys 2 install "$KEY_C" >/dev/null || node_fail "keys install on node 2 alone"
 expect_fail "--cluster use of a key two members lack" 1 "does not accept key $C" -- keys 2 --cluster use "$C"
 keys 1 --cluster --json install "$KEY_C" >"$SCRATCH/install.json" ||
