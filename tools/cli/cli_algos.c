@@ -235,15 +235,19 @@ int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
 /* A fingerprint of a member's rows (FNV-1a over their bits, 52 bits so that
  * a double holds it exactly): equal on every member when each holds the
  * same data. */
+/* FNV-1a over len bytes, continuing from h (start: FNV_START). */
+#define FNV_START 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const void* bytes, size_t len) {
+  const unsigned char* p = bytes;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 static double data_fingerprint(const st_dataset_t* ds) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const unsigned char* p = (const unsigned char*) ds->x;
-  for (size_t i = 0; i < ds->n * ds->dim * sizeof(float); i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  p = (const unsigned char*) ds->y;
-  for (size_t i = 0; i < ds->n * sizeof(float); i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  return (double) (h >> 12);
+  uint64_t h = fnv1a(FNV_START, ds->x, ds->n * ds->dim * sizeof(float));
+  h = fnv1a(h, ds->y, ds->n * sizeof(float));
+  return (double) (h >> 12); /* 52 bits: exact in a double */
 }
 
 /* ==== The session ==========================================================
@@ -311,10 +315,7 @@ static int list_all(st__algo_session_t* s, double* hash, char* err,
     *p = '\0';
     for (size_t i = 0; i < n; i++)
       p += sprintf(p, "%s%s", i ? "," : "", ids[i]);
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char* q = list; *q != '\0'; q++)
-      h = (h ^ (unsigned char) *q) * 0x100000001b3ull;
-    *hash = (double) (h >> 12);
+    *hash = (double) (fnv1a(FNV_START, list, strlen(list)) >> 12);
     s->group_list = list;
     list = NULL;
   } else {
