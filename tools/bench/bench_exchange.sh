@@ -17,6 +17,9 @@
 #
 #   tools/bench/bench_exchange.sh                     models of ~1M, 10M, 50M parameters (issue 16)
 #   MODELS="mlp:784-4096-1664-10" SECONDS_EACH=20 tools/bench/bench_exchange.sh
+#
+# Installs what is missing and builds through tools/scripts/setup.sh (SETUP=0
+# skips it and uses ST_BUILD_DIR's programs as they are).
 set -euo pipefail
 source "$(dirname "$0")/bench_lib.sh"
 bench_args "$0" "$@"
@@ -27,7 +30,11 @@ build=${ST_BUILD_DIR:-build}
 S=$build/starling
 B=$build/starling-bench
 
-bench_setup "$build"
+SETUP=${SETUP:-1}
+if [ "$SETUP" = 1 ]; then bench_setup "$build"; fi
+for f in "$S" "$B"; do
+  [ -x "$f" ] || { echo "bench_exchange: $f is missing (build first, or SETUP=1)" >&2; exit 1; }
+done
 
 work=$(mktemp -d)
 pids=()
@@ -52,7 +59,7 @@ for m in $MODELS; do
           --gossip-every 0.3 --ring-every 0 --cluster-key "$work/ck")
   "$S" node --listen 127.0.0.1:0 --data-dir "$dir/n0" --shard 0/2 "${common[@]}" 2>"$dir/n0.log" &
   p0=$!
-  pids+=($p0)
+  pids+=("$p0")
   seed=
   for _ in $(seq 200); do
     seed=$("$S" status --json --data-dir "$dir/n0" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p' || true)
@@ -61,11 +68,11 @@ for m in $MODELS; do
   done
   "$S" node --listen 127.0.0.1:0 --join "$seed" --data-dir "$dir/n1" --shard 1/2 "${common[@]}" 2>"$dir/n1.log" &
   p1=$!
-  pids+=($p1)
+  pids+=("$p1")
   peak=0
   for _ in $(seq $((SECONDS_EACH * 5))); do
     for p in $p0 $p1; do
-      a=$(awk '/RssAnon/ { print $2 }' /proc/$p/status 2>/dev/null || echo 0)
+      a=$(awk '/RssAnon/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo 0)
       [ "${a:-0}" -gt "$peak" ] && peak=$a
     done
     sleep 0.2

@@ -16,6 +16,11 @@
 #       attach-vs-DDP benchmark on the GPU and on the CPU cores, each with
 #       the default node flags and with OUTER_ARGS added (default
 #       "--outer nesterov"): the outer optimizer's A/B, one machine, one run
+#   tools/scripts/gpu_checks.sh quiet KIT [LOG]   the same way: the Python
+#       package on CUDA again, then the CPU figures that a busy 2-core
+#       machine cannot give: what attaching costs a loop
+#       (bench_attach_overhead.sh) and one 10M/50M-parameter exchange
+#       against its floor (bench_exchange.sh), on a quiet many-core machine
 #
 # The steps: the CUDA backend's parity tests (every op against the CPU and
 # a float64 reference; the trainer thread on `cuda`); the Python package
@@ -36,7 +41,7 @@ kit() {
   [ -e "$build/libstarling_cuda.so" ] || die "$build has no CUDA module: build where nvcc is found"
   rm -rf "${kit:?}/build" "${kit:?}/lib" "${kit:?}/lib-extra"
   mkdir -p "$kit/build" "$kit/lib" "$kit/lib-extra" "$kit/data"
-  for f in starling libstarling.so libstarling_cuda.so test_kernels test_trainer_thread; do
+  for f in starling starling-bench libstarling.so libstarling_cuda.so test_kernels test_trainer_thread; do
     cp -L "$build/$f" "$kit/build/$f"
   done
   cp -L "$build/libstarling.so" "$kit/build/libstarling.so.0"
@@ -147,11 +152,22 @@ outer() {
   summary
 }
 
+quiet() {
+  prepare "$1"
+  step "python on CUDA" 120 env PYTHONPATH=client/python "$PY" -m pytest -q -x -p no:cacheprovider \
+    tests/python/test_attach_torch.py tests/python/test_sync_sgd.py tests/python/test_collectives.py \
+    -k "cuda or test_all_reduce_torch_and_python"
+  step "attach overhead" 240 env REPEATS="${REPEATS:-7}" tools/bench/bench_attach_overhead.sh
+  step "exchange 10M, 50M" 150 env MODELS="${EXCHANGE_MODELS:-mlp:784-4096-1664-10 mlp:784-8192-5376-10}" \
+    SECONDS_EACH="${SECONDS_EACH:-15}" tools/bench/bench_exchange.sh
+  summary
+}
+
 case "${1:-}" in
   kit) [ $# -eq 3 ] || die "usage: $0 kit BUILD KIT"; kit "$2" "$3" ;;
-  run | outer)
+  run | outer | quiet)
     [ $# -ge 2 ] || die "usage: $0 $1 KIT [LOG]"
     if [ -n "${3:-}" ]; then "$1" "$2" 2>&1 | tee "$3"; else "$1" "$2"; fi ;;
   -h | --help | "") sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-  *) die "unknown mode '$1' (kit, run or outer; --help)" ;;
+  *) die "unknown mode '$1' (kit, run, outer or quiet; --help)" ;;
 esac
