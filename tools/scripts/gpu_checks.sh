@@ -157,7 +157,7 @@ quiet() {
   step "python on CUDA" 120 env PYTHONPATH=client/python "$PY" -m pytest -q -x -p no:cacheprovider \
     tests/python/test_attach_torch.py tests/python/test_sync_sgd.py tests/python/test_collectives.py \
     -k "cuda or test_all_reduce_torch_and_python"
-  step "attach overhead" 240 env REPEATS="${REPEATS:-7}" tools/bench/bench_attach_overhead.sh
+  step "attach overhead" 270 env REPEATS="${REPEATS:-5}" tools/bench/bench_attach_overhead.sh
   step "exchange 10M, 50M" 150 env MODELS="${EXCHANGE_MODELS:-mlp:784-4096-1664-10 mlp:784-8192-5376-10}" \
     SECONDS_EACH="${SECONDS_EACH:-15}" tools/bench/bench_exchange.sh
   summary
