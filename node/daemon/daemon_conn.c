@@ -24,7 +24,9 @@
  * libuv's thread pool so that the loop thread never spends milliseconds in
  * the cipher: one job per direction at a time keeps each secretstream in
  * order (a frame queued behind a job waits for it, small or not), and
- * reading pauses while a received frame is being opened.
+ * reading pauses while a received frame is being opened, so that the job
+ * reads it where it was received (the receive buffer is compacted once
+ * the job is done).
  *
  * Every connection has a deadline (the sweep timer closes it when it
  * passes) and the number of connections is capped, so a peer that opens
@@ -67,7 +69,7 @@ struct st__job_s {
   st__conn_t* c;
   struct st__job_s* next;
   wreq_t* w;   /* tx: the frame to write, sealed in place */
-  uint8_t* in; /* tx: the plaintext; rx: the ciphertext */
+  uint8_t* in; /* tx: the plaintext (owned); rx: the ciphertext, in rbuf */
   size_t in_len;
   uint8_t* out; /* rx: the plaintext */
   size_t out_len;
@@ -372,19 +374,29 @@ static void open_work(uv_work_t* req) {
                                j->in_len, &j->out_len, &final);
 }
 
+/* Drops the frames that were consumed, the one just opened in place
+ * among them, from the front of the receive buffer. */
+static void compact_rbuf(st__conn_t* c, size_t off) {
+  if (off > 0 && c->rbuf != NULL) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+}
+
 static void open_after(uv_work_t* req, int status) {
   job_t* j = req->data;
   st__conn_t* c = j->c;
   st__daemon_t* d = c->d;
   c->jobs--;
   c->rx_busy = false;
+  compact_rbuf(c, c->rx_hold);
+  c->rx_hold = 0;
   for (int i = 0; i < ST_CRYPTO_DROP_COUNT; i++)
     d->cc.drops[i] += j->cc.drops[i];
   int rc = status != 0 ? status : j->rc;
   bool live = !c->closing && !uv_is_closing((uv_handle_t*) &c->tcp);
   if (live && rc == 0 && c->ops != NULL)
     c->ops->on_frame(c, j->out, j->out_len);
-  free(j->in);
   free(j->out);
   free(j);
   if (!live) {
@@ -403,20 +415,19 @@ static void open_after(uv_work_t* req, int status) {
     uv_read_start((uv_stream_t*) &c->tcp, alloc_cb, read_cb);
 }
 
-/* Opens one received frame on the pool; reading pauses until it is done. */
+/* Opens one received frame on the pool, reading it where it lies in rbuf
+ * (ct): reading pauses until it is done, and process_frames leaves rbuf
+ * as it is meanwhile (rx_hold). */
 static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
   job_t* j = calloc(1, sizeof(*j));
-  uint8_t* in = malloc(ct_len);
   uint8_t* out = malloc(ct_len);
-  if (j == NULL || in == NULL || out == NULL) {
+  if (j == NULL || out == NULL) {
     free(j);
-    free(in);
     free(out);
     return -ENOMEM;
   }
-  memcpy(in, ct, ct_len);
   j->c = c;
-  j->in = in;
+  j->in = (uint8_t*) ct;
   j->in_len = ct_len;
   j->out = out;
   j->work.data = j;
@@ -427,7 +438,6 @@ static int open_offloaded(st__conn_t* c, const uint8_t* ct, size_t ct_len) {
   if (rc != 0) {
     c->jobs--;
     c->rx_busy = false;
-    free(in);
     free(out);
     free(j);
   }
@@ -592,10 +602,10 @@ static int process_frames(st__conn_t* c) {
     if (stop)
       break;
   }
-  if (off > 0 && c->rbuf != NULL) {
-    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
-    c->rlen -= off;
-  }
+  if (c->rx_busy && c->rx_hold == 0)
+    c->rx_hold = off; /* a frame up to off is being opened in place */
+  else
+    compact_rbuf(c, off);
   return rc;
 }
 

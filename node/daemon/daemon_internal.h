@@ -144,6 +144,9 @@ struct st__conn_s {
   struct st__job_s* txq_head;
   struct st__job_s* txq_tail;
   bool tx_busy, rx_busy;
+  /* rx_busy: the frame being opened is read in place in rbuf, whose first
+   * rx_hold bytes (up to that frame's end) stay until the job is done. */
+  size_t rx_hold;
   int jobs;        /* jobs in flight that point at this conn */
   bool paused;     /* reading stopped by the ring driver */
   bool in_process; /* inside process(): frames being dispatched */
