@@ -205,6 +205,7 @@ struct st_xchg_s {
    * floats have been turned into the delta in place. */
   double rx_sumsq;
   double own_sumsq;
+  uint64_t own_sq_floats; /* own_sumsq covers own[0 .. own_sq_floats) */
   uint64_t delta_floats;
   bool delta_bad;     /* AVERAGE: a delta came out NaN or Inf */
   double delta_sumsq; /* AVERAGE: of the delta, as it is computed */
@@ -402,28 +403,50 @@ static double sumsq(const float* v, size_t n) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) + s;
 }
 
-/* delta = (peer - own) / 2 in float, into the peer's floats or into our
- * own (restrict: the buffers never overlap, and the loops vectorize). */
-static void halve_into_peer(float* restrict peer, const float* restrict own,
-                            size_t n) {
-  for (size_t i = 0; i < n; i++)
-    peer[i] = (peer[i] - own[i]) * 0.5f;
+/* d = (peer - own) / 2 in float, into the peer's floats (d == p) or into
+ * our own (d == o), returning the sum of squares of d as sumsq does: one
+ * pass. The pointers may be equal, so no restrict; the loop is written
+ * in blocks of 8 so that the compiler keeps eight sums in registers. */
+static double halve_sumsq(float* d, const float* p, const float* o, size_t n) {
+  double a[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    float v[8];
+    for (int k = 0; k < 8; k++)
+      v[k] = (p[i + k] - o[i + k]) * 0.5f;
+    for (int k = 0; k < 8; k++) {
+      d[i + k] = v[k];
+      a[k] += (double) v[k] * v[k];
+    }
+  }
+  double s = 0;
+  for (; i < n; i++) {
+    float v = (p[i] - o[i]) * 0.5f;
+    d[i] = v;
+    s += (double) v * v;
+  }
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) + s;
 }
 
-static void halve_into_own(float* restrict own, const float* restrict peer,
-                           size_t n) {
-  for (size_t i = 0; i < n; i++)
-    own[i] = (peer[i] - own[i]) * 0.5f;
-}
-
-/* The delta's sums over d[0..n) (just made): its sum of squares, and
- * whether one came out NaN or Inf (our own snapshot held one, the guard
- * checks the peer's, or peer - own overflowed float). */
-static void delta_sums(st_xchg_t* x, const float* d, size_t n) {
-  double sq = sumsq(d, n);
+/* The delta's sum of squares over floats just made, and whether one came
+ * out NaN or Inf (our own snapshot held one, the guard checks the peer's,
+ * or peer - own overflowed float). */
+static void delta_sums(st_xchg_t* x, double sq) {
   if (!isfinite(sq))
     x->delta_bad = true;
   x->delta_sumsq += sq;
+}
+
+/* own_sumsq extended over own[.. end): taken as each chunk of our own is
+ * encoded (the floats are in cache then, and the first chunk need not wait
+ * for a pass over the whole snapshot), and over the rest before anything
+ * reads it or changes own (the norm guard, the codec). */
+static void own_sum_upto(st_xchg_t* x, uint64_t end) {
+  if (end <= x->own_sq_floats)
+    return;
+  x->own_sumsq +=
+      sumsq(x->own + x->own_sq_floats, (size_t) (end - x->own_sq_floats));
+  x->own_sq_floats = end;
 }
 
 /* AVERAGE, once our snapshot is here: delta = (s_peer - s_own) / 2 in
@@ -441,10 +464,9 @@ static void delta_catch_up(st_xchg_t* x) {
   }
   if (x->rx_floats <= x->delta_floats)
     return; /* nothing new (and with no floats, no buffer to point into) */
-  halve_into_peer(x->peer + x->delta_floats, x->own + x->delta_floats,
-                  (size_t) (x->rx_floats - x->delta_floats));
-  delta_sums(x, x->peer + x->delta_floats,
-             (size_t) (x->rx_floats - x->delta_floats));
+  float* p = x->peer + x->delta_floats;
+  delta_sums(x, halve_sumsq(p, p, x->own + x->delta_floats,
+                            (size_t) (x->rx_floats - x->delta_floats)));
   x->delta_floats = x->rx_floats;
 }
 
@@ -456,10 +478,9 @@ static void delta_in_place(st_xchg_t* x) {
   uint64_t end = x->rx_floats < x->tx_floats ? x->rx_floats : x->tx_floats;
   if (end <= x->delta_floats)
     return;
-  halve_into_own(x->own + x->delta_floats,
-                 x->pend + (x->delta_floats - x->pend_from),
-                 (size_t) (end - x->delta_floats));
-  delta_sums(x, x->own + x->delta_floats, (size_t) (end - x->delta_floats));
+  float* o = x->own + x->delta_floats;
+  delta_sums(x, halve_sumsq(o, x->pend + (x->delta_floats - x->pend_from), o,
+                            (size_t) (end - x->delta_floats)));
   x->delta_floats = end;
   size_t left = (size_t) (x->rx_floats - end);
   if (left > 0 && end > x->pend_from)
@@ -526,6 +547,7 @@ static void progress(st_xchg_t* x) {
   if (x->phase != PH_TRANSFER)
     return;
   if (x->coded && x->have_own && !x->encode_asked) {
+    own_sum_upto(x, n_floats(x)); /* the codec turns own into D(c_own) */
     x->encode_asked = true;
     push(x, Q_ENCODE);
   }
@@ -536,6 +558,7 @@ static void progress(st_xchg_t* x) {
   if (x->kind == ST_XCHG_AVERAGE && x->rx_verified && own_ready(x) &&
       !x->norm_checked) {
     x->norm_checked = true;
+    own_sum_upto(x, n_floats(x)); /* own beyond tx_floats is still ours */
     if (x->cfg.norm_mult > 0 &&
         sqrt(x->rx_sumsq) > x->cfg.norm_mult * (sqrt(x->own_sumsq) + 1.0)) {
       finish(x, ST_XCHG_FAIL_NORM);
@@ -781,12 +804,12 @@ static void on_chunk(st_xchg_t* x, const st_msg_tensor_chunk_t* c) {
   }
   float* dst =
       x->in_place ? x->pend + (c->offset - x->pend_from) : x->peer + c->offset;
-  memcpy(dst, c->data, c->data_len);
   if (x->kind == ST_XCHG_FETCH)
     st_hash_update(&x->rx_hash, c->data, c->data_len);
   /* A NaN or Inf makes the sum NaN or Inf; finite floats cannot overflow
    * it (FLT_MAX^2 * 2^40 < DBL_MAX). */
-  x->rx_sumsq += sumsq(dst, count);
+  memcpy(dst, c->data, c->data_len);
+  x->rx_sumsq += sumsq(dst, count); /* in cache: just copied */
   x->rx_floats += count;
   delta_catch_up(x);
 }
@@ -888,7 +911,8 @@ int st_xchg_snapshot(st_xchg_t* x, uint64_t now_ms, const float* params,
     memcpy(x->own, params, n * sizeof(float));
   x->asked = false;
   x->have_own = true;
-  x->own_sumsq = sumsq(x->own, n);
+  x->own_sumsq = 0; /* taken chunk by chunk: own_sum_upto */
+  x->own_sq_floats = 0;
   if (x->held_hint && !x->initiator) {
     uint8_t h[ST_HASH_BYTES];
     st_hash_t hs;
@@ -1083,6 +1107,8 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
       st_hash_update(&x->tx_hash, m.u.chunk.data, m.u.chunk.data_len);
     x->tx_floats += k;
     encode(&m, x->enc, ST_WIRE_MAX_MESSAGE_BYTES, out);
+    if (x->kind == ST_XCHG_AVERAGE)
+      own_sum_upto(x, x->tx_floats); /* before the delta takes them */
     delta_catch_up(x); /* in place: the floats encoded are free now */
     return false;
   }
