@@ -773,6 +773,41 @@ def test_crossed_lists_without_timeout(members: Members, count: int) -> None:
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
+def test_eager_sender_far_ahead_is_no_crossing(members: Members) -> None:
+    """Rank 0 pushes 300 times to rank 1 (each push returns once sent),
+    more than the 256 operations a node remembers as ended; rank 1 then
+    pulls them, so its first messages reach rank 0 after rank 0's pushes
+    ended there. Then every rank all-reduces over all three with no
+    timeout, rank 1 7 s after the others. Rank 0 has numbered those pulls'
+    operations already: it drops their late first messages, and the
+    crossed-call rule (5 s) does not take them for a call waiting on
+    another list; the all-reduce completes everywhere."""
+    ids = members.ids
+    pushes = 300
+
+    def push(comm: Any, rank: int) -> None:
+        for i in range(pushes):
+            comm.push(ids[1], "far-ahead", np.full(1, i, dtype=np.float32))
+
+    def pull(comm: Any, rank: int) -> None:
+        for i in range(pushes):
+            got = comm.pull(ids[0], "far-ahead", np.zeros(1, dtype=np.float32))
+            assert got[0] == i
+
+    for fn, rank in ((push, 0), (pull, 1)):
+        out = members.run(fn, who=[members.ranks.index(rank)])
+        assert out[rank] is None, repr(out[rank])
+
+    def reduce(comm: Any, rank: int) -> Any:
+        if rank == 1:
+            time.sleep(7)
+        return comm.all_reduce(np.ones(4, dtype=np.float32), group=list(ids), timeout=0)
+
+    out = members.ok(reduce)
+    for r in range(N):
+        assert out[r].tolist() == [3.0] * 4, out
+
+
 def test_tiny_timeout_is_a_timeout(members: Members) -> None:
     """A timeout under half a millisecond is still one (it went to the node
     as 0 ms, which means none, and the call waited for ever): rank 0 alone
