@@ -777,8 +777,9 @@ def test_eager_sender_far_ahead_is_no_crossing(members: Members) -> None:
     """Rank 0 pushes 300 times to rank 1 (each push returns once sent),
     more than the 256 operations a node remembers as ended; rank 1 then
     pulls them, so its first messages reach rank 0 after rank 0's pushes
-    ended there. Then every rank all-reduces over all three with no
-    timeout, rank 1 7 s after the others. Rank 0 has numbered those pulls'
+    ended there. Then every rank all-reduces on "all" (the explicit lists
+    of earlier tests are out of step) with no timeout, rank 1 7 s after
+    the others. Rank 0 has numbered those pulls'
     operations already: it drops their late first messages, and the
     crossed-call rule (5 s) does not take them for a call waiting on
     another list; the all-reduce completes everywhere."""
@@ -801,7 +802,7 @@ def test_eager_sender_far_ahead_is_no_crossing(members: Members) -> None:
     def reduce(comm: Any, rank: int) -> Any:
         if rank == 1:
             time.sleep(7)
-        return comm.all_reduce(np.ones(4, dtype=np.float32), group=list(ids), timeout=0)
+        return comm.all_reduce(np.ones(4, dtype=np.float32), timeout=0)  # "all"
 
     out = members.ok(reduce)
     for r in range(N):
