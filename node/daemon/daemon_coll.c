@@ -156,7 +156,15 @@ int st__coll_number(st__daemon_t* d, st__coll_group_t* g) {
   g->key = key;
   g->seq = s->next++;
   g->op_id = hash64("starling-coll-op-v1", &key, sizeof key, g->seq);
+  d->coll.numbered[d->coll.numbered_at++ % ST__COLL_NUMBERED] = g->op_id;
   return 0;
+}
+
+bool st__coll_was_numbered(const st__coll_t* c, uint64_t op_id) {
+  for (size_t i = 0; i < ST__COLL_NUMBERED && op_id != 0; i++)
+    if (c->numbered[i] == op_id)
+      return true;
+  return false;
 }
 
 uint64_t st__coll_tag(const char* space, const st_node_id_t* from,
@@ -183,6 +191,10 @@ static bool give_number_back(st__daemon_t* d, const st__coll_group_t* g) {
   for (size_t i = 0; i < d->coll.n_seqs; i++)
     if (d->coll.seqs[i].key == g->key && d->coll.seqs[i].next == g->seq + 1) {
       d->coll.seqs[i].next = g->seq;
+      /* Not numbered any more: frames for it wait for the next call. */
+      for (size_t k = 0; k < ST__COLL_NUMBERED; k++)
+        if (d->coll.numbered[k] == g->op_id)
+          d->coll.numbered[k] = 0;
       return true;
     }
   return false;
@@ -390,6 +402,8 @@ static bool op_drain(st__daemon_t* d, st__coll_op_t* op) {
     }
     if (!op->withdrawn) { /* a withdrawn number is used again */
       remember_finished(d, op->g.op_id);
+      if (op->g.all)
+        st__coll_remember_all(&d->coll, op);
       /* What came for it and was kept (a member's first message to an
        * eager sender that had already finished when it started here)
        * will never be used. */
@@ -462,50 +476,131 @@ static bool feed_pending(st__daemon_t* d, st__coll_op_t* op, uint64_t op_id,
   return false;
 }
 
-/* A HELLO of op's operation id from a member that is not in op's group.
- * Only a call on "all" shares its id with calls over other lists (an
- * explicit list's id hashes the list): the two nodes' views of the members
- * differed when they called, and each waits for what the other never
- * sends. When op is on "all" and the sender is a member this node holds
- * alive or suspect (a node that only holds the cluster key cannot fail
- * calls it has no part in), op fails as a mismatch naming both calls and
- * the sender, which op's ABORTs would not reach, is told directly; else
- * the HELLO is dropped (counted). true: op ended. */
-static bool foreign_hello(st__daemon_t* d, st__coll_op_t* op,
-                          const st_node_id_t* from,
-                          const st_msg_coll_hello_t* h) {
-  const st_member_t* mb = st_membership_find(d->m, from);
-  if (!op->g.all || mb == NULL ||
-      (mb->state != ST_MEMBER_ALIVE && mb->state != ST_MEMBER_SUSPECT)) {
-    d->c.coll_dropped++;
-    return false;
-  }
-  char hex[33], text[ST_COLL_REASON_MAX];
-  st_node_id_format(from, hex);
-  snprintf(text, sizeof text,
-           "member %s: it called %s(%s, root %u) of %llu %s in a group of %u "
-           "(members %016llx) with this node in it; this member called "
-           "%s(%s, root %u) of %llu %s in a group of %u (members %016llx) "
-           "without it (the members' lists differ; with \"all\", their "
-           "views of the cluster did)",
-           hex, st_coll_kind_name(h->kind), st_coll_rop_name(h->rop), h->root,
-           (unsigned long long) h->count, st_coll_dtype_name(h->dtype), h->n,
-           (unsigned long long) h->members_hash, st_coll_kind_name(op->kind),
-           st_coll_rop_name(op->rop), op->root, (unsigned long long) op->count,
-           st_coll_dtype_name(op->dtype), op->g.n,
-           (unsigned long long) op->g.members_hash);
+/* ---- Calls on "all" over other lists ------------------------------------
+ *
+ * Only a call on "all" shares its operation id with calls over other lists
+ * (an explicit list's id hashes the list): when two nodes' views of the
+ * members differed at the call, each waits for what the other never sends.
+ * Every member's HELLO goes to every other member, so the node that gets
+ * one naming another list answers it.
+ */
+
+/* "all_reduce(sum, root 0) of 10 float32 in a group of 2 (members h)". */
+static void call_text(char* out, size_t len, uint8_t kind, uint8_t rop,
+                      uint32_t root, uint64_t count, uint8_t dtype, uint32_t n,
+                      uint64_t members_hash) {
+  snprintf(out, len,
+           "%s(%s, root %u) of %llu %s in a group of %u "
+           "(members %016llx)",
+           st_coll_kind_name(kind), st_coll_rop_name(rop), root,
+           (unsigned long long) count, st_coll_dtype_name(dtype), n,
+           (unsigned long long) members_hash);
+}
+
+static st__conn_t* conn_from(st__daemon_t* d, const st_node_id_t* id) {
+  for (st__conn_t* c = d->conns; c != NULL; c = c->next)
+    if (!c->initiator && !c->closing && st__conn_purpose(c) == ST__CONN_COLL &&
+        memcmp(&c->peer, id, sizeof(*id)) == 0)
+      return c;
+  return NULL;
+}
+
+/* Sends member `to` a COLL_ABORT of op_id with the sentence text: on this
+ * node's connection to it, or, when this node does not hold it in its
+ * membership table (it has just joined: there is no address to dial), on
+ * the connection it dialled to this node, which it reads too. */
+static void tell_abort(st__daemon_t* d, const st_node_id_t* to, uint64_t op_id,
+                       const char* text) {
   st_msg_t m;
   memset(&m, 0, sizeof m);
   m.type = ST_MSG_COLL_ABORT;
-  m.u.coll_abort = (st_msg_coll_abort_t){.op_id = op->g.op_id,
-                                         .reason = text,
-                                         .reason_len = (uint32_t) strlen(text)};
+  m.u.coll_abort = (st_msg_coll_abort_t){
+      .op_id = op_id, .reason = text, .reason_len = (uint32_t) strlen(text)};
   uint8_t buf[ST_COLL_REASON_MAX + 128];
   size_t len = 0;
-  if (st_wire_encode(&m, buf, sizeof buf, &len) == 0)
-    (void) send_to(d, from, buf, len);
+  if (st_wire_encode(&m, buf, sizeof buf, &len) != 0)
+    return;
+  st__conn_t* c = conn_from(d, to);
+  if (st_membership_find(d->m, to) != NULL || c == NULL)
+    (void) send_to(d, to, buf, len);
+  else
+    (void) st__conn_send(c, buf, len, true);
+}
+
+static bool alive(const st__daemon_t* d, const st_node_id_t* id) {
+  const st_member_t* mb = st_membership_find(d->m, id);
+  return mb != NULL &&
+         (mb->state == ST_MEMBER_ALIVE || mb->state == ST_MEMBER_SUSPECT);
+}
+
+/* A HELLO of op's operation id from a member that is not in op's group,
+ * op on "all" (else it is dropped, counted). The sender is told with a
+ * COLL_ABORT naming both calls (op's own ABORTs go to its group, which
+ * lacks it). When this node holds the sender alive or suspect, op fails
+ * as that mismatch too; a sender it does not hold (a node that only holds
+ * the cluster key cannot fail calls it has no part in) learns of its own
+ * call's mismatch, and op goes on. true: op ended. */
+static bool foreign_hello(st__daemon_t* d, st__coll_op_t* op,
+                          const st_node_id_t* from,
+                          const st_msg_coll_hello_t* h) {
+  if (!op->g.all) {
+    d->c.coll_dropped++;
+    return false;
+  }
+  char hex[33], theirs[160], ours[160], text[ST_COLL_REASON_MAX];
+  st_node_id_format(from, hex);
+  call_text(theirs, sizeof theirs, h->kind, h->rop, h->root, h->count, h->dtype,
+            h->n, h->members_hash);
+  call_text(ours, sizeof ours, (uint8_t) op->kind, (uint8_t) op->rop, op->root,
+            op->count, (uint8_t) op->dtype, op->g.n, op->g.members_hash);
+  snprintf(text, sizeof text,
+           "member %s: it called %s with this node in it; this member called "
+           "%s without it (the members' lists differ; with \"all\", their "
+           "views of the cluster did)",
+           hex, theirs, ours);
+  tell_abort(d, from, op->g.op_id, text);
+  if (!alive(d, from))
+    return false;
   st_coll_abort(op->m, ST_COLL_FAIL_MISMATCH, op->g.n, text);
   return op_drain(d, op);
+}
+
+void st__coll_remember_all(st__coll_t* c, const st__coll_op_t* op) {
+  c->ended_all[c->ended_all_at++ % ST__COLL_ENDED_ALL] =
+      (st__coll_ended_t){.op_id = op->g.op_id,
+                         .members_hash = op->g.members_hash,
+                         .count = op->count,
+                         .n = op->g.n,
+                         .root = op->root,
+                         .kind = (uint8_t) op->kind,
+                         .rop = (uint8_t) op->rop,
+                         .dtype = (uint8_t) op->dtype};
+}
+
+/* A HELLO for a call on "all" that ended here, over another list: the
+ * sender's view of "all" differed, and its call waits for this node's
+ * part, which is over. The same list (a duplicate, or a member that sent
+ * its HELLO to an eager sender that had already returned) is not one. */
+bool st__coll_late_hello(const st__coll_t* c, const st_node_id_t* from,
+                         const st_msg_coll_hello_t* h, char* text, size_t len) {
+  const st__coll_ended_t* e = NULL;
+  for (size_t i = 0; i < ST__COLL_ENDED_ALL && e == NULL; i++)
+    if (c->ended_all[i].op_id == h->op_id && h->op_id != 0)
+      e = &c->ended_all[i];
+  if (e == NULL || e->members_hash == h->members_hash)
+    return false;
+  char hex[33], theirs[160], ours[160];
+  st_node_id_format(from, hex);
+  call_text(theirs, sizeof theirs, h->kind, h->rop, h->root, h->count, h->dtype,
+            h->n, h->members_hash);
+  call_text(ours, sizeof ours, e->kind, e->rop, e->root, e->count, e->dtype,
+            e->n, e->members_hash);
+  snprintf(text, len,
+           "member %s: it called %s; this member called %s, which had ended "
+           "here before that call came (the members' lists differ; with "
+           "\"all\", their views of the cluster did)",
+           hex, theirs, ours);
+  return true;
 }
 
 bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
@@ -581,7 +676,31 @@ static void on_fetch(st__conn_t* c, const st_msg_coll_fetch_t* f) {
           f->text);
 }
 
-/* A frame on a COLL connection: to its operation, or kept for it. */
+/* Keeps a frame of an operation not started here, until it does. */
+static void keep(st__daemon_t* d, const st_node_id_t* from, uint64_t op_id,
+                 const uint8_t* msg, size_t len) {
+  if (d->coll.pending_bytes + len > ST__COLL_PENDING_MAX) {
+    d->c.coll_dropped++;
+    return;
+  }
+  pend_t* e = malloc(sizeof(*e) + len);
+  if (e == NULL) {
+    d->c.coll_dropped++;
+    return;
+  }
+  *e =
+      (pend_t){.op_id = op_id, .from = *from, .at_ms = st__dnow(d), .len = len};
+  memcpy(e->data, msg, len);
+  pend_t** p = &d->coll.pending;
+  while (*p != NULL)
+    p = &(*p)->next;
+  *p = e;
+  d->coll.pending_bytes += len;
+}
+
+/* A frame on a COLL connection: to its operation; answered, when it is a
+ * late HELLO over another list for a call on "all" that ended here;
+ * dropped, when its operation ended here; else kept for it. */
 void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
   st__daemon_t* d = c->d;
   st_msg_t m;
@@ -606,40 +725,27 @@ void st__coll_on_frame(st__conn_t* c, const uint8_t* msg, size_t len) {
    * nobody (st_coll_withdraw). */
   bool withdrawn =
       m.type == ST_MSG_COLL_ABORT && m.u.coll_abort.reason_len == 0;
+  st__coll_op_t* op = find_op(d, op_id);
+  char text[ST_COLL_REASON_MAX];
+  bool late = op == NULL && m.type == ST_MSG_COLL_HELLO &&
+              st__coll_late_hello(&d->coll, &c->peer, &m.u.coll_hello, text,
+                                  sizeof text);
   st_wire_msg_free(&m);
   if (!coll) {
     d->c.coll_dropped++;
     st__conn_close(c);
-    return;
-  }
-  st__coll_op_t* op = find_op(d, op_id);
-  if (op != NULL) {
+  } else if (op != NULL) {
     st__coll_feed(d, op, &c->peer, msg, len);
-    return;
-  }
-  if (recently_finished(d, op_id))
-    return; /* the rest of an operation that ended here */
-  if (withdrawn) {
+  } else if (late) {
+    tell_abort(d, &c->peer, op_id, text);
+  } else if (recently_finished(d, op_id) ||
+             st__coll_was_numbered(&d->coll, op_id)) {
+    /* The rest of an operation that ended here. */
+  } else if (withdrawn) {
     forget_pending(d, op_id, &c->peer);
-    return;
+  } else {
+    keep(d, &c->peer, op_id, msg, len);
   }
-  if (d->coll.pending_bytes + len > ST__COLL_PENDING_MAX) {
-    d->c.coll_dropped++;
-    return;
-  }
-  pend_t* e = malloc(sizeof(*e) + len);
-  if (e == NULL) {
-    d->c.coll_dropped++;
-    return;
-  }
-  *e = (pend_t){
-      .op_id = op_id, .from = c->peer, .at_ms = st__dnow(d), .len = len};
-  memcpy(e->data, msg, len);
-  pend_t** p = &d->coll.pending;
-  while (*p != NULL)
-    p = &(*p)->next;
-  *p = e;
-  d->coll.pending_bytes += len;
 }
 
 /* The connection ended: operations that wait on its member fail. */

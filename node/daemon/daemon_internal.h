@@ -177,6 +177,22 @@ struct st__conn_s {
  * for operations not started here are kept up to ST__COLL_PENDING_MAX
  * bytes, each at most ST__COLL_PENDING_MS. */
 #define ST__COLL_FINISHED 256
+/* The operation ids this node numbered last (st__coll_number): a frame for
+ * one that no running operation takes is for an operation that ended here
+ * (or never started: its start failed) and is dropped quietly, not kept.
+ * Kept, a slow member's late HELLOs to an eager sender (a broadcast's
+ * root, a push, a notify) more than ST__COLL_FINISHED calls ahead of it
+ * would look to the crossed-call rule like calls never made here. An eager
+ * sender may run this many calls ahead of a member; 128 KiB, scanned
+ * (about 10 us) only for a frame of no running operation. A withdrawn
+ * call's id leaves it with its number (daemon_coll.c, give_number_back). */
+#define ST__COLL_NUMBERED 16384u
+/* The calls on "all" that ended here last, with what they called: a
+ * member's HELLO for one of them over another list (its view of "all"
+ * differed) is answered with a COLL_ABORT naming both calls
+ * (daemon_coll.c, late_hello). Such a HELLO comes within a call or two of
+ * the others' on "all"; 64 (3 KiB) covers a member much further behind. */
+#define ST__COLL_ENDED_ALL 64u
 #define ST__COLL_PENDING_MAX (256u << 20)
 #define ST__COLL_PENDING_MS 300000u
 /* An operation that has heard nothing for this long fails as a mismatch
@@ -203,6 +219,13 @@ struct st__conn_s {
 typedef struct {
   uint64_t key, next;
 } st__coll_seq_t;
+
+/* A call on "all" that ended here: what its HELLO carried. */
+typedef struct {
+  uint64_t op_id, members_hash, count;
+  uint32_t n, root;
+  uint8_t kind, rop, dtype; /* st_coll_kind_t, _rop_t, _dtype_t */
+} st__coll_ended_t;
 
 /* A group frozen at a call: ids in rank order (sorted), this node's rank,
  * the hash every member checks, and the operation's id. */
@@ -265,6 +288,10 @@ typedef struct {
   size_t n_seqs, cap_seqs;
   uint64_t finished[ST__COLL_FINISHED];
   size_t finished_at;
+  uint64_t numbered[ST__COLL_NUMBERED]; /* 0: a free slot */
+  size_t numbered_at;
+  st__coll_ended_t ended_all[ST__COLL_ENDED_ALL]; /* op_id 0: free */
+  size_t ended_all_at;
   uv_timer_t sweep;
   bool sweep_open;
   bool stopping; /* no new connections: the node is shutting down */
@@ -711,6 +738,15 @@ bool st__coll_feed(st__daemon_t* d, st__coll_op_t* op, const st_node_id_t* from,
                    const uint8_t* data, size_t len);
 /* Ends op as failed (its program went away). */
 void st__coll_abort_op(st__daemon_t* d, st__coll_op_t* op, const char* why);
+/* Late HELLOs (docs/protocol.md, "User collectives", Failure): whether
+ * this node numbered op_id among its last ST__COLL_NUMBERED calls; op, a
+ * call on "all" that ended here, into the ring of those; and whether the
+ * HELLO h from member `from` is for such a call over another list, with
+ * the COLL_ABORT's sentence naming both calls into text (false: not one). */
+bool st__coll_was_numbered(const st__coll_t* c, uint64_t op_id);
+void st__coll_remember_all(st__coll_t* c, const st__coll_op_t* op);
+bool st__coll_late_hello(const st__coll_t* c, const st_node_id_t* from,
+                         const st_msg_coll_hello_t* h, char* text, size_t len);
 /* COLL connections' callbacks. */
 int st__coll_on_open(st__conn_t* c);
 /* A frame on a COLL connection was written: paced operations go on once

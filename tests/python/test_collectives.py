@@ -773,6 +773,42 @@ def test_crossed_lists_without_timeout(members: Members, count: int) -> None:
     members.ok(lambda comm, rank: comm.barrier(timeout=30))
 
 
+def test_eager_sender_far_ahead_is_no_crossing(members: Members) -> None:
+    """Rank 0 pushes 300 times to rank 1 (each push returns once sent),
+    more than the 256 operations a node remembers as ended; rank 1 then
+    pulls them, so its first messages reach rank 0 after rank 0's pushes
+    ended there. Then every rank all-reduces on "all" (the explicit lists
+    of earlier tests are out of step) with no timeout, rank 1 7 s after
+    the others. Rank 0 has numbered those pulls'
+    operations already: it drops their late first messages, and the
+    crossed-call rule (5 s) does not take them for a call waiting on
+    another list; the all-reduce completes everywhere."""
+    ids = members.ids
+    pushes = 300
+
+    def push(comm: Any, rank: int) -> None:
+        for i in range(pushes):
+            comm.push(ids[1], "far-ahead", np.full(1, i, dtype=np.float32))
+
+    def pull(comm: Any, rank: int) -> None:
+        for i in range(pushes):
+            got = comm.pull(ids[0], "far-ahead", np.zeros(1, dtype=np.float32))
+            assert got[0] == i
+
+    for fn, rank in ((push, 0), (pull, 1)):
+        out = members.run(fn, who=[members.ranks.index(rank)])
+        assert out[rank] is None, repr(out[rank])
+
+    def reduce(comm: Any, rank: int) -> Any:
+        if rank == 1:
+            time.sleep(7)
+        return comm.all_reduce(np.ones(4, dtype=np.float32), timeout=0)  # "all"
+
+    out = members.ok(reduce)
+    for r in range(N):
+        assert out[r].tolist() == [3.0] * 4, out
+
+
 def test_tiny_timeout_is_a_timeout(members: Members) -> None:
     """A timeout under half a millisecond is still one (it went to the node
     as 0 ms, which means none, and the call waited for ever): rank 0 alone
@@ -891,6 +927,64 @@ def test_views_of_all_differ(cluster: Cluster) -> None:
         comm.close()
 
 
+def test_late_call_on_all_after_it_ended(cluster: Cluster) -> None:
+    """A and B make their first call on "all" while they know only each
+    other, and it completes. Then C joins, and C's program makes its first
+    call on "all", now A, B and C: the same operation id, which has ended on
+    A and B, so nothing there waits for C's first message. Each answers it
+    with an ABORT naming both calls, and C's call fails at once with a
+    mismatch, with no timeout set; without that answer it would wait for
+    ever."""
+    def node(join: Optional[str]) -> Any:  # on the network with a model
+        n = cluster.node(join=join)
+        with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
+            pass
+        return n
+
+    a = node(None)
+    b = node(a.address())
+    ca = starling.open_comm(a.sock, timeout=30)
+    cb = starling.open_comm(b.sock, timeout=30)
+    deadline = time.monotonic() + 30 * SLOW
+    while len(ca.members()[0]) != 2 or len(cb.members()[0]) != 2:
+        assert time.monotonic() < deadline, "A and B never met" + cluster.logs()
+        time.sleep(0.1)
+    out: Dict[str, Any] = {}
+
+    def call(name: str, comm: Any) -> None:
+        try:
+            comm.all_reduce(np.ones(10, dtype=np.float32), timeout=0)
+            out[name] = "returned"
+        except Exception as e:  # handed to the test
+            out[name] = e
+
+    first = [threading.Thread(target=call, args=(k, m), daemon=True)
+             for k, m in (("a", ca), ("b", cb))]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(30 * SLOW)
+    assert out == {"a": "returned", "b": "returned"}, out
+    c = node(a.address())
+    cc = starling.open_comm(c.sock, timeout=30)
+    while any(len(m.members()[0]) != 3 for m in (ca, cb, cc)):
+        assert time.monotonic() < deadline, "C never saw all" + cluster.logs()
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    tc = threading.Thread(target=call, args=("c", cc), daemon=True)
+    tc.start()
+    tc.join(10 * SLOW)
+    assert not tc.is_alive(), "a late call on all hangs" + cluster.logs()
+    e = out["c"]
+    assert isinstance(e, starling.CollectiveMismatch), repr(e)
+    assert time.monotonic() - t0 < 5 * SLOW
+    text = str(e)
+    assert "in a group of 2" in text and "in a group of 3" in text, text
+    assert "had ended here" in text and "lists differ" in text, text
+    for comm in (ca, cb, cc):
+        comm.close()
+
+
 def test_timeout_names_the_absent_member(members: Members) -> None:
     """Ranks 0 and 1 wait in a barrier with a 1 s timeout that rank 2
     never joins: the first to time out raises CollectiveTimeout naming rank
@@ -951,11 +1045,19 @@ def test_error_kinds() -> None:
         "8fdd0123456789ab)"
     )
     relayed = f"member {b}: rank 1 failed the operation: " + mism.split(": ", 1)[1]
+    late = (
+        f"member {b}: rank 0 failed the operation: member {a}: it called "
+        "all_reduce(sum, root 0) of 10 float32 in a group of 3 (members "
+        "0ac6d3fe01234567); this member called all_reduce(sum, root 0) of 10 "
+        "float32 in a group of 2 (members 99334e4401234567), which had ended "
+        "here before that call came (the members' lists differ)"
+    )
     silent = f"timed out after 1.0 s; no word yet from {a[:12]}, {b[:12]}"
     dead = f"member {a} is not an alive member of the cluster"
     cases = [
         (-errno.EINVAL, mism, starling.CollectiveMismatch, [a]),
         (-errno.ECONNABORTED, relayed, starling.CollectiveMismatch, [b]),
+        (-errno.ECONNABORTED, late, starling.CollectiveMismatch, [b, a]),
         (-errno.EINVAL, dead, starling.CollectiveError, [a]),
         (-errno.ECONNABORTED, f"member {b}: it is dead", starling.MemberFailed, [b]),
         (-errno.ETIMEDOUT, silent, starling.CollectiveTimeout, [a[:12], b[:12]]),

@@ -112,7 +112,14 @@ class PublisherBusy(CollectiveError):
     kind = "busy"
 
 
-_MISMATCH = _re.compile(r"rank \d+ called .*; rank \d+ \(this member\) called ")
+# Two calls named: the machine's mismatch (gossip/coll.c), or the node's
+# answer to a HELLO on "all" over another list (node/daemon/daemon_coll.c,
+# foreign_hello and st__coll_late_hello: "it called ...; this member
+# called ...").
+_MISMATCH = _re.compile(
+    r"rank \d+ called .*; rank \d+ \(this member\) called "
+    r"|it called .*; this member called "
+)
 _FULL_ID = _re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 _SILENT = _re.compile(r"no word yet from ((?:[0-9a-f]{12}(?:, )?)+)")
 
@@ -183,8 +190,8 @@ def comm_error_for(rc: int, message: str, store: bool = False) -> StarlingError:
         # The library answers a refused argument and a mismatch with the
         # same -EINVAL, and a member that learns of the mismatch from
         # another (its ABORT) with -ECONNABORTED; the mismatch's sentence,
-        # relayed as it is, is the only one that says what two ranks
-        # "called" (gossip/coll.c), so every member raises the same kind.
+        # relayed as it is, is the only one that says what two calls were
+        # (_MISMATCH), so every member raises the same kind.
         cls = CollectiveMismatch
     elif code == _errno.EINVAL:
         cls = CollectiveError
