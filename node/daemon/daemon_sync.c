@@ -23,6 +23,10 @@
  *   checked as it comes. A donor that sends a bad chunk is dropped and
  *   counted; one that goes away has its undelivered chunks fetched from
  *   the others;
+ * - when every agreeing donor went away or sent bad chunks it asks again
+ *   from nothing; after ST__SYNC_ASK_TRIES + 1 such restarts in a row it
+ *   waits first (3 s, doubling up to 48 s), and never falls back to one
+ *   donor then;
  * - once every chunk is verified it checks the whole vector against the
  *   manifest's id, and hands it to the trainer with the step (the smallest
  *   the agreeing donors reported, within st__robust_step_bound).
@@ -65,10 +69,10 @@ struct st__sync_s {
   unsigned answered, usable, not_ready;
   uint64_t ask_deadline_ms;
   unsigned tries, restarts;
-  unsigned disagreements; /* rounds of 3 that ended with no two alike */
-  bool conflicted;        /* a round heard two usable manifests, unlike */
-  bool said_wait;         /* logged that one member cannot settle it */
-  uint64_t ask_after_ms;  /* no new round of asking before (back-off) */
+  unsigned backoffs;     /* waits before asking again, in this sync */
+  bool conflicted;       /* a round heard two usable manifests, unlike */
+  bool said_wait;        /* logged that one member cannot settle it */
+  uint64_t ask_after_ms; /* no new round of asking before (back-off) */
   uint64_t started_ms;
   unsigned bad_donors, lost_donors;
 };
@@ -379,6 +383,25 @@ static bool asking(const st__sync_t* s) {
   return false;
 }
 
+/* Asks again from nothing after a wait of 3 s, doubling up to 48 s with
+ * each back-off in this sync. Returns the wait. */
+static uint64_t back_off(st__daemon_t* d) {
+  st__sync_t* s = d->sync;
+  uint64_t wait_ms = (uint64_t) ST__SYNC_ASK_MS
+                     << (s->backoffs < 4 ? s->backoffs : 4);
+  s->tries = 0;
+  s->restarts = 0;
+  s->backoffs++;
+  drop_conns(s);
+  st_sync_plan_free(s->plan);
+  s->plan = NULL;
+  st__anchor_release(s->state);
+  s->state = NULL;
+  s->phase = PH_ASK;
+  s->ask_after_ms = st__dnow(d) + wait_ms;
+  return wait_ms;
+}
+
 /* After a round of asking: agree, or ask again, or fall back. */
 static void decide(st__daemon_t* d) {
   st__sync_t* s = d->sync;
@@ -412,20 +435,14 @@ static void decide(st__daemon_t* d) {
      * one of them lies (or is broken), and taking one donor's word is
      * what multi-donor sync is for not doing. Ask again, for as long as
      * it takes a ring round to make two agree. */
-    uint64_t wait_ms = (uint64_t) ST__SYNC_ASK_MS
-                       << (s->disagreements < 4 ? s->disagreements : 4);
+    unsigned usable = s->usable, tries = s->tries;
+    uint64_t wait_ms = back_off(d);
+    d->c.sync_disagreed++;
     st__dwarn(d,
               "donors described different agreed states (%u usable "
               "manifests, no two alike, in the last of %u rounds): not "
               "taking any one donor's word; asking again in %.0f s",
-              s->usable, s->tries, (double) wait_ms / 1000.0);
-    s->tries = 0;
-    s->disagreements++;
-    d->c.sync_disagreed++;
-    drop_conns(s);
-    st_sync_plan_free(s->plan);
-    s->plan = NULL;
-    s->ask_after_ms = st__dnow(d) + wait_ms;
+              usable, tries, (double) wait_ms / 1000.0);
   } else {
     ask(d);
   }
@@ -516,7 +533,14 @@ static void fetch_more(st__daemon_t* d) {
 static void advance(st__daemon_t* d) {
   st__sync_t* s = d->sync;
   if (s->restarts > ST__SYNC_ASK_TRIES) {
-    fall_back(d, "the agreeing donors failed again and again");
+    /* The donors that agreed went away or sent bad chunks, sync after
+     * sync: one donor's word would let a member that outlasts them feed
+     * this node a state nobody vouched for. Wait, and ask again. */
+    uint64_t wait_ms = back_off(d);
+    st__dwarn(d,
+              "the agreeing donors failed %d times in a row: not taking any "
+              "one donor's word; asking again in %.0f s",
+              ST__SYNC_ASK_TRIES + 1, (double) wait_ms / 1000.0);
     return;
   }
   if (s->phase == PH_ASK) {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# test_node_sync_corrupt.sh: a joiner whose agreeing donors both send
+# corrupted chunks (STARLING_FAULT_SYNC_CORRUPT: the last byte of every
+# chunk's data flipped, under a true manifest) never takes one
+# donor's word (docs/protocol.md, "Multi-donor state sync"): each sync
+# drops both donors as bad and starts asking again, and after four such
+# restarts in a row it backs off and asks again, rather than fall back to
+# the whole state from one donor (sync.single_donor 0); it never trains
+# (it stays "syncing" at step 0). Loopback, about 30 s. (One corrupting
+# donor among honest ones: test_node_sync_donors.sh; a donor that lies
+# about its manifest: test_node_sync_liar.sh.)
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/node_lib.sh"
+
+"$NUMPY_PY" - "$SCRATCH/data.csv" <<'EOF'
+import sys
+import numpy as np
+rng = np.random.default_rng(6)
+x = rng.normal(size=(200, 8))
+y = (x[:, :4].sum(axis=1) > 0).astype(int)
+np.savetxt(sys.argv[1], np.column_stack([x, y]), delimiter=",", fmt="%.5f")
+EOF
+MODEL=(--model mlp:8-16-2 --data "csv:$SCRATCH/data.csv" --batch 8 --lr 0.05
+       --epochs 3 --threads 1 --device cpu --gossip-every 0 --eval-every 0
+       --checkpoint-every 0)
+DONOR=(--local-steps 10 --ring-every 0 --min-nodes 2)
+
+# Two donors that agree on the state and corrupt every chunk they send.
+STARLING_FAULT_SYNC_CORRUPT=1 node_start 0 "${MODEL[@]}" "${DONOR[@]}"
+node_up 0
+SEED=$NODE_ADDR
+STARLING_FAULT_SYNC_CORRUPT=1 node_start 1 "${MODEL[@]}" "${DONOR[@]}" --join "$SEED"
+node_up 1
+both_done() { node_state_is 0 done && node_state_is 1 done; }
+wait_for 60 "the two donors finishing their epochs" both_done
+same_agreed() {
+  local a b
+  a=$(node_field 0 agreed.id) && b=$(node_field 1 agreed.id) &&
+    [ -n "$a" ] && [ "$a" != null ] && [ "$a" = "$b" ]
+}
+wait_for 30 "the two donors holding one agreed state" same_agreed
+pass "two corrupting donors done, holding agreed state $(node_field 0 agreed.id)"
+
+node_start 2 "${MODEL[@]}" --ring-every 0 --join "$SEED"
+node_up 2
+wait_for 60 "the joiner backing off after its agreeing donors failed again and again" \
+  grep -q "the agreeing donors failed 4 times in a row: not taking any one donor's word" \
+  "$(node_log 2)"
+bad=$(node_field 2 sync.donors_bad)
+[ "$bad" -ge 8 ] || node_fail "the joiner counted $bad bad donors, not at least 8 (2 in each of 4 syncs)"
+[ "$(node_field 2 sync.single_donor)" = 0 ] ||
+  node_fail "the joiner fell back to one donor: $(node_field 2 sync.single_donor)"
+[ "$(node_field 2 state)" = syncing ] ||
+  node_fail "the joiner is $(node_field 2 state), not syncing"
+[ "$(node_field 2 step)" = 0 ] || node_fail "the joiner trained: step $(node_field 2 step)"
+a=$(node_field 2 agreed.id || true); [ -z "$a" ] || [ "$a" = null ] ||
+  node_fail "the joiner holds a state: $(node_field 2 agreed.id)"
+pass "both agreeing donors corrupt: the joiner backs off and asks again (donors_bad $bad, single_donor 0, syncing at step 0)"
