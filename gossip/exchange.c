@@ -1123,6 +1123,18 @@ static bool next_stream_send(st_xchg_t* x, st_xact_t* out) {
   return true;
 }
 
+uint8_t* st_xchg_take_send_buffer(st_xchg_t* x, const st_xact_t* a) {
+  if (x == NULL || a == NULL || a->kind != ST_XACT_SEND || x->enc == NULL ||
+      a->data != x->enc)
+    return NULL;
+  uint8_t* fresh = malloc(ST_WIRE_MAX_MESSAGE_BYTES);
+  if (fresh == NULL)
+    return NULL;
+  uint8_t* taken = x->enc;
+  x->enc = fresh;
+  return taken;
+}
+
 bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out) {
   if (x == NULL || out == NULL || x->q_len == 0)
     return false;

@@ -1050,6 +1050,13 @@ int st_xchg_tick(st_xchg_t* x, uint64_t now_ms);
 int st_xchg_closed(st_xchg_t* x, uint64_t now_ms);
 
 bool st_xchg_next_action(st_xchg_t* x, st_xact_t* out);
+/* For the SEND just returned by st_xchg_next_action (a): when its data is
+ * the machine's chunk buffer, hands that buffer to the driver, to free()
+ * once it is done with it (no copy of a chunk on the way to its sealing),
+ * and takes a fresh one for its next chunk; NULL when a's data is another
+ * buffer, or no fresh one could be had (then a.data is valid as before,
+ * until the next call into the machine). */
+uint8_t* st_xchg_take_send_buffer(st_xchg_t* x, const st_xact_t* a);
 /* The kind (responders learn it from the request; 0 before). */
 st_xchg_kind_t st_xchg_kind(const st_xchg_t* x);
 bool st_xchg_finished(const st_xchg_t* x);

@@ -335,21 +335,25 @@ static void start_tx(st__conn_t* c) {
   }
 }
 
-/* Queues msg to be sealed on the pool (copied: the caller's buffer is
- * borrowed only for the call). */
-static int send_offloaded(st__conn_t* c, const uint8_t* msg, size_t len,
-                          bool xchg_ack) {
+/* Queues msg to be sealed on the pool: taken (in, from malloc; freed
+ * here, on failure too) or copied (in NULL: msg is borrowed only for the
+ * call). */
+static int send_offloaded(st__conn_t* c, const uint8_t* msg, uint8_t* in,
+                          size_t len, bool xchg_ack) {
   size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
   job_t* j = calloc(1, sizeof(*j));
   wreq_t* w = malloc(sizeof(*w) + cap);
-  uint8_t* in = malloc(len > 0 ? len : 1);
+  bool copy = in == NULL;
+  if (copy)
+    in = malloc(len > 0 ? len : 1);
   if (j == NULL || w == NULL || in == NULL) {
     free(j);
     free(w);
     free(in);
     return -ENOMEM;
   }
-  memcpy(in, msg, len);
+  if (copy)
+    memcpy(in, msg, len);
   j->c = c;
   j->w = w;
   j->in = in;
@@ -451,12 +455,34 @@ size_t st__offload_bytes(void) {
   return bytes;
 }
 
+static int seal_and_write(st__conn_t* c, const uint8_t* msg, size_t len,
+                          bool xchg_ack);
+
 int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len,
                   bool xchg_ack) {
   if (c->closing || c->phase < P_HEADER)
     return -EPIPE;
   if (len >= st__offload_bytes() || c->tx_busy || c->txq_head != NULL)
-    return send_offloaded(c, msg, len, xchg_ack);
+    return send_offloaded(c, msg, NULL, len, xchg_ack);
+  return seal_and_write(c, msg, len, xchg_ack);
+}
+
+int st__conn_send_taken(st__conn_t* c, uint8_t* msg, size_t len,
+                        bool xchg_ack) {
+  if (c->closing || c->phase < P_HEADER) {
+    free(msg);
+    return -EPIPE;
+  }
+  if (len >= st__offload_bytes() || c->tx_busy || c->txq_head != NULL)
+    return send_offloaded(c, msg, msg, len, xchg_ack);
+  int rc = seal_and_write(c, msg, len, xchg_ack);
+  free(msg);
+  return rc;
+}
+
+/* Seals msg into a frame here, on the loop, and writes it. */
+static int seal_and_write(st__conn_t* c, const uint8_t* msg, size_t len,
+                          bool xchg_ack) {
   size_t cap = len + ST_STREAM_ABYTES + ST_FRAME_LENGTH_BYTES;
   wreq_t* w = malloc(sizeof(*w) + cap);
   if (w == NULL)

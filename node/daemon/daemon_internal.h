@@ -1065,6 +1065,10 @@ st__conn_t* st__conn_dial(st__daemon_t* d, const st_wire_addr_t* addr,
 /* Seals msg as one frame and queues it; xchg_ack: report the write to the
  * connection's exchange machine (st_xchg_sent). */
 int st__conn_send(st__conn_t* c, const uint8_t* msg, size_t len, bool xchg_ack);
+/* As st__conn_send, taking msg (from malloc) instead of copying it: a
+ * frame sealed on the pool is sealed from it, and it is freed once sealed
+ * (on failure too). */
+int st__conn_send_taken(st__conn_t* c, uint8_t* msg, size_t len, bool xchg_ack);
 /* Closes after the queued frames are written. */
 void st__conn_close(st__conn_t* c);
 /* Closes at once with a reset, by its owner (which is not told): what is

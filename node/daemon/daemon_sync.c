@@ -87,10 +87,11 @@ static int send_msg(st__conn_t* c, const st_msg_t* m, bool ack) {
   int rc = st_wire_encode(m, buf, ST_WIRE_MAX_MESSAGE_BYTES, &len);
   if (rc == 0 && c->d->fault_sync_corrupt && m->type == ST_MSG_TENSOR_CHUNK)
     buf[len - 1] ^= 0x01; /* the last byte is the chunk's data's */
-  if (rc == 0)
-    rc = st__conn_send(c, buf, len, ack);
-  free(buf);
-  return rc;
+  if (rc != 0) {
+    free(buf);
+    return rc;
+  }
+  return st__conn_send_taken(c, buf, len, ack); /* sealed from buf */
 }
 
 static void reply(st__conn_t* c, uint8_t status, st__anchor_t* a,

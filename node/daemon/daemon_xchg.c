@@ -245,10 +245,17 @@ static void drain_actions(st__conn_t* c) {
   st_xact_t a;
   while (c->x != NULL && st_xchg_next_action(c->x, &a)) {
     switch (a.kind) {
-      case ST_XACT_SEND:
-        if (st__conn_send(c, a.data, a.len, true) != 0)
+      case ST_XACT_SEND: {
+        /* A chunk's buffer goes to its sealing job as it is. */
+        uint8_t* taken = a.len >= st__offload_bytes()
+                             ? st_xchg_take_send_buffer(c->x, &a)
+                             : NULL;
+        int rc = taken != NULL ? st__conn_send_taken(c, taken, a.len, true)
+                               : st__conn_send(c, a.data, a.len, true);
+        if (rc != 0)
           st_xchg_closed(c->x, st__dnow(d));
         break;
+      }
       case ST_XACT_WANT_SNAPSHOT: {
         /* The trainer writes straight into the machine's buffer, which
          * lives until the conn is freed (after this request's event). */
