@@ -69,8 +69,10 @@ struct st__sync_s {
   unsigned answered, usable, not_ready;
   uint64_t ask_deadline_ms;
   unsigned tries, restarts;
-  unsigned backoffs;     /* waits before asking again, in this sync */
-  bool conflicted;       /* a round heard two usable manifests, unlike */
+  unsigned backoffs; /* waits before asking again, in this sync */
+  /* No one donor's word in this sync: a round heard two usable manifests,
+   * unlike, or the donors that agreed sent bad chunks or a false id. */
+  bool conflicted;
   bool said_wait;        /* logged that one member cannot settle it */
   uint64_t ask_after_ms; /* no new round of asking before (back-off) */
   uint64_t started_ms;
@@ -350,10 +352,10 @@ static void ask(st__daemon_t* d) {
     fall_back(d, "one member can give the state");
     return;
   }
-  if (k == 1) { /* donors disagreed before: one cannot settle it */
+  if (k == 1) { /* donors disagreed or failed before: one cannot settle it */
     if (!s->said_wait)
       st__dwarn(d,
-                "one member left to ask, after donors disagreed: "
+                "one member left to ask, after donors disagreed or failed: "
                 "waiting for a second one rather than take its word");
     s->said_wait = true;
     return;
@@ -431,7 +433,7 @@ static void decide(st__daemon_t* d) {
   } else if (s->tries >= ST__SYNC_ASK_TRIES && s->usable < 2 &&
              !s->conflicted) {
     fall_back(d, "no two donors sent a manifest");
-  } else if (s->tries >= ST__SYNC_ASK_TRIES) {
+  } else if (s->tries >= ST__SYNC_ASK_TRIES && s->usable >= 2) {
     /* Two or more donors describe different states, round after round:
      * one of them lies (or is broken), and taking one donor's word is
      * what multi-donor sync is for not doing. Ask again, for as long as
@@ -444,6 +446,15 @@ static void decide(st__daemon_t* d) {
               "manifests, no two alike, in the last of %u rounds): not "
               "taking any one donor's word; asking again in %.0f s",
               usable, tries, (double) wait_ms / 1000.0);
+  } else if (s->tries >= ST__SYNC_ASK_TRIES) {
+    /* Fewer than two manifests, after donors disagreed or failed in this
+     * sync: the same. */
+    uint64_t wait_ms = back_off(d);
+    st__dwarn(d,
+              "no two donors sent a manifest, after donors disagreed or "
+              "failed in this sync: not taking any one donor's word; "
+              "asking again in %.0f s",
+              (double) wait_ms / 1000.0);
   } else {
     ask(d);
   }
@@ -469,6 +480,7 @@ static void finish(st__daemon_t* d) {
               "the state assembled from the agreeing donors does not "
               "match their manifest's id; asking again");
     d->c.sync_donors_bad += st_sync_plan_usable_count(s->plan);
+    s->conflicted = true;
     restart(s);
     return;
   }
@@ -537,6 +549,7 @@ static void advance(st__daemon_t* d) {
     /* The donors that agreed went away or sent bad chunks, sync after
      * sync: one donor's word would let a member that outlasts them feed
      * this node a state nobody vouched for. Wait, and ask again. */
+    s->conflicted = true; /* nor later in this sync (ask, decide) */
     uint64_t wait_ms = back_off(d);
     st__dwarn(d,
               "the agreeing donors failed %d times in a row: not taking any "

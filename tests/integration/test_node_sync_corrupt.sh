@@ -6,7 +6,9 @@
 # drops both donors as bad and starts asking again, and after four such
 # restarts in a row it backs off and asks again, rather than fall back to
 # the whole state from one donor (sync.single_donor 0); it never trains
-# (it stays "syncing" at step 0). Loopback, about 30 s. (One corrupting
+# (it stays "syncing" at step 0). Nor does it when one of the two goes
+# away then: the member left is one of those that failed. Loopback, about
+# 20 s. (One corrupting
 # donor among honest ones: test_node_sync_donors.sh; a donor that lies
 # about its manifest: test_node_sync_liar.sh.)
 source "$(dirname "$0")/lib.sh"
@@ -31,7 +33,7 @@ node_up 0
 SEED=$NODE_ADDR
 STARLING_FAULT_SYNC_CORRUPT=1 node_start 1 "${MODEL[@]}" "${DONOR[@]}" --join "$SEED"
 node_up 1
-both_done() { node_state_is 0 done && node_state_is 1 done; }
+both_done() { node_state_is 0 "done" && node_state_is 1 "done"; }
 wait_for 60 "the two donors finishing their epochs" both_done
 same_agreed() {
   local a b
@@ -56,3 +58,14 @@ bad=$(node_field 2 sync.donors_bad)
 a=$(node_field 2 agreed.id || true); [ -z "$a" ] || [ "$a" = null ] ||
   node_fail "the joiner holds a state: $(node_field 2 agreed.id)"
 pass "both agreeing donors corrupt: the joiner backs off and asks again (donors_bad $bad, single_donor 0, syncing at step 0)"
+
+# One of the two goes away: the one left cannot settle it alone.
+kill -9 "${NODE_PID[1]}"
+one_left() { [ "$(node_peers 2 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = 2 ]; }
+wait_for 30 "the joiner seeing donor 1 gone" one_left
+wait_for 40 "the joiner saying it waits for a second member" \
+  grep -q "waiting for a second one rather than take its word" "$(node_log 2)"
+sleep 1
+[ "$(node_field 2 sync.single_donor)" = 0 ] && [ "$(node_field 2 state)" = syncing ] ||
+  node_fail "with one member left after its donors failed the joiner took its word: single_donor $(node_field 2 sync.single_donor), state $(node_field 2 state)"
+pass "donor 1 gone, the joiner still waits (single_donor 0, syncing)"

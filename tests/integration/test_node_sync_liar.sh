@@ -33,7 +33,7 @@ STARLING_FAULT_SYNC_MANIFEST=1 node_start 1 "${MODEL[@]}" "${DONOR[@]}" --join "
 node_up 1
 grep -q "STARLING_FAULT_SYNC_MANIFEST is set" "$(node_log 1)" ||
   node_fail "donor 1 does not say it lies about its manifest"
-both_done() { node_state_is 0 done && node_state_is 1 done; }
+both_done() { node_state_is 0 "done" && node_state_is 1 "done"; }
 wait_for 60 "the two donors finishing their epochs" both_done
 same_agreed() {
   local a b
