@@ -392,15 +392,9 @@ static uint64_t back_off(st__daemon_t* d) {
   st__sync_t* s = d->sync;
   uint64_t wait_ms = (uint64_t) ST__SYNC_ASK_MS
                      << (s->backoffs < 4 ? s->backoffs : 4);
-  s->tries = 0;
+  restart(s);
   s->restarts = 0;
   s->backoffs++;
-  drop_conns(s);
-  st_sync_plan_free(s->plan);
-  s->plan = NULL;
-  st__anchor_release(s->state);
-  s->state = NULL;
-  s->phase = PH_ASK;
   s->ask_after_ms = st__dnow(d) + wait_ms;
   return wait_ms;
 }

@@ -13,19 +13,7 @@
 # about its manifest: test_node_sync_liar.sh.)
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
-
-"$NUMPY_PY" - "$SCRATCH/data.csv" <<'EOF'
-import sys
-import numpy as np
-rng = np.random.default_rng(6)
-x = rng.normal(size=(200, 8))
-y = (x[:, :4].sum(axis=1) > 0).astype(int)
-np.savetxt(sys.argv[1], np.column_stack([x, y]), delimiter=",", fmt="%.5f")
-EOF
-MODEL=(--model mlp:8-16-2 --data "csv:$SCRATCH/data.csv" --batch 8 --lr 0.05
-       --epochs 3 --threads 1 --device cpu --gossip-every 0 --eval-every 0
-       --checkpoint-every 0)
-DONOR=(--local-steps 10 --ring-every 0 --min-nodes 2)
+source "$(dirname "$0")/sync_lib.sh" 6
 
 # Two donors that agree on the state and corrupt every chunk they send.
 STARLING_FAULT_SYNC_CORRUPT=1 node_start 0 "${MODEL[@]}" "${DONOR[@]}"
@@ -33,14 +21,7 @@ node_up 0
 SEED=$NODE_ADDR
 STARLING_FAULT_SYNC_CORRUPT=1 node_start 1 "${MODEL[@]}" "${DONOR[@]}" --join "$SEED"
 node_up 1
-both_done() { node_state_is 0 "done" && node_state_is 1 "done"; }
-wait_for 60 "the two donors finishing their epochs" both_done
-same_agreed() {
-  local a b
-  a=$(node_field 0 agreed.id) && b=$(node_field 1 agreed.id) &&
-    [ -n "$a" ] && [ "$a" != null ] && [ "$a" = "$b" ]
-}
-wait_for 30 "the two donors holding one agreed state" same_agreed
+sync_donors_agree
 pass "two corrupting donors done, holding agreed state $(node_field 0 agreed.id)"
 
 node_start 2 "${MODEL[@]}" --ring-every 0 --join "$SEED"
@@ -61,8 +42,7 @@ pass "both agreeing donors corrupt: the joiner backs off and asks again (donors_
 
 # One of the two goes away: the one left cannot settle it alone.
 kill -9 "${NODE_PID[1]}"
-one_left() { [ "$(node_peers 2 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = 2 ]; }
-wait_for 30 "the joiner seeing donor 1 gone" one_left
+wait_for 30 "the joiner seeing donor 1 gone" alive_seen_by 2 2
 wait_for 40 "the joiner saying it waits for a second member" \
   grep -q "waiting for a second one rather than take its word" "$(node_log 2)"
 sleep 1

@@ -11,19 +11,7 @@
 # test_node_sync_donors.sh.)
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/node_lib.sh"
-
-"$NUMPY_PY" - "$SCRATCH/data.csv" <<'EOF'
-import sys
-import numpy as np
-rng = np.random.default_rng(5)
-x = rng.normal(size=(200, 8))
-y = (x[:, :4].sum(axis=1) > 0).astype(int)
-np.savetxt(sys.argv[1], np.column_stack([x, y]), delimiter=",", fmt="%.5f")
-EOF
-MODEL=(--model mlp:8-16-2 --data "csv:$SCRATCH/data.csv" --batch 8 --lr 0.05
-       --epochs 3 --threads 1 --device cpu --gossip-every 0 --eval-every 0
-       --checkpoint-every 0)
-DONOR=(--local-steps 10 --ring-every 0 --min-nodes 2)
+source "$(dirname "$0")/sync_lib.sh" 5
 
 # Two donors: node 0 honest, node 1 lying about its manifest.
 node_start 0 "${MODEL[@]}" "${DONOR[@]}"
@@ -33,14 +21,7 @@ STARLING_FAULT_SYNC_MANIFEST=1 node_start 1 "${MODEL[@]}" "${DONOR[@]}" --join "
 node_up 1
 grep -q "STARLING_FAULT_SYNC_MANIFEST is set" "$(node_log 1)" ||
   node_fail "donor 1 does not say it lies about its manifest"
-both_done() { node_state_is 0 "done" && node_state_is 1 "done"; }
-wait_for 60 "the two donors finishing their epochs" both_done
-same_agreed() {
-  local a b
-  a=$(node_field 0 agreed.id) && b=$(node_field 1 agreed.id) &&
-    [ -n "$a" ] && [ "$a" != null ] && [ "$a" = "$b" ]
-}
-wait_for 30 "the two donors holding one agreed state" same_agreed
+sync_donors_agree
 pass "two donors done, holding agreed state $(node_field 0 agreed.id)"
 
 # The joiner: its candidates are the two; their manifests never agree.
@@ -63,8 +44,7 @@ pass "with one honest and one lying donor the joiner waits: sync.disagreed $(nod
 # joiner cannot tell the honest one from the liar, so it keeps waiting
 # rather than take that one's word.
 kill -9 "${NODE_PID[1]}"
-one_left() { [ "$(node_peers 2 | "$NUMPY_PY" -c 'import json,sys; print(sum(m["state"] == "alive" for m in json.load(sys.stdin)))')" = 2 ]; }
-wait_for 30 "the joiner seeing the liar gone" one_left
+wait_for 30 "the joiner seeing the liar gone" alive_seen_by 2 2
 wait_for 40 "the joiner saying it waits for a second member" \
   grep -q "waiting for a second one rather than take its word" "$(node_log 2)"
 [ "$(node_field 2 sync.single_donor)" = 0 ] && [ "$(node_field 2 state)" = syncing ] ||

@@ -874,6 +874,25 @@ def test_unanswered_call_closes_the_communicator(tmp_path: Path) -> None:
     assert got["open"].startswith(b"collectives") and b'"barrier"' in got["call"]
 
 
+def _node_with_model(cluster: Cluster, join: Optional[str]) -> Any:
+    """A node on the network, whose program has attached a model (so that
+    it is a member that runs one) and gone."""
+    n = cluster.node(join=join)
+    with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
+        pass
+    return n
+
+
+def _all_reduce_into(out: Dict[str, Any], name: str, comm: Any) -> None:
+    """A thread's body: an all_reduce on "all" with no timeout; out[name]
+    is "returned" or the exception it raised."""
+    try:
+        comm.all_reduce(np.ones(10, dtype=np.float32), timeout=0)
+        out[name] = "returned"
+    except Exception as e:  # handed to the test
+        out[name] = e
+
+
 def test_views_of_all_differ(cluster: Cluster) -> None:
     """Node A's program calls all_reduce on "all" while A knows A and B;
     then C joins, and C's program makes the same call on "all", now A, B
@@ -882,14 +901,8 @@ def test_views_of_all_differ(cluster: Cluster) -> None:
     message from a member outside its list. Both fail with a mismatch
     naming both calls, with no timeout set; without it, each would wait
     for ever (A for B, C for B and for A's data)."""
-    def node(join: Optional[str]) -> Any:  # on the network with a model
-        n = cluster.node(join=join)
-        with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
-            pass
-        return n
-
-    a = node(None)
-    node(a.address())
+    a = _node_with_model(cluster, None)
+    _node_with_model(cluster, a.address())
     ca = starling.open_comm(a.sock, timeout=30)
     deadline = time.monotonic() + 30 * SLOW
     while len(ca.members()[0]) != 2:
@@ -897,23 +910,16 @@ def test_views_of_all_differ(cluster: Cluster) -> None:
         time.sleep(0.1)
     out: Dict[str, Any] = {}
 
-    def call(name: str, comm: Any) -> None:
-        try:
-            comm.all_reduce(np.ones(10, dtype=np.float32), timeout=0)
-            out[name] = "returned"
-        except Exception as e:  # handed to the test
-            out[name] = e
-
-    ta = threading.Thread(target=call, args=("a", ca), daemon=True)
+    ta = threading.Thread(target=_all_reduce_into, args=(out, "a", ca), daemon=True)
     ta.start()
     time.sleep(0.5)  # A's call is made, on [A, B]
-    c = node(a.address())
+    c = _node_with_model(cluster, a.address())
     cc = starling.open_comm(c.sock, timeout=30)
     look = starling.open_comm(a.sock, timeout=30)  # ca is in its call
     while len(cc.members()[0]) != 3 or len(look.members()[0]) != 3:
         assert time.monotonic() < deadline, "C never saw all" + cluster.logs()
         time.sleep(0.1)
-    tc = threading.Thread(target=call, args=("c", cc), daemon=True)
+    tc = threading.Thread(target=_all_reduce_into, args=(out, "c", cc), daemon=True)
     tc.start()
     for t in (ta, tc):
         t.join(30 * SLOW)
@@ -935,14 +941,8 @@ def test_late_call_on_all_after_it_ended(cluster: Cluster) -> None:
     with an ABORT naming both calls, and C's call fails at once with a
     mismatch, with no timeout set; without that answer it would wait for
     ever."""
-    def node(join: Optional[str]) -> Any:  # on the network with a model
-        n = cluster.node(join=join)
-        with starling.attach(torch.nn.Linear(2, 2), socket=n.sock, timeout=30 * SLOW):
-            pass
-        return n
-
-    a = node(None)
-    b = node(a.address())
+    a = _node_with_model(cluster, None)
+    b = _node_with_model(cluster, a.address())
     ca = starling.open_comm(a.sock, timeout=30)
     cb = starling.open_comm(b.sock, timeout=30)
     deadline = time.monotonic() + 30 * SLOW
@@ -951,27 +951,20 @@ def test_late_call_on_all_after_it_ended(cluster: Cluster) -> None:
         time.sleep(0.1)
     out: Dict[str, Any] = {}
 
-    def call(name: str, comm: Any) -> None:
-        try:
-            comm.all_reduce(np.ones(10, dtype=np.float32), timeout=0)
-            out[name] = "returned"
-        except Exception as e:  # handed to the test
-            out[name] = e
-
-    first = [threading.Thread(target=call, args=(k, m), daemon=True)
+    first = [threading.Thread(target=_all_reduce_into, args=(out, k, m), daemon=True)
              for k, m in (("a", ca), ("b", cb))]
     for t in first:
         t.start()
     for t in first:
         t.join(30 * SLOW)
     assert out == {"a": "returned", "b": "returned"}, out
-    c = node(a.address())
+    c = _node_with_model(cluster, a.address())
     cc = starling.open_comm(c.sock, timeout=30)
     while any(len(m.members()[0]) != 3 for m in (ca, cb, cc)):
         assert time.monotonic() < deadline, "C never saw all" + cluster.logs()
         time.sleep(0.1)
     t0 = time.monotonic()
-    tc = threading.Thread(target=call, args=("c", cc), daemon=True)
+    tc = threading.Thread(target=_all_reduce_into, args=(out, "c", cc), daemon=True)
     tc.start()
     tc.join(10 * SLOW)
     assert not tc.is_alive(), "a late call on all hangs" + cluster.logs()
