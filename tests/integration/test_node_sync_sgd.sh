@@ -19,7 +19,12 @@
 #       named as not heard from and stops, saying so;
 #   (f) on nodes 0, 2: one of two members stopped past the timeout: the
 #       other keeps it (never re-forming alone on silence), and both go
-#       on together once it resumes.
+#       on together once it resumes;
+#   (g) on nodes 0, 1: two members at different steps (one resumed from
+#       (c)'s checkpoint at step 20, one from the start) both take rank
+#       0's step, parameters and momentum, and end equal after the same
+#       number of steps (as after a step that succeeded on one member and
+#       failed on another; a CI run of 2026-11-28 lost a member so).
 # (a) and (b) run on groups of their own (an explicit list of members): a
 # node numbers each group's operations, and a program killed mid-step
 # leaves its group's count behind (docs/collectives.md). Their survivors
@@ -169,6 +174,22 @@ sys.exit(0 if err <= 1e-5 else 1)
 PY
 [ "$(sync_field c0 steps)" = 20 ] || fail "(c) member 0 averaged $(sync_field c0 steps) steps, not 20"
 pass "(c) 2 members of batch 16 = one process of batch 32 after 20 steps ($(elapsed) s)"
+
+# ---- (g) members at different steps take rank 0's ---------------------------------
+member g0 0 "$g2" --shard 0/2 --batch 16 "${EXACT[@]}" --epochs 30 --sync-timeout 5 \
+  --resume "$SCRATCH/c0.st" --checkpoint "$SCRATCH/g0.st"
+member g1 1 "$g2" --shard 1/2 --batch 16 "${EXACT[@]}" --epochs 30 --sync-timeout 5 \
+  --checkpoint "$SCRATCH/g1.st"
+finished g0
+finished g1
+same_params "$SCRATCH/g0.st" "$SCRATCH/g1.st"
+moved=$(($(sync_field g0 moved_steps) + $(sync_field g1 moved_steps)))
+[ "$moved" = 1 ] || fail "(g) moved_steps add up to $moved, want 1 (one member took the other's step)"
+[ "$(sync_field g0 steps)" = "$(sync_field g1 steps)" ] ||
+  fail "(g) the members averaged $(sync_field g0 steps) and $(sync_field g1 steps) steps"
+grep -q "sync: this member was at step" "$SCRATCH/g0.err" "$SCRATCH/g1.err" ||
+  fail "(g) no member says it took rank 0's step"
+pass "(g) members at steps 20 and 0 took rank 0's state and ended equal ($(elapsed) s)"
 
 # ---- (d) members that differ refuse ---------------------------------------------------
 g2d="${ID[1]},${ID[0]}"

@@ -239,6 +239,8 @@ typedef struct {
   uint64_t steps;        /* steps whose gradients were averaged */
   uint64_t failed_steps; /* steps dropped by a failure */
   uint64_t reforms;      /* times the group re-formed */
+  uint64_t moved_steps;  /* re-formings that found this member at another
+                            step than rank 0 (it took rank 0's) */
   size_t size, rank;     /* the group now, and this member's rank */
 } st__sync_stats_t;
 
@@ -246,8 +248,8 @@ typedef struct {
  * every member alive now, then kept as that list) check that they train
  * alike (the model, batch, epochs, optimizer, rate, schedule, shard count:
  * a difference is an error naming it), agree on the fewest steps per
- * epoch (set in t), and take rank 0's parameters. *out is set even on
- * failure (close it). err names what failed. */
+ * epoch (set in t), and take rank 0's state (position, parameters, optimizer
+ * state). *out is set even on failure (close it). err names what failed. */
 int st__sync_open(st__sync_t** out, const char* socket, const char* group,
                   double timeout_s, st_trainer_t* t, FILE* log, char* err,
                   size_t err_len);

@@ -348,8 +348,10 @@ static void print_json(FILE* f, const train_args_t* a, const st_trainer_t* t,
     st__sync_info(sync, &ss);
     fprintf(f,
             ", \"sync\": {\"members\": %zu, \"rank\": %zu, \"steps\": %" PRIu64
-            ", \"failed_steps\": %" PRIu64 ", \"reforms\": %" PRIu64 "}",
-            ss.size, ss.rank, ss.steps, ss.failed_steps, ss.reforms);
+            ", \"failed_steps\": %" PRIu64 ", \"reforms\": %" PRIu64
+            ", \"moved_steps\": %" PRIu64 "}",
+            ss.size, ss.rank, ss.steps, ss.failed_steps, ss.reforms,
+            ss.moved_steps);
   } else {
     fprintf(f, ", \"sync\": null");
   }

@@ -16,9 +16,9 @@
  * drops the step everywhere; the survivors re-form the group without the
  * members that failed (named in the error, or removed by their node's
  * failure detector), meet at a barrier, rank 0 of the new group
- * broadcasts its parameters, and training goes on with N-1 members: the
- * same learning rate, a step of (N-1)·b examples, the lost member's shard
- * no longer seen. The same protocol as the Python package's
+ * broadcasts its state (step, parameters, optimizer state), and training goes
+ * on with N-1 members: the same learning rate, a step of (N-1)·b examples, the
+ * lost member's shard no longer seen. The same protocol as the Python package's
  * SyncDataParallel (sync.py).
  */
 #include <errno.h>
@@ -257,25 +257,61 @@ static int wait_buckets(st__sync_t* s) {
 /* ---- Parameters everywhere equal --------------------------------------------
  */
 
-/* Rank 0's parameters to every member of the group. */
-static int broadcast_params(st__sync_t* s) {
+/* One vector of the model's size on the backend (parameters, momentum,
+ * second moment) from rank 0 to every member, through s->host on a device
+ * backend. */
+static int broadcast_vector(st__sync_t* s, float* v) {
   st_model_t* m = &s->t->model;
-  float* p = m->params;
+  float* p = v;
   if (s->host != NULL) {
-    if (st_copy_to_host(m->be, s->host, m->params, m->n_params) != 0)
+    if (st_copy_to_host(m->be, s->host, v, m->n_params) != 0)
       return -EIO;
     p = s->host;
   }
   int rc = st_comm_broadcast(s->comm, s->group_text, 0, p, m->n_params,
                              ST_COMM_F32, s->timeout_s);
   if (rc == 0 && s->host != NULL)
-    rc = st_copy_to_device(m->be, m->params, s->host, m->n_params);
-  if (rc == 0) {
-    uint32_t rank = 0, size = 0;
-    st_comm_last_group(s->comm, &rank, &size);
-    s->rank = rank;
-  }
+    rc = st_copy_to_device(m->be, v, s->host, m->n_params);
   return rc;
+}
+
+/* Rank 0's training state to every member of the group: its position (the
+ * step, and the optimizer's update count), its parameters and its
+ * optimizer state. All of it, not the parameters alone: a step can succeed
+ * on one member and fail on another (the last segment of an all-reduce
+ * reached one before its sender died; docs/collectives.md, "Failures"), so
+ * after a re-forming one member may have applied a step, and updated its
+ * momentum, that another dropped. Left so, the two would step on with
+ * different momenta, and one would call an all-reduce the other never
+ * makes after its last step. */
+static int broadcast_state(st__sync_t* s) {
+  st_trainer_t* t = s->t;
+  double pos[2] = {(double) t->step, (double) t->optim.t};
+  int rc = st_comm_broadcast(s->comm, s->group_text, 0, pos, 2, ST_COMM_F64,
+                             s->timeout_s);
+  if (rc == 0)
+    rc = broadcast_vector(s, t->model.params);
+  if (rc == 0 && t->optim.m != NULL)
+    rc = broadcast_vector(s, t->optim.m);
+  if (rc == 0 && t->optim.v != NULL)
+    rc = broadcast_vector(s, t->optim.v);
+  if (rc != 0)
+    return rc;
+  uint32_t rank = 0, size = 0;
+  st_comm_last_group(s->comm, &rank, &size);
+  s->rank = rank;
+  uint64_t step = (uint64_t) pos[0];
+  if (step != t->step) {
+    fprintf(s->log,
+            "sync: this member was at step %" PRIu64 ", rank 0 at step %" PRIu64
+            " (a step that succeeded on one and failed on the other); it "
+            "goes on from rank 0's\n",
+            t->step, step);
+    s->stats.moved_steps++;
+    st_trainer_set_position(t, step);
+  }
+  t->optim.t = (uint64_t) pos[1];
+  return 0;
 }
 
 /* After a failed step: the survivors, a barrier of theirs, then rank 0's
@@ -291,7 +327,7 @@ static int reform(st__sync_t* s) {
     if (rc == 0)
       rc = st_comm_barrier(s->comm, s->group_text, s->timeout_s);
     if (rc == 0)
-      rc = broadcast_params(s);
+      rc = broadcast_state(s);
     if (rc == 0) {
       s->stats.reforms++;
       fprintf(s->log,
@@ -487,7 +523,7 @@ int st__sync_open(st__sync_t** out, const char* socket, const char* group,
     t->steps_per_epoch = steps;
     t->cfg.sched.total_steps = (uint64_t) steps * t->cfg.epochs;
   }
-  rc = broadcast_params(s);
+  rc = broadcast_state(s);
   if (rc != 0) {
     st_set_err(err, err_len, "the first broadcast of the parameters failed: %s",
                st_comm_error(s->comm));
