@@ -20,6 +20,10 @@ thread per member, each with its own Comm on its own node:
     layer whose backward sleeps keeps backward going after the first
     buckets are complete), and every member ends with the same bits;
   - the same with the models on a GPU (skipped without CUDA);
+  - the optimizer's state made equal (optimizer=): two members whose
+    momenta differ take rank 0's and end 5 steps with the same bits; two
+    whose states differ in layout (one has stepped, one not) both clear
+    theirs;
   - a member whose program stops (closes its Comm) mid-training, of four:
     the survivors' next step times out on it, is dropped, and training
     goes on in a group of three, the survivors' parameters the same bits;
@@ -441,6 +445,49 @@ def test_equivalence_on_cuda(nodes: Nodes) -> None:
         rel = ((v["params"] - want).norm() / want.norm()).item()
         assert rel <= 1e-4, f"node{k}: relative difference {rel:.3g}"
         assert torch.equal(v["params"], first), f"node{k} differs from rank 0"
+
+
+def test_optimizer_state_made_equal(nodes: Nodes) -> None:
+    """optimizer=: rank 0's momentum goes with its parameters. Without it
+    the members' parameters part at the first step (their momenta differ,
+    as after a step that succeeded on one member and failed on another).
+    Members whose optimizer states differ in layout clear theirs alike."""
+    group = [nodes.ids[0], nodes.ids[1]]
+    batches = data(5, 2)
+
+    def member(k: int, warm: int) -> Dict[str, Any]:
+        model = mlp(300 + k)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(k)
+        for _ in range(warm):  # a momentum of its own
+            opt.zero_grad()
+            model(torch.randn(4, DIM_IN, generator=g)).sum().backward()
+            opt.step()
+        with starling.open_comm(nodes.cluster.nodes[k].sock, timeout=30) as comm:
+            sync = starling.SyncDataParallel(
+                model, comm, bucket_bytes=600, group=group, timeout=30, optimizer=opt
+            )
+            momenta = [opt.state[p]["momentum_buffer"].clone()
+                       for p in model.parameters() if p in opt.state]
+            for x, y in batches:
+                rows = slice(sync.rank * B, (sync.rank + 1) * B)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+                assert sync.step(opt)
+            sync.close()
+        return {"params": flat(model), "momenta": momenta, "resets": sync.optimizer_resets}
+
+    out = nodes.run(lambda k: member(k, 1 + k), [0, 1])
+    assert len(out[0]["momenta"]) == 6 and len(out[1]["momenta"]) == 6
+    for a, b in zip(out[0]["momenta"], out[1]["momenta"]):
+        assert torch.equal(a, b) and a.abs().sum() > 0
+    assert torch.equal(out[0]["params"], out[1]["params"])
+    assert out[0]["resets"] == out[1]["resets"] == 0
+    # One member has stepped, the other not: both clear their states.
+    out = nodes.run(lambda k: member(k, 1 - k), [0, 1])
+    assert out[0]["momenta"] == [] and out[1]["momenta"] == []
+    assert out[0]["resets"] == out[1]["resets"] == 1
+    assert torch.equal(out[0]["params"], out[1]["params"])
 
 
 def sync_member(

@@ -34,7 +34,7 @@ on its node for any member to fetch later, one-sided::
 Synchronous data-parallel SGD over those collectives (gradients averaged
 in buckets while backward runs; a failed member leaves the group)::
 
-    sync = starling.SyncDataParallel(model, comm)
+    sync = starling.SyncDataParallel(model, comm, optimizer=optimizer)
     loss.backward()
     sync.step(optimizer)    # waits for the averages, then optimizer.step()
 """

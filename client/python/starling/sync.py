@@ -5,7 +5,7 @@ the cluster's collectives (starling.Comm; docs/collectives.md,
 Every member runs the same program on its own batch, against its own node:
 
     comm = starling.open_comm("state0/control.sock")
-    sync = starling.SyncDataParallel(model, comm)   # rank 0's parameters everywhere
+    sync = starling.SyncDataParallel(model, comm, optimizer=opt)  # rank 0's state
     for x, y in loader:
         opt.zero_grad()
         loss_fn(model(x), y).backward()   # buckets all-reduced as they fill
@@ -25,8 +25,9 @@ averaged gradients back into ``param.grad``.
 A failed all-reduce (a member died, its program went away, a timeout)
 drops the step everywhere (every ``param.grad`` becomes None, so that
 ``optimizer.step()`` changes nothing), re-forms the group from the
-survivors and makes them equal again (rank 0's parameters and buffers);
-the next step runs on the smaller group. See the docs for how the batch
+survivors and makes them equal again (rank 0's parameters, buffers and,
+when the optimizer is known, its state); the next step runs on the
+smaller group. See the docs for how the batch
 and the learning rate change.
 """
 
@@ -97,7 +98,12 @@ class SyncDataParallel:
     later, without this program, does not stall training. ``timeout``:
     seconds an all-reduce waits before the step fails (None: the Comm's).
     ``settle``, ``detect_timeout``, ``recover_timeout``: how a failed step
-    waits for the failure detector (see ``wait``).
+    waits for the failure detector (see ``wait``). ``optimizer``: the
+    optimizer whose state (momentum, Adam's moments and step) is made
+    equal with the parameters, at construction and at every re-forming;
+    ``step(optimizer)`` sets it too. Without it a step that succeeded on
+    one member and failed on another (the last segment of an all-reduce
+    reached one before its sender died) leaves their momenta apart.
 
     Construction is itself collective: every member of the group must make
     its SyncDataParallel at about the same time; it checks that every
@@ -115,6 +121,7 @@ class SyncDataParallel:
         settle: float = 0.5,
         detect_timeout: float = 30.0,
         recover_timeout: float = 180.0,
+        optimizer: Optional[torch.optim.Optimizer] = None,
     ) -> None:
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise StarlingError(f"bucket_bytes {bucket_bytes!r}: a positive int")
@@ -127,6 +134,11 @@ class SyncDataParallel:
         self.steps = 0  # steps whose gradients were averaged
         self.failed_steps = 0  # steps dropped by a failure
         self.reforms = 0  # times the group was re-formed
+        # Re-formings whose members' optimizer states had different
+        # layouts (one had stepped, another not yet): every member cleared
+        # its state instead.
+        self.optimizer_resets = 0
+        self.optimizer = optimizer
         self.last_failure: Optional[BaseException] = None
         # Per bucket of the last step: bytes, and when it was complete,
         # its all-reduce started and ended (time.monotonic(); 0: skipped).
@@ -177,8 +189,9 @@ class SyncDataParallel:
 
     def _signature(self) -> List[float]:
         """What every member must agree on, as exact float64 values: the
-        number of parameters, of elements, the bucket layout and a CRC of
-        the shapes and dtypes."""
+        number of parameters, of elements, the bucket layout, a CRC of the
+        shapes and dtypes, and whether an optimizer was given (its state
+        is made equal in collective calls of their own)."""
         shapes = ";".join(f"{tuple(p.shape)}:{p.dtype}" for p in self._params)
         layout = ";".join(str(b.numel) for b in self.buckets)
         return [
@@ -187,6 +200,7 @@ class SyncDataParallel:
             float(len(self.buckets)),
             float(zlib.crc32(shapes.encode())),
             float(zlib.crc32(layout.encode())),
+            float(self.optimizer is not None),
         ]
 
     def _agree(self, group: Union[None, str, Sequence[str]]) -> List[str]:
@@ -218,14 +232,17 @@ class SyncDataParallel:
                 )
         self._self = ids[me]
         k = len(sig)
-        what = ["parameters", "elements", "buckets", "shapes", "bucket sizes"]
+        what = [
+            "parameters", "elements", "buckets", "shapes", "bucket sizes",
+            "optimizer= (given or not)",
+        ]
         for i in range(k):
             if v[i] != -v[k + i]:
                 raise StarlingError(
                     f"the members' models differ in their {what[i]} (this "
                     f"member: {sig[i]:.0f}; from {-v[k + i]:.0f} to "
                     f"{v[i]:.0f}): run the same model with the same "
-                    "bucket_bytes on every member"
+                    "bucket_bytes and optimizer= on every member"
                 )
         return explicit if explicit is not None else ids
 
@@ -403,7 +420,10 @@ class SyncDataParallel:
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """``wait()``, then ``optimizer.step()`` when the step succeeded.
-        Returns what wait() returned."""
+        Returns what wait() returned. The optimizer's state is made equal
+        with the parameters when the group re-forms (``optimizer``)."""
+        if self.optimizer is None:
+            self.optimizer = optimizer
         ok = self.wait()
         if ok:
             optimizer.step()
@@ -539,9 +559,17 @@ class SyncDataParallel:
 
     def _sync_state(self, group: List[str]) -> None:
         """Copies rank 0's parameters and buffers to every member of group,
-        one broadcast per dtype (the tensors flattened into one buffer)."""
+        one broadcast per dtype (the tensors flattened into one buffer),
+        then the optimizer's state (_sync_optimizer)."""
+        self._broadcast_tensors(self._state(), group)
+        if self.optimizer is not None:
+            self._sync_optimizer(group)
+
+    def _broadcast_tensors(self, tensors: List[torch.Tensor], group: List[str]) -> None:
+        """Rank 0's values of tensors (float32 and float64 ones) to every
+        member of group, one broadcast per dtype, in place."""
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-        for t in self._state():
+        for t in tensors:
             if t.dtype in _DTYPES and t.numel() > 0:
                 by_dtype.setdefault(t.dtype, []).append(t)
         for dtype in _DTYPES:
@@ -556,6 +584,52 @@ class SyncDataParallel:
                     n = t.numel()
                     t.copy_(flat[off : off + n].view_as(t))
                     off += n
+
+    def _optimizer_layout(self) -> Any:
+        """The optimizer's state for the parameters, in parameter order:
+        its layout as text (each entry's key, kind, dtype and shape), the
+        float tensors, and the plain numbers (key path, value)."""
+        assert self.optimizer is not None
+        state = self.optimizer.state
+        words: List[str] = []
+        tensors: List[torch.Tensor] = []
+        numbers: List[Any] = []
+        for i, p in enumerate(self._params):
+            st = state.get(p, {})
+            for key in sorted(st, key=str):
+                v = st[key]
+                if isinstance(v, torch.Tensor):
+                    words.append(f"{i}.{key}:{v.dtype}{tuple(v.shape)}")
+                    if v.dtype in _DTYPES:
+                        tensors.append(v)
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    words.append(f"{i}.{key}:{type(v).__name__}")
+                    numbers.append((st, key))
+                else:
+                    words.append(f"{i}.{key}:{v!r}")
+        return ";".join(words), tensors, numbers
+
+    def _sync_optimizer(self, group: List[str]) -> None:
+        """Rank 0's optimizer state to every member of group. The members
+        first compare the state's layout (one all-reduce of its hash, max
+        and negated max); when it differs (a member that has stepped and
+        one that has not yet), every member clears its state, so that all
+        go on alike (momentum starts again; counted in optimizer_resets)."""
+        assert self.optimizer is not None
+        layout, tensors, numbers = self._optimizer_layout()
+        h = float(zlib.crc32(layout.encode()))
+        both = torch.tensor([h, -h], dtype=torch.float64)
+        self.comm.all_reduce(both, op="max", group=group, timeout=self.timeout)
+        if both[0].item() != -both[1].item():
+            self.optimizer.state.clear()
+            self.optimizer_resets += 1
+            return
+        self._broadcast_tensors(tensors, group)
+        if numbers:
+            vals = torch.tensor([float(st[k]) for st, k in numbers], dtype=torch.float64)
+            self.comm.broadcast(vals, root=0, group=group, timeout=self.timeout)
+            for (st, k), v in zip(numbers, vals.tolist()):
+                st[k] = type(st[k])(v)
 
     # ---- closing -----------------------------------------------------------
 
