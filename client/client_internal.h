@@ -84,4 +84,8 @@ int st__client_recv_line_fd(int sock, char* line, size_t cap, int* fd,
 /* Unmaps c's segment and closes its socket. */
 void st__client_session_close(st_client_t* c);
 
+/* comm.c: sets c's error sentence (st_comm_error) to text, for the
+ * algorithms of comm_algos.c. */
+void st__comm_set_error(st_comm_t* c, const char* text);
+
 #endif

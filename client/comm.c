@@ -167,6 +167,10 @@ const char* st_comm_error(const st_comm_t* c) {
   return c != NULL ? c->err : "";
 }
 
+void st__comm_set_error(st_comm_t* c, const char* text) {
+  snprintf(c->err, sizeof c->err, "%s", text);
+}
+
 void st_comm_last_group(const st_comm_t* c, uint32_t* rank, uint32_t* size) {
   if (rank != NULL)
     *rank = c != NULL ? c->rank : 0;

@@ -293,6 +293,127 @@ ST_CLIENT_API int st_comm_fetch(st_comm_t* c, const char* peer,
 ST_CLIENT_API void st_comm_last_group(const st_comm_t* c, uint32_t* rank,
                                       uint32_t* size);
 
+/* ==== Algorithms over a group ==============================================
+ *
+ * Parallel k-means and least squares over the collectives above
+ * (client/comm_algos.c over algos/; docs/collectives.md, "Algorithms";
+ * the same as `starling kmeans` and `starling lstsq`, which call these).
+ * Every member of the group calls the same function with the same options
+ * on its own rows (n may be 0 on some), and every member gets the same
+ * result, bit for bit. A first exchange checks that the members agree on
+ * the options and the number of features (-EINVAL naming the first that
+ * differs: "the members disagree on ..."); for the group "all" (NULL) it
+ * also fixes the list of members, so that a join or a leave as they start
+ * fails every one of them alike. The error of any failure is
+ * st_comm_error's, as for every call; timeout_s bounds each collective
+ * call (0: none). */
+
+/* One k-means iteration, for progress. */
+typedef struct {
+  uint32_t iteration; /* 1-based */
+  double objective;   /* sum of squared distances before its update */
+  double moved;       /* the largest distance a centroid moved */
+  size_t empty;       /* clusters without a point (their centroid kept) */
+} st_comm_kmeans_iter_t;
+
+typedef struct {
+  size_t k;          /* clusters, >= 1 */
+  uint32_t max_iter; /* iterations at most (default 300) */
+  double tol;        /* converged when no centroid moves more than this
+                        (default 1e-4; 0: until no point changes cluster) */
+  uint64_t seed;     /* the k-means++ draw (default 1) */
+  /* Called after every iteration on the calling thread; may be NULL. */
+  void (*progress)(void* arg, const st_comm_kmeans_iter_t* it);
+  void* progress_arg;
+} st_comm_kmeans_opts_t;
+
+typedef struct {
+  uint64_t points; /* over every member */
+  uint32_t iterations;
+  int converged;       /* 1: stopped by tol; 0: by max_iter */
+  double objective;    /* sum of squared distances at the final centroids */
+  double moved;        /* the last iteration's largest move */
+  uint32_t rank, size; /* this member in the group */
+  int same_data;       /* 1: every member held the same rows (each counted size
+                          times: give each member its own shard) */
+} st_comm_kmeans_info_t;
+
+/* Defaults: k 0 (to set), max_iter 300, tol 1e-4, seed 1, no progress. */
+ST_CLIENT_API void st_comm_kmeans_opts_default(st_comm_kmeans_opts_t* o);
+
+/* k-means (Lloyd's algorithm, k-means++ start) on this member's points x
+ * (n x dim float32, row-major) with the group's: centroids (k x dim,
+ * row-major) and counts (k: points nearest each) are filled; info (may be
+ * NULL) says how it went. A point equally near two centroids goes to the
+ * lower index; a cluster without a point keeps its previous centroid.
+ * -EINVAL: k 0, dim 0, a bad tol, fewer points than k over the group, or
+ * options that differ between members. */
+ST_CLIENT_API int st_comm_kmeans(st_comm_t* c, const char* group,
+                                 const float* x, size_t n, size_t dim,
+                                 const st_comm_kmeans_opts_t* opts,
+                                 double timeout_s, double* centroids,
+                                 double* counts, st_comm_kmeans_info_t* info);
+
+typedef enum {
+  ST_COMM_LSTSQ_NORMAL = 0,
+  ST_COMM_LSTSQ_GD = 1
+} st_comm_lstsq_method_t;
+
+/* One gradient-descent iteration, for progress. */
+typedef struct {
+  uint32_t iteration; /* 1-based */
+  double objective;   /* at the weights before its step */
+  double grad_norm;   /* ||g_t|| / ||g_1|| */
+} st_comm_lstsq_iter_t;
+
+typedef struct {
+  st_comm_lstsq_method_t method; /* NORMAL (default): the closed form from
+                                    the summed X^T X and X^T y; GD:
+                                    gradient descent */
+  int intercept;                 /* 1 (default): fit a bias (not penalized) */
+  double ridge;                  /* >= 0 (default 0) */
+  uint32_t max_iter;             /* GD: iterations at most (default 1000) */
+  double tol;   /* GD: stop at ||g_t|| <= tol ||g_1|| (default 1e-6) */
+  double alpha; /* GD: step alpha / (n sqrt(t)); 0 (default): chosen from
+                   the data */
+  void (*progress)(void* arg, const st_comm_lstsq_iter_t* it); /* GD */
+  void* progress_arg;
+} st_comm_lstsq_opts_t;
+
+typedef struct {
+  double bias;           /* 0 without an intercept */
+  uint64_t points;       /* rows over every member */
+  int qr;                /* NORMAL: 1 when the normal matrix was singular or ill
+                            conditioned and pivoted QR solved it (minimum norm) */
+  int positive_definite; /* NORMAL: the normal matrix was (QR: 0 when it
+                            was singular, 1 when ill conditioned) */
+  double rcond;      /* NORMAL: LAPACK's estimate of its reciprocal condition */
+  size_t solve_rank; /* NORMAL: dim, or the rank QR found */
+  double rss;        /* sum of squared residuals */
+  double objective;  /* rss + ridge ||weight||^2 */
+  double rmse;       /* sqrt(rss / points) */
+  uint32_t iterations; /* GD */
+  int converged;       /* GD: stopped by tol */
+  double grad_norm;    /* GD: the last ||g_t|| / ||g_1|| */
+  double alpha;        /* GD: the alpha used */
+  uint32_t rank, size; /* this member in the group */
+  int same_data;       /* as st_comm_kmeans_info_t's */
+} st_comm_lstsq_info_t;
+
+/* Defaults: NORMAL, intercept, ridge 0, max_iter 1000, tol 1e-6, alpha 0. */
+ST_CLIENT_API void st_comm_lstsq_opts_default(st_comm_lstsq_opts_t* o);
+
+/* Least squares, min ||X w + b - y||^2 + ridge ||w||^2, on this member's
+ * rows (x: n x dim float32 row-major, y: n) with the group's: weight (dim)
+ * is filled, info (may be NULL) holds the bias and the rest. -EINVAL: dim
+ * 0, a bad ridge, tol or alpha, no rows on any member, options that
+ * differ; -EDOM: LAPACK failed. */
+ST_CLIENT_API int st_comm_lstsq(st_comm_t* c, const char* group, const float* x,
+                                const float* y, size_t n, size_t dim,
+                                const st_comm_lstsq_opts_t* opts,
+                                double timeout_s, double* weight,
+                                st_comm_lstsq_info_t* info);
+
 #ifdef __cplusplus
 }
 #endif

@@ -181,7 +181,7 @@ for ((k = 0; k < N; k++)); do
 done
 for ((k = 0; k < N; k++)); do
   if wait "${ep[$k]}"; then node_fail "(e) member $k did not fail"; fi
-  grep -q "disagree on --k" "$SCRATCH/e.$k" || node_fail "(e) member $k: $(cat "$SCRATCH/e.$k")"
+  grep -q "disagree on k, the number of clusters" "$SCRATCH/e.$k" || node_fail "(e) member $k: $(cat "$SCRATCH/e.$k")"
 done
 pass "(e) another --k on one member: all fail: $(head -c 140 "$SCRATCH/e.0")"
 
@@ -249,7 +249,7 @@ for ((k = 0; k < N; k++)); do
   PIDS+=("$!")
   fp[$k]=$!
 done
-started() { local k; for ((k = 0; k < N; k++)); do grep -q "member" "$SCRATCH/f.$k.err" || return 1; done; }
+started() { local k; for ((k = 0; k < N; k++)); do grep -q "^iteration" "$SCRATCH/f.$k.err" || return 1; done; }
 wait_for 30 "every member's run started" started
 node_start 3 --join "$seed" "${ARGS[@]}"
 node_up 3

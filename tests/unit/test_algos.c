@@ -1,5 +1,5 @@
 /* test_algos.c: the Check suite of the cluster algorithms
- * (node/train/algos_kmeans.c, algos_lstsq.c): k-means run by 1, 2, 3 and 7
+ * (algos/kmeans.c, lstsq.c): k-means run by 1, 2, 3 and 7
  * members (threads in this process, summing through a barrier in rank
  * order, as the node's all-reduce sums across machines) against a plain
  * single-process Lloyd's algorithm from the same initialisation; the
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/train/train.h"
+#include "algos/algos.h"
 #include "tests/unit/testutil.h"
 
 /* ==== Members as threads ==================================================

@@ -270,7 +270,7 @@ void st__sync_close(st__sync_t* s);
  *
  * `starling kmeans` and `starling lstsq` run on every member of a group,
  * each next to its node and on its own shard, and cooperate through the
- * client library's collectives (node/train/train.h, "Algorithms";
+ * client library (st_comm_kmeans, st_comm_lstsq; algos/algos.h;
  * docs/collectives.md). */
 
 int st__cmd_kmeans(int argc, char** argv);
@@ -329,33 +329,10 @@ void st__algo_flags_usage(FILE* f);
 int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
                   size_t err_len);
 
-/* A session with the local node for one run. */
-typedef struct {
-  struct st_comm_s* comm; /* the client library's communicator */
-  const char* group;      /* NULL: "all" (until the members agreed) */
-  char* group_list;       /* "all" frozen as a list once they did */
-  double timeout_s;
-  uint32_t rank, size; /* in the group */
-  bool same_data;      /* every member holds the same rows (warned) */
-  st_algo_comm_t algo; /* the float64 sum over the group */
-  char comm_err[768];  /* the collective's error, when one failed */
-} st__algo_session_t;
-
-/* Opens the communicator and checks, in the first two all-reduces, that
- * every member has the same values v[0..n) (names[i] says what v[i] is, for
- * the message) and the same number of features; warns on stderr when every
- * member holds the same rows. A group of "all" is then frozen as the list
- * of members it had, so that a node joining later does not stall the run.
- * 0 or a negative errno with err set; close with st__algo_close either
- * way. */
-int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
-                  const st_dataset_t* ds, const double* v,
-                  const char* const* names, size_t n, char* err,
-                  size_t err_len);
-void st__algo_close(st__algo_session_t* s);
-/* Prints "CMD: ERR" and, when a collective failed, its sentence. */
-void st__algo_print_error(const st__algo_session_t* s, const char* cmd,
-                          const char* err);
+/* Warns on stderr when every member held the same rows (same_data, as
+ * st_comm_kmeans_info_t's): each counted size times. */
+void st__algo_say_same_data(const char* cmd, int same_data, uint32_t size,
+                            size_t rows);
 /* Writes [v0, v1, ...] with every digit (%.17g). */
 void st__algo_json_doubles(FILE* f, const double* v, size_t n);
 /* A float32 copy of v (malloc'd; NULL when out of memory). */

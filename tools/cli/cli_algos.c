@@ -1,10 +1,8 @@
 /* cli_algos.c: what `starling kmeans` and `starling lstsq` share (cli.h,
  * "Algorithms"): their common flags (the node's socket, the data and its
- * shard, the group, the timeout, the output), loading the shard, and the
- * session with the local node through the client library's collectives
- * (client/starling/client.h): the float64 sum the algorithms of
- * node/train/ run on, and a first check that every member runs the same
- * command on the same kind of data.
+ * shard, the group, the timeout, the output), loading the shard, and
+ * what they print around the client library's st_comm_kmeans and
+ * st_comm_lstsq (client/starling/client.h), which run the algorithms.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -14,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/starling/client.h"
 #include "node/train/train.h"
 #include "tools/cli/cli.h"
 
@@ -232,172 +229,14 @@ int st__algo_load(const st__algo_args_t* a, st_dataset_t* ds, char* err,
   return 0;
 }
 
-/* A fingerprint of a member's rows (FNV-1a over their bits, 52 bits so that
- * a double holds it exactly): equal on every member when each holds the
- * same data. */
-/* FNV-1a over len bytes, continuing from h (start: FNV_START). */
-#define FNV_START 0xcbf29ce484222325ull
-static uint64_t fnv1a(uint64_t h, const void* bytes, size_t len) {
-  const unsigned char* p = bytes;
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-static double data_fingerprint(const st_dataset_t* ds) {
-  uint64_t h = fnv1a(FNV_START, ds->x, ds->n * ds->dim * sizeof(float));
-  h = fnv1a(h, ds->y, ds->n * sizeof(float));
-  return (double) (h >> 12); /* 52 bits: exact in a double */
-}
-
-/* ==== The session ==========================================================
- */
-
-static int comm_sum(void* arg, double* data, size_t count) {
-  st__algo_session_t* s = arg;
-  int rc = st_comm_all_reduce(s->comm, s->group, data, count, ST_COMM_F64,
-                              ST_COMM_SUM, s->timeout_s);
-  if (rc != 0)
-    snprintf(s->comm_err, sizeof(s->comm_err), "%s", st_comm_error(s->comm));
-  return rc;
-}
-
-/* The values every member must share, checked as min == max over the
- * group (into lo and hi, n each); the names say which one differs (a NULL
- * name: not required to agree). */
-static int agree(st__algo_session_t* s, const double* v,
-                 const char* const* names, size_t n, double* lo, double* hi,
-                 char* err, size_t err_len) {
-  memcpy(lo, v, n * sizeof(double));
-  memcpy(hi, v, n * sizeof(double));
-  int rc = st_comm_all_reduce(s->comm, s->group, lo, n, ST_COMM_F64,
-                              ST_COMM_MIN, s->timeout_s);
-  if (rc == 0)
-    rc = st_comm_all_reduce(s->comm, s->group, hi, n, ST_COMM_F64, ST_COMM_MAX,
-                            s->timeout_s);
-  if (rc != 0)
-    st_set_err(err, err_len,
-               "the first step with the other members failed (every member "
-               "of the group must run this command: --group, default every "
-               "member alive): %s",
-               st_comm_error(s->comm));
-  for (size_t i = 0; rc == 0 && i < n; i++)
-    if (lo[i] != hi[i] && names[i] != NULL) {
-      st_set_err(err, err_len,
-                 "the members disagree on %s (from %.17g to %.17g): run the "
-                 "same command with the same kind of data on every member",
-                 names[i], lo[i], hi[i]);
-      rc = -EINVAL;
-    }
-  return rc;
-}
-
-/* "all" as the list of members the node sees now (sorted, as ranks are)
- * into s->group_list, and a hash of it into *hash (52 bits, exact in a
- * double): the members agree on it with their other values, so that a
- * join or a leave as they start fails every one of them alike instead of
- * leaving them on different lists. */
-static int list_all(st__algo_session_t* s, double* hash, char* err,
-                    size_t err_len) {
-  size_t n = 0, rank = 0;
-  int rc = st_comm_members(s->comm, NULL, 0, &n, &rank);
-  char(*ids)[33] = rc == 0 ? calloc(n > 0 ? n : 1, sizeof(*ids)) : NULL;
-  char* list = ids != NULL ? malloc(n * 33 + 1) : NULL;
-  if (rc == 0 && list == NULL)
-    rc = -ENOMEM;
-  size_t again = n;
-  if (rc == 0)
-    rc = st_comm_members(s->comm, ids, n, &again, &rank);
-  if (rc == 0 && again != n)
-    rc = -EAGAIN;
-  if (rc == 0) {
-    char* p = list;
-    *p = '\0';
-    for (size_t i = 0; i < n; i++)
-      p += sprintf(p, "%s%s", i ? "," : "", ids[i]);
-    *hash = (double) (fnv1a(FNV_START, list, strlen(list)) >> 12);
-    s->group_list = list;
-    list = NULL;
-  } else {
-    st_set_err(err, err_len, "cannot list the members: %s",
-               rc == -ENOMEM   ? "out of memory"
-               : rc == -EAGAIN ? "they changed as they were listed"
-                               : st_comm_error(s->comm));
-  }
-  free(ids);
-  free(list);
-  return rc;
-}
-
-int st__algo_open(st__algo_session_t* s, const st__algo_args_t* a,
-                  const st_dataset_t* ds, const double* v,
-                  const char* const* names, size_t n, char* err,
-                  size_t err_len) {
-  memset(s, 0, sizeof(*s));
-  s->group = a->group;
-  s->timeout_s = a->timeout_s;
-  int rc = st_comm_open(a->socket, &s->comm, err, err_len);
-  if (rc != 0)
-    return rc;
-  /* The caller's values, then the number of features, the data's
-   * fingerprint and, for "all", the hash of the members' list. */
-  double* all = malloc(3 * (n + 3) * sizeof(double));
-  const char** all_names = malloc((n + 3) * sizeof(char*));
-  if (all == NULL || all_names == NULL) {
-    free(all);
-    free(all_names);
-    st_set_err(err, err_len, "out of memory");
-    return -ENOMEM;
-  }
-  double *lo = all + n + 3, *hi = lo + n + 3;
-  memcpy(all, v, n * sizeof(double));
-  memcpy(all_names, names, n * sizeof(char*));
-  all[n] = (double) ds->dim;
-  all_names[n] = "the number of features (columns)";
-  all[n + 1] = data_fingerprint(ds);
-  all_names[n + 1] = NULL;
-  size_t count = n + 2;
-  if (s->group == NULL) {
-    rc = list_all(s, &all[n + 2], err, err_len);
-    all_names[n + 2] =
-        "the members of the group (one joined or left as "
-        "they started: start again)";
-    count = n + 3;
-  }
-  if (rc == 0)
-    rc = agree(s, all, all_names, count, lo, hi, err, err_len);
-  if (rc == 0) {
-    st_comm_last_group(s->comm, &s->rank, &s->size);
-    s->algo = (st_algo_comm_t){comm_sum, s, s->rank, s->size};
-    s->same_data = s->size > 1 && ds->n > 0 && lo[n + 1] == hi[n + 1];
-    if (s->group == NULL)
-      s->group = s->group_list; /* "all" as it was at the agreement */
-  }
-  free(all);
-  free(all_names);
-  if (rc == 0 && s->same_data)
+void st__algo_say_same_data(const char* cmd, int same_data, uint32_t size,
+                            size_t rows) {
+  if (same_data)
     fprintf(stderr,
             "%s: warning: every one of the %u members holds the same %zu "
             "rows, so each row counts %u times: give each member its own "
             "--shard K/%u or its own file\n",
-            a->cmd, s->size, ds->n, s->size, s->size);
-  return rc;
-}
-
-void st__algo_close(st__algo_session_t* s) {
-  st_comm_close(s->comm);
-  s->comm = NULL;
-  free(s->group_list);
-  s->group_list = NULL;
-  s->group = NULL;
-}
-
-void st__algo_print_error(const st__algo_session_t* s, const char* cmd,
-                          const char* err) {
-  if (s->comm_err[0] != '\0')
-    fprintf(stderr, "%s: %s: %s\n", cmd, err, s->comm_err);
-  else
-    fprintf(stderr, "%s: %s\n", cmd, err);
+            cmd, size, rows, size, size);
 }
 
 /* ==== Output ===============================================================

@@ -1,7 +1,8 @@
 /* cli_kmeans.c: `starling kmeans`, parallel k-means over a cluster. One
  * runs on every member of a group, next to its node, each with its own
  * shard of the points; they cooperate through the node's collectives
- * (node/train/algos_kmeans.c has the algorithm, cli_algos.c the session).
+ * (the client library's st_comm_kmeans runs it; algos/kmeans.c has the
+ * math).
  * Every member prints the same centroids.
  *
  * Exit status: 0 done, 1 a run-time failure (data, a member that failed or
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "client/starling/client.h"
 #include "node/train/train.h"
 #include "tools/cli/cli.h"
 
@@ -73,8 +75,16 @@ static void usage(FILE* f) {
 
 typedef struct {
   st__algo_args_t a;
-  st_kmeans_config_t cfg;
+  st_comm_kmeans_opts_t cfg;
 } kmeans_args_t;
+
+/* What a run found: the centroids and counts, and the call's info. */
+typedef struct {
+  double* centroids; /* k x dim */
+  double* counts;    /* k */
+  size_t k, dim;
+  st_comm_kmeans_info_t info;
+} kmeans_out_t;
 
 /* Handles one of the command's own options: 0, 1 (not one), 2 (bad). */
 static int own_flag(kmeans_args_t* k, int c, const char* v) {
@@ -114,8 +124,7 @@ static int parse(kmeans_args_t* k, int argc, char** argv) {
   opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
   opts[n] = (struct option){NULL, 0, NULL, 0};
   st__algo_args_init(&k->a, CMD, ST__ALGO_NO_LABEL);
-  st_kmeans_config_default(&k->cfg);
-  k->cfg.k = 0;
+  st_comm_kmeans_opts_default(&k->cfg);
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -147,7 +156,7 @@ static int parse(kmeans_args_t* k, int argc, char** argv) {
   return st__algo_finish(&k->a, example) != 0 ? 2 : -1;
 }
 
-static void progress(void* arg, const st_kmeans_iter_t* it) {
+static void progress(void* arg, const st_comm_kmeans_iter_t* it) {
   FILE* log = arg;
   fprintf(log, "iteration %" PRIu32 "  objective %.10g  moved %.6g",
           it->iteration, it->objective, it->moved);
@@ -157,16 +166,17 @@ static void progress(void* arg, const st_kmeans_iter_t* it) {
   fflush(log);
 }
 
-static void print_json(const kmeans_args_t* k, const st__algo_session_t* s,
-                       const st_kmeans_result_t* r, double seconds) {
+static void print_json(const kmeans_args_t* k, const kmeans_out_t* r,
+                       double seconds) {
+  const st_comm_kmeans_info_t* i = &r->info;
   printf("{\"k\": %zu, \"dim\": %zu, \"points\": %" PRIu64
          ", \"members\": %u, \"rank\": %u, \"iterations\": %" PRIu32
          ", \"converged\": %s, \"objective\": %.17g, \"moved\": %.17g, "
          "\"seed\": %" PRIu64
          ", \"tol\": %.17g, \"time_s\": %.3f, "
          "\"centroids\": [",
-         r->k, r->dim, r->points, s->size, s->rank, r->iterations,
-         r->converged ? "true" : "false", r->objective, r->moved, k->cfg.seed,
+         r->k, r->dim, i->points, i->size, i->rank, i->iterations,
+         i->converged ? "true" : "false", i->objective, i->moved, k->cfg.seed,
          k->cfg.tol, seconds);
   for (size_t j = 0; j < r->k; j++) {
     if (j > 0)
@@ -183,13 +193,13 @@ static void print_json(const kmeans_args_t* k, const st__algo_session_t* s,
   printf("}\n");
 }
 
-static void print_text(const st__algo_session_t* s, const st_kmeans_result_t* r,
-                       double seconds) {
+static void print_text(const kmeans_out_t* r, double seconds) {
+  const st_comm_kmeans_info_t* i = &r->info;
   printf("%s after %" PRIu32 " iterations in %.2f s: %" PRIu64
          " points x %zu features on %u member%s, k %zu, objective %.10g\n",
-         r->converged ? "converged" : "stopped (--max-iter)", r->iterations,
-         seconds, r->points, r->dim, s->size, s->size == 1 ? "" : "s", r->k,
-         r->objective);
+         i->converged ? "converged" : "stopped (--max-iter)", i->iterations,
+         seconds, i->points, r->dim, i->size, i->size == 1 ? "" : "s", r->k,
+         i->objective);
   for (size_t j = 0; j < r->k; j++) {
     printf("centroid %zu (%.0f points):", j, r->counts[j]);
     size_t shown = r->dim < SHOWN_VALUES ? r->dim : SHOWN_VALUES;
@@ -201,13 +211,14 @@ static void print_text(const st__algo_session_t* s, const st_kmeans_result_t* r,
   }
 }
 
-static int write_out(const kmeans_args_t* k, const st_kmeans_result_t* r) {
+static int write_out(const kmeans_args_t* k, const kmeans_out_t* r) {
+  const st_comm_kmeans_info_t* i = &r->info;
   float* c = st__algo_to_floats(r->centroids, r->k * r->dim);
   float* n = st__algo_to_floats(r->counts, r->k);
   char iters[32], obj[40], points[32], seed[32];
-  snprintf(iters, sizeof iters, "%" PRIu32, r->iterations);
-  snprintf(obj, sizeof obj, "%.17g", r->objective);
-  snprintf(points, sizeof points, "%" PRIu64, r->points);
+  snprintf(iters, sizeof iters, "%" PRIu32, i->iterations);
+  snprintf(obj, sizeof obj, "%.17g", i->objective);
+  snprintf(points, sizeof points, "%" PRIu64, i->points);
   snprintf(seed, sizeof seed, "%" PRIu64, k->cfg.seed);
   st_tensor_desc_t t[2] = {{"centroids", c, {r->k, r->dim}, 2},
                            {"counts", n, {r->k}, 1}};
@@ -217,7 +228,7 @@ static int write_out(const kmeans_args_t* k, const st_kmeans_result_t* r) {
                          {"objective", obj},
                          {"points", points},
                          {"seed", seed},
-                         {"converged", r->converged ? "true" : "false"}};
+                         {"converged", i->converged ? "true" : "false"}};
   char err[600] = "";
   int rc =
       c == NULL || n == NULL
@@ -234,37 +245,39 @@ static int write_out(const kmeans_args_t* k, const st_kmeans_result_t* r) {
 /* Joins the group, runs k-means, reports. */
 static int run(kmeans_args_t* k, const st_dataset_t* ds) {
   FILE* log = k->a.json ? stderr : stdout;
-  double seed_hi = (double) (k->cfg.seed >> 32),
-         seed_lo = (double) (k->cfg.seed & 0xFFFFFFFFu);
-  const double v[] = {(double) k->cfg.k, seed_hi, seed_lo,
-                      (double) k->cfg.max_iter, k->cfg.tol};
-  const char* const names[] = {"--k", "--seed", "--seed", "--max-iter",
-                               "--tol"};
-  st__algo_session_t s;
+  kmeans_out_t r = {.k = k->cfg.k, .dim = ds->dim};
+  r.centroids = calloc(r.k * r.dim + 1, sizeof(double));
+  r.counts = calloc(r.k + 1, sizeof(double));
+  st_comm_t* comm = NULL;
   char err[1024] = "";
   double t0 = st_now_s();
-  int rc = st__algo_open(&s, &k->a, ds, v, names, 5, err, sizeof err);
-  st_kmeans_result_t r;
-  memset(&r, 0, sizeof r);
+  int rc = r.centroids == NULL || r.counts == NULL ? -ENOMEM : 0;
+  if (rc == 0)
+    rc = st_comm_open(k->a.socket, &comm, err, sizeof err);
   if (rc == 0) {
-    fprintf(log, "member %u of %u: %zu points x %zu features from %s\n", s.rank,
-            s.size, ds->n, ds->dim, ds->source);
+    fprintf(log, "%zu points x %zu features from %s\n", ds->n, ds->dim,
+            ds->source);
     k->cfg.progress = progress;
     k->cfg.progress_arg = log;
-    rc = st_kmeans_run(&s.algo, &k->cfg, ds->x, ds->n, ds->dim, &r, err,
-                       sizeof err);
+    rc = st_comm_kmeans(comm, k->a.group, ds->x, ds->n, ds->dim, &k->cfg,
+                        k->a.timeout_s, r.centroids, r.counts, &r.info);
+    if (rc != 0)
+      snprintf(err, sizeof err, "%s", st_comm_error(comm));
   }
-  if (rc != 0)
-    st__algo_print_error(&s, CMD, err);
   double seconds = st_now_s() - t0;
-  st__algo_close(&s);
+  st_comm_close(comm);
+  if (rc != 0)
+    fprintf(stderr, "%s: %s\n", CMD, err[0] ? err : strerror(-rc));
+  if (rc == 0)
+    st__algo_say_same_data(CMD, r.info.same_data, r.info.size, ds->n);
   if (rc == 0 && k->a.out != NULL && write_out(k, &r) != 0)
     rc = -EIO;
   if (rc == 0 && k->a.json)
-    print_json(k, &s, &r, seconds);
+    print_json(k, &r, seconds);
   else if (rc == 0)
-    print_text(&s, &r, seconds);
-  st_kmeans_result_free(&r);
+    print_text(&r, seconds);
+  free(r.centroids);
+  free(r.counts);
   return rc == 0 ? 0 : 1;
 }
 

@@ -1,7 +1,8 @@
 /* cli_lstsq.c: `starling lstsq`, linear least squares over a cluster. One
  * runs on every member of a group, next to its node, each with its own
  * shard of the rows; they cooperate through the node's collectives
- * (node/train/algos_lstsq.c has the math, cli_algos.c the session). Every
+ * (the client library's st_comm_lstsq runs it; algos/lstsq.c has the
+ * math). Every
  * member prints the same weights.
  *
  * Exit status: 0 done, 1 a run-time failure (data, a member that failed or
@@ -16,6 +17,8 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "algos/algos.h"
+#include "client/starling/client.h"
 #include "node/train/train.h"
 #include "tools/cli/cli.h"
 
@@ -81,8 +84,16 @@ static void usage(FILE* f) {
 
 typedef struct {
   st__algo_args_t a;
-  st_lstsq_config_t cfg;
+  st_comm_lstsq_opts_t cfg;
 } lstsq_args_t;
+
+/* What a fit found: the weights and the call's info. */
+typedef struct {
+  double* weight; /* dim */
+  size_t dim;
+  bool gd;
+  st_comm_lstsq_info_t info;
+} lstsq_out_t;
 
 /* Handles one of the command's own options: 0, 1 (not one), 2 (bad). */
 static int own_flag(lstsq_args_t* l, int c, const char* v) {
@@ -93,9 +104,9 @@ static int own_flag(lstsq_args_t* l, int c, const char* v) {
                                                                           : 0;
     case OPT_METHOD:
       if (strcmp(v, "normal") == 0)
-        l->cfg.method = ST_LSTSQ_NORMAL;
+        l->cfg.method = ST_COMM_LSTSQ_NORMAL;
       else if (strcmp(v, "gd") == 0)
-        l->cfg.method = ST_LSTSQ_GD;
+        l->cfg.method = ST_COMM_LSTSQ_GD;
       else {
         fprintf(stderr, "%s: --method: '%s' is not normal or gd\n", CMD, v);
         return 2;
@@ -164,7 +175,7 @@ static int parse(lstsq_args_t* l, int argc, char** argv) {
   opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
   opts[n] = (struct option){NULL, 0, NULL, 0};
   st__algo_args_init(&l->a, CMD, -1);
-  st_lstsq_config_default(&l->cfg);
+  st_comm_lstsq_opts_default(&l->cfg);
   int rc = parse_options(l, argc, argv, opts);
   if (rc >= 0)
     return rc;
@@ -178,7 +189,7 @@ static int parse(lstsq_args_t* l, int argc, char** argv) {
   return st__algo_finish(&l->a, example) != 0 ? 2 : -1;
 }
 
-static void progress(void* arg, const st_lstsq_iter_t* it) {
+static void progress(void* arg, const st_comm_lstsq_iter_t* it) {
   FILE* log = arg;
   /* Every iteration up to 10, then every 10th up to 100, and so on. */
   uint32_t every = 1;
@@ -194,35 +205,35 @@ static void progress(void* arg, const st_lstsq_iter_t* it) {
   fflush(log);
 }
 
-static const char* solver_name(const st_lstsq_result_t* r) {
-  if (r->method == ST_LSTSQ_GD)
+static const char* solver_name(const lstsq_out_t* r) {
+  if (r->gd)
     return "gd";
-  return r->solve.solver == ST_LSTSQ_QR ? "qr" : "cholesky";
+  return r->info.qr ? "qr" : "cholesky";
 }
 
-static void print_json(const lstsq_args_t* l, const st__algo_session_t* s,
-                       const st_lstsq_result_t* r, double seconds) {
+static void print_json(const lstsq_args_t* l, const lstsq_out_t* r,
+                       double seconds) {
+  const st_comm_lstsq_info_t* i = &r->info;
   printf("{\"dim\": %zu, \"points\": %" PRIu64
          ", \"members\": %u, \"rank\": %u, \"method\": \"%s\", "
          "\"solver\": \"%s\", \"ridge\": %.17g, \"intercept\": %s, ",
-         r->dim, r->points, s->size, s->rank,
-         r->method == ST_LSTSQ_GD ? "gd" : "normal", solver_name(r),
-         l->cfg.ridge, l->cfg.intercept ? "true" : "false");
-  if (r->method == ST_LSTSQ_GD)
+         r->dim, i->points, i->size, i->rank, r->gd ? "gd" : "normal",
+         solver_name(r), l->cfg.ridge, l->cfg.intercept ? "true" : "false");
+  if (r->gd)
     printf("\"iterations\": %" PRIu32
            ", \"converged\": %s, \"alpha\": %.17g, "
            "\"grad_norm\": %.17g, ",
-           r->iterations, r->converged ? "true" : "false", r->alpha,
-           r->grad_norm);
+           i->iterations, i->converged ? "true" : "false", i->alpha,
+           i->grad_norm);
   else
-    printf("\"iterations\": 1, \"rcond\": %.17g, \"rank\": %zu, ",
-           r->solve.rcond, r->solve.rank);
+    printf("\"iterations\": 1, \"rcond\": %.17g, \"rank\": %zu, ", i->rcond,
+           i->solve_rank);
   printf(
       "\"objective\": %.17g, \"rss\": %.17g, \"rmse\": %.17g, "
       "\"time_s\": %.3f, \"weight\": ",
-      r->objective, r->rss, r->rmse, seconds);
+      i->objective, i->rss, i->rmse, seconds);
   st__algo_json_doubles(stdout, r->weight, r->dim);
-  printf(", \"bias\": %.17g, \"out\": ", r->bias);
+  printf(", \"bias\": %.17g, \"out\": ", i->bias);
   if (l->a.out != NULL)
     st_json_write_string(stdout, l->a.out);
   else
@@ -230,42 +241,41 @@ static void print_json(const lstsq_args_t* l, const st__algo_session_t* s,
   printf("}\n");
 }
 
-static void print_text(const st__algo_session_t* s, const st_lstsq_result_t* r,
-                       double seconds) {
-  if (r->method == ST_LSTSQ_GD)
+static void print_text(const lstsq_out_t* r, double seconds) {
+  const st_comm_lstsq_info_t* i = &r->info;
+  if (r->gd)
     printf("gradient descent: %s after %" PRIu32 " iterations (alpha %.6g)",
-           r->converged ? "converged" : "stopped (--max-iter)", r->iterations,
-           r->alpha);
-  else if (r->solve.positive_definite)
+           i->converged ? "converged" : "stopped (--max-iter)", i->iterations,
+           i->alpha);
+  else if (i->positive_definite)
     printf("normal equations solved by %s (rcond %.3g, rank %zu of %zu)",
-           r->solve.solver == ST_LSTSQ_QR ? "pivoted QR" : "Cholesky",
-           r->solve.rcond, r->solve.rank, r->dim);
+           i->qr ? "pivoted QR" : "Cholesky", i->rcond, i->solve_rank, r->dim);
   else
     printf(
         "normal equations solved by pivoted QR (not positive definite, "
         "rank %zu of %zu)",
-        r->solve.rank, r->dim);
+        i->solve_rank, r->dim);
   printf(" in %.2f s: %" PRIu64 " rows x %zu features on %u member%s\n",
-         seconds, r->points, r->dim, s->size, s->size == 1 ? "" : "s");
+         seconds, i->points, r->dim, i->size, i->size == 1 ? "" : "s");
   printf("weight:");
   size_t shown = r->dim < SHOWN_VALUES ? r->dim : SHOWN_VALUES;
   for (size_t j = 0; j < shown; j++)
     printf(" %.10g", r->weight[j]);
   if (shown < r->dim)
     printf(" ... (%zu more: --json or --out has them all)", r->dim - shown);
-  printf("\nbias: %.10g\nrss %.10g  rmse %.10g  objective %.10g\n", r->bias,
-         r->rss, r->rmse, r->objective);
+  printf("\nbias: %.10g\nrss %.10g  rmse %.10g  objective %.10g\n", i->bias,
+         i->rss, i->rmse, i->objective);
 }
 
 /* The message that the closed form did not use Cholesky. */
-static void say_fallback(const st_lstsq_result_t* r) {
-  if (r->method != ST_LSTSQ_NORMAL || r->solve.solver != ST_LSTSQ_QR)
+static void say_fallback(const lstsq_out_t* r) {
+  if (r->gd || !r->info.qr)
     return;
-  if (r->solve.positive_definite)
+  if (r->info.positive_definite)
     fprintf(stderr,
             "%s: X^T X is ill-conditioned (reciprocal condition number "
             "%.3g < %g)",
-            CMD, r->solve.rcond, ST_LSTSQ_RCOND_MIN);
+            CMD, r->info.rcond, ST_LSTSQ_RCOND_MIN);
   else
     fprintf(stderr, "%s: X^T X is singular (not positive definite)", CMD);
   fprintf(stderr,
@@ -273,20 +283,20 @@ static void say_fallback(const st_lstsq_result_t* r) {
           "Cholesky, rank %zu of %zu: the minimum-norm solution; some "
           "features are (nearly) linear combinations of others; --ridge L "
           "gives a regularized solution instead\n",
-          r->solve.rank, r->dim);
+          r->info.solve_rank, r->dim);
 }
 
-static int write_out(const lstsq_args_t* l, const st_lstsq_result_t* r) {
+static int write_out(const lstsq_args_t* l, const lstsq_out_t* r) {
   float* w = st__algo_to_floats(r->weight, r->dim);
-  float b = (float) r->bias;
+  float b = (float) r->info.bias;
   char points[32], rss[40], ridge[40];
-  snprintf(points, sizeof points, "%" PRIu64, r->points);
-  snprintf(rss, sizeof rss, "%.17g", r->rss);
+  snprintf(points, sizeof points, "%" PRIu64, r->info.points);
+  snprintf(rss, sizeof rss, "%.17g", r->info.rss);
   snprintf(ridge, sizeof ridge, "%.17g", l->cfg.ridge);
   st_tensor_desc_t t[2] = {{"weight", w, {1, r->dim}, 2}, {"bias", &b, {1}, 1}};
   st_meta_kv_t meta[] = {{"format", "starling-lstsq-1"},
                          {"data", l->a.data},
-                         {"method", r->method == ST_LSTSQ_GD ? "gd" : "normal"},
+                         {"method", r->gd ? "gd" : "normal"},
                          {"solver", solver_name(r)},
                          {"ridge", ridge},
                          {"rss", rss},
@@ -305,41 +315,39 @@ static int write_out(const lstsq_args_t* l, const st_lstsq_result_t* r) {
 /* Joins the group, fits, reports. */
 static int run(lstsq_args_t* l, const st_dataset_t* ds) {
   FILE* log = l->a.json ? stderr : stdout;
-  const double v[] = {(double) l->cfg.method,
-                      (double) l->cfg.intercept,
-                      l->cfg.ridge,
-                      (double) l->cfg.max_iter,
-                      l->cfg.tol,
-                      l->cfg.alpha};
-  const char* const names[] = {"--method",   "--no-intercept", "--ridge",
-                               "--max-iter", "--tol",          "--alpha"};
-  st__algo_session_t s;
+  lstsq_out_t r = {.dim = ds->dim, .gd = l->cfg.method == ST_COMM_LSTSQ_GD};
+  r.weight = calloc(r.dim + 1, sizeof(double));
+  st_comm_t* comm = NULL;
   char err[1024] = "";
   double t0 = st_now_s();
-  int rc = st__algo_open(&s, &l->a, ds, v, names, 6, err, sizeof err);
-  st_lstsq_result_t r;
-  memset(&r, 0, sizeof r);
+  int rc = r.weight == NULL ? -ENOMEM : 0;
+  if (rc == 0)
+    rc = st_comm_open(l->a.socket, &comm, err, sizeof err);
   if (rc == 0) {
-    fprintf(log, "member %u of %u: %zu rows x %zu features from %s\n", s.rank,
-            s.size, ds->n, ds->dim, ds->source);
+    fprintf(log, "%zu rows x %zu features from %s\n", ds->n, ds->dim,
+            ds->source);
     l->cfg.progress = progress;
     l->cfg.progress_arg = log;
-    rc = st_lstsq_run(&s.algo, &l->cfg, ds->x, ds->y, ds->n, ds->dim, &r, err,
-                      sizeof err);
+    rc = st_comm_lstsq(comm, l->a.group, ds->x, ds->y, ds->n, ds->dim, &l->cfg,
+                       l->a.timeout_s, r.weight, &r.info);
+    if (rc != 0)
+      snprintf(err, sizeof err, "%s", st_comm_error(comm));
   }
-  if (rc != 0)
-    st__algo_print_error(&s, CMD, err);
   double seconds = st_now_s() - t0;
-  st__algo_close(&s);
-  if (rc == 0)
+  st_comm_close(comm);
+  if (rc != 0)
+    fprintf(stderr, "%s: %s\n", CMD, err[0] ? err : strerror(-rc));
+  if (rc == 0) {
+    st__algo_say_same_data(CMD, r.info.same_data, r.info.size, ds->n);
     say_fallback(&r);
+  }
   if (rc == 0 && l->a.out != NULL && write_out(l, &r) != 0)
     rc = -EIO;
   if (rc == 0 && l->a.json)
-    print_json(l, &s, &r, seconds);
+    print_json(l, &r, seconds);
   else if (rc == 0)
-    print_text(&s, &r, seconds);
-  st_lstsq_result_free(&r);
+    print_text(&r, seconds);
+  free(r.weight);
   return rc == 0 ? 0 : 1;
 }
 

@@ -37,6 +37,11 @@ in buckets while backward runs; a failed member leaves the group)::
     sync = starling.SyncDataParallel(model, comm, optimizer=optimizer)
     loss.backward()
     sync.step(optimizer)    # waits for the averages, then optimizer.step()
+
+Parallel k-means and least squares, every member on its own rows::
+
+    km = comm.kmeans(points, k=8)           # km.centroids: the same everywhere
+    fit = comm.lstsq(x, y, ridge=0.1)       # fit.weight, fit.bias
 """
 
 from ._lib import DID_APPLY, DID_SNAPSHOT, DID_STATE, PROTOCOL_VERSION
@@ -64,6 +69,8 @@ _LAZY = {
     "attach": ".node",
     "model_tensors": ".node",
     "SyncDataParallel": ".sync",
+    "KMeansResult": ".algos",
+    "LstsqResult": ".algos",
     "SyncError": ".sync",
 }
 
@@ -100,6 +107,8 @@ __all__ = [
     "PublisherBusy",
     "SyncDataParallel",
     "SyncError",
+    "KMeansResult",
+    "LstsqResult",
     "DID_APPLY",
     "DID_SNAPSHOT",
     "DID_STATE",

@@ -55,6 +55,100 @@ class Options(ctypes.Structure):
     ]
 
 
+class KmeansIter(ctypes.Structure):
+    """st_comm_kmeans_iter_t."""
+
+    _fields_ = [
+        ("iteration", ctypes.c_uint32),
+        ("objective", ctypes.c_double),
+        ("moved", ctypes.c_double),
+        ("empty", ctypes.c_size_t),
+    ]
+
+
+KMEANS_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(KmeansIter))
+
+
+class KmeansOpts(ctypes.Structure):
+    """st_comm_kmeans_opts_t."""
+
+    _fields_ = [
+        ("k", ctypes.c_size_t),
+        ("max_iter", ctypes.c_uint32),
+        ("tol", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("progress", KMEANS_PROGRESS),
+        ("progress_arg", ctypes.c_void_p),
+    ]
+
+
+class KmeansInfo(ctypes.Structure):
+    """st_comm_kmeans_info_t."""
+
+    _fields_ = [
+        ("points", ctypes.c_uint64),
+        ("iterations", ctypes.c_uint32),
+        ("converged", ctypes.c_int),
+        ("objective", ctypes.c_double),
+        ("moved", ctypes.c_double),
+        ("rank", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("same_data", ctypes.c_int),
+    ]
+
+
+class LstsqIter(ctypes.Structure):
+    """st_comm_lstsq_iter_t."""
+
+    _fields_ = [
+        ("iteration", ctypes.c_uint32),
+        ("objective", ctypes.c_double),
+        ("grad_norm", ctypes.c_double),
+    ]
+
+
+LSTSQ_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(LstsqIter))
+LSTSQ_METHODS = {"normal": 0, "gd": 1}
+
+
+class LstsqOpts(ctypes.Structure):
+    """st_comm_lstsq_opts_t."""
+
+    _fields_ = [
+        ("method", ctypes.c_int),
+        ("intercept", ctypes.c_int),
+        ("ridge", ctypes.c_double),
+        ("max_iter", ctypes.c_uint32),
+        ("tol", ctypes.c_double),
+        ("alpha", ctypes.c_double),
+        ("progress", LSTSQ_PROGRESS),
+        ("progress_arg", ctypes.c_void_p),
+    ]
+
+
+class LstsqInfo(ctypes.Structure):
+    """st_comm_lstsq_info_t."""
+
+    _fields_ = [
+        ("bias", ctypes.c_double),
+        ("points", ctypes.c_uint64),
+        ("qr", ctypes.c_int),
+        ("positive_definite", ctypes.c_int),
+        ("rcond", ctypes.c_double),
+        ("solve_rank", ctypes.c_size_t),
+        ("rss", ctypes.c_double),
+        ("objective", ctypes.c_double),
+        ("rmse", ctypes.c_double),
+        ("iterations", ctypes.c_uint32),
+        ("converged", ctypes.c_int),
+        ("grad_norm", ctypes.c_double),
+        ("alpha", ctypes.c_double),
+        ("rank", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("same_data", ctypes.c_int),
+    ]
+
+
 _lib: Optional[ctypes.CDLL] = None
 
 
@@ -155,6 +249,30 @@ def _declare_comm(lib: ctypes.CDLL) -> None:
         ctypes.POINTER(u32),
     ]
     lib.st_comm_last_group.restype = None
+    _declare_algos(lib)
+
+
+def _declare_algos(lib: ctypes.CDLL) -> None:
+    """The algorithms (client.h, "Algorithms over a group")."""
+    c, i, f64, sz, s = (
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_size_t, ctypes.c_char_p
+    )
+    dp = ctypes.POINTER(ctypes.c_double)
+    fp = ctypes.POINTER(ctypes.c_float)
+    lib.st_comm_kmeans_opts_default.argtypes = [ctypes.POINTER(KmeansOpts)]
+    lib.st_comm_kmeans_opts_default.restype = None
+    lib.st_comm_kmeans.argtypes = [
+        c, s, fp, sz, sz, ctypes.POINTER(KmeansOpts), f64, dp, dp,
+        ctypes.POINTER(KmeansInfo),
+    ]
+    lib.st_comm_kmeans.restype = i
+    lib.st_comm_lstsq_opts_default.argtypes = [ctypes.POINTER(LstsqOpts)]
+    lib.st_comm_lstsq_opts_default.restype = None
+    lib.st_comm_lstsq.argtypes = [
+        c, s, fp, fp, sz, sz, ctypes.POINTER(LstsqOpts), f64, dp,
+        ctypes.POINTER(LstsqInfo),
+    ]
+    lib.st_comm_lstsq.restype = i
 
 
 def load() -> ctypes.CDLL:

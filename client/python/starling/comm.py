@@ -374,6 +374,66 @@ class Comm:
             o.back()
         return o.result()
 
+    # ---- algorithms (starling.algos; numpy) ----------------------------
+
+    def kmeans(
+        self,
+        x: Any,
+        k: int,
+        max_iter: int = 300,
+        tol: float = 1e-4,
+        seed: int = 1,
+        group: Group = None,
+        timeout: Optional[float] = None,
+        progress: Optional[Callable[[int, float, float, int], None]] = None,
+    ) -> Any:
+        """Parallel k-means (Lloyd's algorithm, k-means++ start) of this
+        member's points ``x`` (rows x features; numpy or torch, as float32)
+        with the group's: every member calls it with the same options on its
+        own rows (possibly none) and gets the same ``KMeansResult`` (float64
+        centroids k x dim, counts, iterations, converged, objective, ...).
+        Stops when no centroid moves more than ``tol`` (0: until no point
+        changes cluster) or after ``max_iter``. A point equally near two
+        centroids goes to the lower index; a cluster without a point keeps
+        its previous centroid. ``progress(iteration, objective, moved,
+        empty)`` after each iteration. ``timeout`` bounds each collective.
+        Raises CollectiveMismatch-like CollectiveError (-EINVAL) naming the
+        option the members disagree on, and as every call for failures."""
+        from . import algos
+
+        return algos.kmeans(self, x, k, max_iter, tol, seed, group, timeout, progress)
+
+    def lstsq(
+        self,
+        x: Any,
+        y: Any,
+        ridge: float = 0.0,
+        intercept: bool = True,
+        method: str = "normal",
+        max_iter: int = 1000,
+        tol: float = 1e-6,
+        alpha: float = 0.0,
+        group: Group = None,
+        timeout: Optional[float] = None,
+        progress: Optional[Callable[[int, float, float], None]] = None,
+    ) -> Any:
+        """Least squares, min ||X w + b - y||^2 + ridge ||w||^2, over this
+        member's rows (``x`` rows x features, ``y`` one value a row) and
+        the group's: every member gets the same ``LstsqResult`` (weight,
+        bias, solver, rss, rmse, ...). ``method="normal"``: the closed form
+        from the summed X^T X and X^T y (Cholesky; pivoted QR, minimum
+        norm, when singular or ill conditioned: ``solver == "qr"``);
+        ``"gd"``: gradient descent, step alpha / (n sqrt(t)) (alpha 0:
+        chosen from the data), until the gradient falls to ``tol`` of its
+        first or ``max_iter``; ``progress(iteration, objective,
+        grad_norm)``."""
+        from . import algos
+
+        return algos.lstsq(
+            self, x, y, ridge, intercept, method, max_iter, tol, alpha, group,
+            timeout, progress,
+        )
+
     # ---- closing --------------------------------------------------------
 
     @property

@@ -1,6 +1,6 @@
-/* algos_kmeans.c: parallel k-means (Lloyd's algorithm) over the members of
- * a cluster, each holding its own shard of the points (train.h,
- * "Algorithms"; `starling kmeans`, docs/collectives.md).
+/* kmeans.c: parallel k-means (Lloyd's algorithm) over the members of
+ * a cluster, each holding its own shard of the points (algos.h;
+ * `starling kmeans`, st_comm_kmeans, docs/collectives.md).
  *
  * One iteration is map, combine, reduce: every member assigns each of its
  * points to the nearest centroid (map), adds them up per cluster in float64
@@ -35,7 +35,7 @@
  * when no centroid moved more than tol (Euclidean distance, the units of
  * the features) or after max_iter iterations.
  */
-#include "node/train/train.h"
+#include "algos/algos.h"
 
 #include <cblas.h>
 #include <errno.h>

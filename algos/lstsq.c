@@ -1,6 +1,6 @@
-/* algos_lstsq.c: linear least squares over the members of a cluster, each
- * holding its own shard of the rows (train.h, "Algorithms"; `starling
- * lstsq`, docs/collectives.md).
+/* lstsq.c: linear least squares over the members of a cluster, each
+ * holding its own shard of the rows (algos.h; `starling
+ * lstsq`, st_comm_lstsq, docs/collectives.md).
  *
  * It minimizes ||X w + b - y||^2 + ridge ||w||^2 over the weights w (dim)
  * and, with an intercept, the bias b, which is not penalized (as
@@ -30,7 +30,7 @@
  *    holds the same weights.
  * Either way one last pass computes the residual sum of squares exactly.
  */
-#include "node/train/train.h"
+#include "algos/algos.h"
 
 #include <errno.h>
 #include <inttypes.h>
