@@ -4,7 +4,8 @@
  * (tests/integration/test_node_compress.sh).
  *
  *   coded_probe --cluster-key PATH --connect HOST:PORT --compress SPEC
- *               --attack nan-scale|bad-index|wrong-kind|nan-value
+ *               --attack nan-scale|bad-index|dup-index|wrong-kind|
+ *                        wrong-length|nan-value
  *               [--wait S]
  *
  * First learns the node's model (a FETCH naming none gets a MISMATCH reply
@@ -14,10 +15,13 @@
  * that anchor: the exchange goes compressed, and the probe sends
  * SPEC's encoding of a zero drift, exactly as long as the node expects,
  * with one field made hostile:
- *   nan-scale   int8: the first chunk's scale a NaN      (codec_scale)
- *   bad-index   top-k: the first index n, past the end   (codec_index)
- *   wrong-kind  the header's kind one past SPEC's        (codec_kind)
- *   nan-value   bf16: the first value a NaN              (codec_value)
+ *   nan-scale    int8: the first chunk's scale a NaN      (codec_scale)
+ *   bad-index    top-k: the first index n, past the end   (codec_index)
+ *   dup-index    top-k: the second index the first's     (codec_index)
+ *   wrong-kind   the header's kind one past SPEC's        (codec_kind)
+ *   wrong-length the header's count n + 1 (the message is
+ *                as long as the node expects)            (codec_length)
+ *   nan-value    bf16, top-k: the first value a NaN       (codec_value)
  * then XCHG_DONE, and waits (5 s at most) for the node to end the
  * connection. Prints one JSON object:
  *   {"model":"...","coded_bytes":N,"replies":["busy","ok",...],
@@ -41,7 +45,8 @@ static int usage(const char* why) {
   fprintf(stderr,
           "coded_probe: %s\nusage: coded_probe --cluster-key PATH --connect "
           "HOST:PORT --compress SPEC --attack "
-          "nan-scale|bad-index|wrong-kind|nan-value [--wait S]\n",
+          "nan-scale|bad-index|dup-index|wrong-kind|wrong-length|nan-value "
+          "[--wait S]\n",
           why);
   return 2;
 }
@@ -109,16 +114,22 @@ static int hostile(const args_t* a, uint64_t n, uint8_t* buf, size_t len) {
   free(zeros);
   if (rc != 0 || got != len)
     return rc != 0 ? rc : -EPROTO;
-  const uint8_t* body = buf + ST_CODEC_HEADER_BYTES;
-  (void) body;
+  uint8_t* body = buf + ST_CODEC_HEADER_BYTES;
+  bool topk = a->spec.kind == ST_CODEC_TOPK;
   if (strcmp(a->attack, "wrong-kind") == 0)
     buf[1] = (uint8_t) ((buf[1] + 1) % 4);
+  else if (strcmp(a->attack, "wrong-length") == 0)
+    put_u32(buf + 8, (uint32_t) (n + 1)); /* n < 2^32 here: its low half */
   else if (strcmp(a->attack, "nan-scale") == 0 && a->spec.kind == ST_CODEC_INT8)
     put_u32(buf + ST_CODEC_HEADER_BYTES, 0x7fc00000u);
-  else if (strcmp(a->attack, "bad-index") == 0 && a->spec.kind == ST_CODEC_TOPK)
-    put_u32(buf + ST_CODEC_HEADER_BYTES, (uint32_t) n);
+  else if (strcmp(a->attack, "bad-index") == 0 && topk)
+    put_u32(body, (uint32_t) n);
+  else if (strcmp(a->attack, "dup-index") == 0 && topk && len >= 32)
+    memcpy(body + 8, body, 4); /* entries are (index u32, value f32) */
+  else if (strcmp(a->attack, "nan-value") == 0 && topk)
+    put_u32(body + 4, 0x7fc00000u);
   else if (strcmp(a->attack, "nan-value") == 0 && a->spec.kind == ST_CODEC_BF16)
-    buf[ST_CODEC_HEADER_BYTES] = 0xc0, buf[ST_CODEC_HEADER_BYTES + 1] = 0x7f;
+    body[0] = 0xc0, body[1] = 0x7f;
   else
     return -EINVAL;
   return 0;

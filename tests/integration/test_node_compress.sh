@@ -13,10 +13,12 @@
 #     build; under the sanitizers int8 alone, 2 epochs, no comparison: the
 #     code paths are the point there).
 # (d) An insider (coded_probe, a cluster-key holder) sends hostile
-#     compressed snapshots: an int8 scale that is a NaN and a header of
-#     another kind. The node drops each, counts it by reason
-#     (compression.dropped.codec_scale, codec_kind; rejected.exchange_codec),
-#     applies nothing, and trains on. (With --ring-every 60, the anchor
+#     compressed snapshots: to int8 nodes, a scale that is a NaN, a header
+#     of another kind and one whose count is not the model's; to top-k
+#     nodes, an index past the end, a repeated index and a NaN value. The
+#     node drops each, counts it by reason (compression.dropped.codec_scale,
+#     codec_kind, codec_length, codec_index, codec_value;
+#     rejected.exchange_codec), applies nothing, and trains on. (With --ring-every 60, the anchor
 #     the probe needs comes from the every-second proposals of a node that
 #     has none.)
 # (e) Coded ring rounds: two int8 nodes with a ring round a second. Once a
@@ -71,7 +73,7 @@ cluster() {
   done_all() {
     for k in 0 1 2 3; do
       node_alive $((base + k)) || node_fail "$codec node $k exited while training"
-      node_state_is $((base + k)) done || return 1
+      node_state_is $((base + k)) "done" || return 1
     done
   }
   wait_for 150 "the $codec nodes finishing their epochs" done_all
@@ -142,17 +144,17 @@ for codec in "${CODECS[@]}"; do
   fi
 done
 
-# int8_pair K ARGS...: int8 nodes K (shard 0/2) and K + 1 (1/2, joining
-# K), 50 epochs, both with ARGS, K + 1 also with the words of $JOINER_ARGS;
-# PAIR_ADDR is node K's address.
+# int8_pair K ARGS...: int8 nodes (or $PAIR_CODEC ones) K (shard 0/2) and
+# K + 1 (1/2, joining K), 50 epochs, both with ARGS, K + 1 also with the
+# words of $JOINER_ARGS; PAIR_ADDR is node K's address.
 int8_pair() {
-  local k=$1 extra
+  local k=$1 extra codec=${PAIR_CODEC:-int8}
   shift
-  node_start "$k" "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress int8 "$@"
+  node_start "$k" "${RECIPE[@]}" --epochs 50 --shard 0/2 --compress "$codec" "$@"
   node_up "$k"
   PAIR_ADDR=$NODE_ADDR
   read -r -a extra <<<"${JOINER_ARGS:-}"
-  node_start $((k + 1)) "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress int8 "$@" \
+  node_start $((k + 1)) "${RECIPE[@]}" --epochs 50 --shard 1/2 --compress "$codec" "$@" \
     --join "$PAIR_ADDR" "${extra[@]}"
   node_up $((k + 1))
 }
@@ -166,38 +168,57 @@ pair_stop() {
 # --- (d) hostile compressed snapshots from an insider -------------------------------
 # Rings every 60 s: a node without an anchor proposes every second, so the
 # first anchor comes long before the first --ring-every (and then stays).
-JOINER_ARGS="--gossip-every 2" int8_pair 90 --ring-every 60
-s=$PAIR_ADDR
-wait_for 20 "a ring round giving node 90 an anchor (a node without one proposes every second)" \
-  sh -c "[ \"\$($(printf %q "$STARLING") status --json --data-dir $(printf %q "$(node_dir 90)") | \
-    $NUMPY_PY -c 'import json,sys; print(json.load(sys.stdin)[\"compression\"][\"anchors\"])')\" -gt 0 ]"
-for attack in nan-scale wrong-kind; do
-  "$PROBE" --cluster-key "$KEY" --connect "$s" --compress int8 --attack "$attack" \
-    --wait $((60 * SLOW)) >"$SCRATCH/probe-$attack.json" 2>"$SCRATCH/probe-$attack.err" ||
-    node_fail "coded_probe --attack $attack: $(cat "$SCRATCH/probe-$attack.err")"
-  echo "  coded_probe $attack: $(cat "$SCRATCH/probe-$attack.json")"
-done
-sleep 1
-node_status 90 >"$SCRATCH/hostile.json" || node_fail "status of node 90"
-"$NUMPY_PY" - "$SCRATCH/hostile.json" "$SCRATCH/probe-nan-scale.json" <<'PY' ||
+# hostile CODEC K ATTACK...: coded_probe sends node K (of a pair started
+# with CODEC) one snapshot per attack; their JSON in probe-ATTACK.json.
+hostile() {
+  local codec=$1 k=$2 attack
+  shift 2
+  JOINER_ARGS="--gossip-every 2" PAIR_CODEC=$codec int8_pair "$k" --ring-every 60
+  local s=$PAIR_ADDR
+  wait_for 20 "a ring round giving node $k an anchor (a node without one proposes every second)" \
+    sh -c "[ \"\$($(printf %q "$STARLING") status --json --data-dir $(printf %q "$(node_dir "$k")") | \
+      $NUMPY_PY -c 'import json,sys; print(json.load(sys.stdin)[\"compression\"][\"anchors\"])')\" -gt 0 ]"
+  for attack in "$@"; do
+    "$PROBE" --cluster-key "$KEY" --connect "$s" --compress "$codec" --attack "$attack" \
+      --wait $((60 * SLOW)) >"$SCRATCH/probe-$attack.json" 2>"$SCRATCH/probe-$attack.err" ||
+      node_fail "coded_probe --compress $codec --attack $attack: $(cat "$SCRATCH/probe-$attack.err")"
+    echo "  coded_probe $codec $attack: $(cat "$SCRATCH/probe-$attack.json")"
+  done
+  sleep 1
+  node_status "$k" >"$SCRATCH/hostile-$k.json" || node_fail "status of node $k"
+}
+# dropped K WANT PROBE: node K's drops by reason hold at least WANT
+# ({"codec_scale": 1, ...}), it rejected as many exchanges, the probe's
+# snapshot went out and the node ended its connection, and it trains on.
+dropped() {
+  "$NUMPY_PY" - "$SCRATCH/hostile-$1.json" "$2" "$SCRATCH/probe-$3.json" <<'PY' ||
 import json, sys
 s = json.load(open(sys.argv[1]))
-p = json.load(open(sys.argv[2]))
+want = json.loads(sys.argv[2])
+p = json.load(open(sys.argv[3]))
 d = s["compression"]["dropped"]
-assert d["codec_scale"] >= 1 and d["codec_kind"] >= 1, d
-assert s["rejected"]["exchange_codec"] >= 2, s["rejected"]
+assert all(d[k] >= v for k, v in want.items()), (want, d)
+assert s["rejected"]["exchange_codec"] >= sum(want.values()), s["rejected"]
 assert p["sent"] and p["closed_by_node"], p
 assert s["state"] == "training", s["state"]
 PY
-  node_fail "node 90 after the hostile snapshots: $(cat "$SCRATCH/hostile.json")"
-step0=$(node_field 90 step)
-wait_for 30 "node 90 training on after the hostile snapshots" step_over 90 "$step0"
+    node_fail "node $1 after the hostile snapshots: $(cat "$SCRATCH/hostile-$1.json")"
+  local step0
+  step0=$(node_field "$1" step)
+  wait_for 30 "node $1 training on after the hostile snapshots" step_over "$1" "$step0"
+}
+hostile int8 90 nan-scale wrong-kind wrong-length
+dropped 90 '{"codec_scale": 1, "codec_kind": 1, "codec_length": 1}' nan-scale
 grep -q "dropped a compressed snapshot from [0-9a-f]*: codec_scale" "$(node_log 90)" ||
   node_fail "node 90 logged no codec_scale drop"
-pass "(d) hostile int8 snapshots (NaN scale, another kind) dropped and counted by reason; node 90 trains on"
+pass "(d) hostile int8 snapshots (NaN scale, another kind, a wrong count) dropped and counted by reason; node 90 trains on"
+pair_stop 90
+hostile topk:0.01 92 bad-index dup-index nan-value
+dropped 92 '{"codec_index": 2, "codec_value": 1}' dup-index
+pass "(d) hostile top-k snapshots (an index past the end, a repeated index, a NaN value) dropped and counted by reason; node 92 trains on"
+pair_stop 92
 
 # --- (e) coded ring rounds ------------------------------------------------------------
-pair_stop 90
 # With robust averaging on (the default): two nodes that each train
 # ~50,000 samples/s drift far between exchanges, and robust averaging once
 # came to suspect the only peer for good, which kept it out of ring rounds
