@@ -409,6 +409,7 @@ static void status_json_sync(st__daemon_t* d, st_json_buf_t* b, bool* first) {
   kv_u64(b, &f3, "donors_bad", d->c.sync_donors_bad);
   kv_u64(b, &f3, "donors_lost", d->c.sync_donors_lost);
   kv_u64(b, &f3, "disagreed", d->c.sync_disagreed);
+  kv_u64(b, &f3, "backoffs", d->c.sync_backoffs);
   kv_u64(b, &f3, "served_manifests", d->c.sync_served_manifests);
   kv_u64(b, &f3, "served_chunks", d->c.sync_served_chunks);
   kv_u64(b, &f3, "refused", d->c.sync_refused);

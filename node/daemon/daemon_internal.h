@@ -346,6 +346,7 @@ typedef struct {
    * manifests and chunks served, requests answered BUSY. */
   uint64_t sync_ok, sync_single, sync_manifests, sync_chunks_ok;
   uint64_t sync_chunks_bad, sync_donors_bad, sync_donors_lost, sync_disagreed;
+  uint64_t sync_backoffs; /* waits before asking again (back_off) */
   uint64_t sync_served_manifests, sync_served_chunks, sync_refused;
   double exchange_ms_sum; /* successful averaging exchanges, connect to
                              done: the mean is sum / ok */

@@ -572,6 +572,11 @@ static void render_sync(st__daemon_t* d, st_json_buf_t* b) {
        "described different states, again and again (asked again, never "
        "one donor's word taken).",
        offsetof(st__dcounters_t, sync_disagreed)},
+      {"starling_sync_backoffs_total",
+       "Times a joiner waited (3 s, doubling to 48 s) before asking again, "
+       "rather than take one donor's word: donors that disagreed, or "
+       "agreeing donors that failed again and again.",
+       offsetof(st__dcounters_t, sync_backoffs)},
       {"starling_sync_served_manifests_total", "Manifests served as donor.",
        offsetof(st__dcounters_t, sync_served_manifests)},
       {"starling_sync_served_chunks_total", "Chunks served as donor.",

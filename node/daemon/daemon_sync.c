@@ -395,6 +395,7 @@ static uint64_t back_off(st__daemon_t* d) {
   restart(s);
   s->restarts = 0;
   s->backoffs++;
+  d->c.sync_backoffs++;
   s->ask_after_ms = st__dnow(d) + wait_ms;
   return wait_ms;
 }

@@ -135,6 +135,7 @@ SYNC = {
     "donors_bad": ("starling_sync_donors_bad_total", {}),
     "donors_lost": ("starling_sync_donors_lost_total", {}),
     "disagreed": ("starling_sync_disagreed_total", {}),
+    "backoffs": ("starling_sync_backoffs_total", {}),
     "served_manifests": ("starling_sync_served_manifests_total", {}),
     "served_chunks": ("starling_sync_served_chunks_total", {}),
     "refused": ("starling_sync_refused_total", {}),

@@ -33,6 +33,8 @@ bad=$(node_field 2 sync.donors_bad)
 [ "$bad" -ge 8 ] || node_fail "the joiner counted $bad bad donors, not at least 8 (2 in each of 4 syncs)"
 [ "$(node_field 2 sync.single_donor)" = 0 ] ||
   node_fail "the joiner fell back to one donor: $(node_field 2 sync.single_donor)"
+[ "$(node_field 2 sync.backoffs)" -ge 1 ] ||
+  node_fail "the joiner counted no back-off: sync.backoffs $(node_field 2 sync.backoffs)"
 [ "$(node_field 2 state)" = syncing ] ||
   node_fail "the joiner is $(node_field 2 state), not syncing"
 [ "$(node_field 2 step)" = 0 ] || node_fail "the joiner trained: step $(node_field 2 step)"

@@ -27,7 +27,7 @@ pass "two donors done, holding agreed state $(node_field 0 agreed.id)"
 # The joiner: its candidates are the two; their manifests never agree.
 node_start 2 "${MODEL[@]}" --ring-every 0 --join "$SEED"
 node_up 2
-disagreed() { [ "$(node_field 2 sync.disagreed)" -ge 2 ]; }
+disagreed() { [ "$(node_field 2 sync.disagreed)" -ge 2 ] && [ "$(node_field 2 sync.backoffs)" -ge 2 ]; }
 wait_for 40 "the joiner counting two rounds of disagreeing donors" disagreed
 [ "$(node_field 2 sync.single_donor)" = 0 ] ||
   node_fail "the joiner fell back to one donor: $(node_field 2 sync.single_donor)"
