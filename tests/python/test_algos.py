@@ -187,7 +187,7 @@ def test_members_that_differ_and_bad_rows(three: Three) -> None:
     x = blobs()
     out = three.run(lambda comm, r: comm.kmeans(x[r::N], k=4 + (r == 2), timeout=30))
     for r, v in out.items():
-        assert isinstance(v, starling.CollectiveError), f"rank {r}: {v!r}"
+        assert isinstance(v, starling.CollectiveMismatch), f"rank {r}: {v!r}"
         assert "disagree on k, the number of clusters (from 4 to 5)" in str(v), str(v)
     comm = three.comms[0]
     bad = x.copy()

@@ -397,8 +397,8 @@ class Comm:
         centroids goes to the lower index; a cluster without a point keeps
         its previous centroid. ``progress(iteration, objective, moved,
         empty)`` after each iteration. ``timeout`` bounds each collective.
-        Raises CollectiveMismatch-like CollectiveError (-EINVAL) naming the
-        option the members disagree on, and as every call for failures."""
+        Raises CollectiveMismatch naming the option the members disagree on
+        (every member does), and as every call for failures."""
         from . import algos
 
         return algos.kmeans(self, x, k, max_iter, tol, seed, group, timeout, progress)

@@ -77,8 +77,9 @@ class CollectiveError(StarlingError):
 
 class CollectiveMismatch(CollectiveError):
     """The members of the group did not call the same operation (kind,
-    reduction, dtype, root, count or group): the message names both calls.
-    Every member of the group fails."""
+    reduction, dtype, root, count or group): the message names both calls
+    (for Comm.kmeans and Comm.lstsq: the option they disagree on, and its
+    smallest and largest values). Every member of the group fails."""
 
     kind = "mismatch"
 
@@ -119,6 +120,7 @@ class PublisherBusy(CollectiveError):
 _MISMATCH = _re.compile(
     r"rank \d+ called .*; rank \d+ \(this member\) called "
     r"|it called .*; this member called "
+    r"|^the members disagree on "  # st_comm_kmeans, st_comm_lstsq
 )
 _FULL_ID = _re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 _SILENT = _re.compile(r"no word yet from ((?:[0-9a-f]{12}(?:, )?)+)")
