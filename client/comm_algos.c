@@ -8,6 +8,7 @@
  * `starling kmeans` and `starling lstsq` are callers of these.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,13 +84,17 @@ static int list_all(session_t* s, double* hash) {
 }
 
 /* The caller's n values v (named by names; a NULL name need not agree),
- * then the number of features, a fingerprint of the rows and, for "all",
- * the hash of the members' list: min and max over the group, a
- * difference in one that must agree an error naming it. */
+ * then the number of features, a fingerprint of the rows, whether they
+ * are all finite and, for "all", the hash of the members' list: min and
+ * max over the group, a difference in one that must agree an error
+ * naming it. A member that cannot list "all" still takes part, with a
+ * list slot that differs from every other (-inf, +inf), so that every
+ * member fails alike rather than the others waiting for it; rows with a
+ * NaN or an infinity on any member fail every member too. */
 static int session_open(session_t* s, st_comm_t* c, const char* group,
                         double timeout_s, const double* v,
                         const char* const* names, size_t n, size_t dim,
-                        double fingerprint, bool has_rows) {
+                        double fingerprint, bool has_rows, bool finite) {
   memset(s, 0, sizeof(*s));
   s->c = c;
   s->group = group != NULL && strcmp(group, "all") == 0 ? NULL : group;
@@ -97,28 +102,41 @@ static int session_open(session_t* s, st_comm_t* c, const char* group,
   enum { MAX_VALUES = 16 };
   double lo[MAX_VALUES], hi[MAX_VALUES];
   const char* all_names[MAX_VALUES];
-  size_t count = n + 2;
+  size_t count = n + 3;
   memcpy(lo, v, n * sizeof(double));
   memcpy(all_names, names, n * sizeof(char*));
   lo[n] = (double) dim;
   all_names[n] = "the number of features (columns)";
   lo[n + 1] = fingerprint;
   all_names[n + 1] = NULL;
-  int rc = 0;
+  lo[n + 2] = finite ? 1 : 0; /* every member's must be 1: below */
+  all_names[n + 2] = NULL;
+  int local = 0; /* this member's own failure, told the others first */
   if (s->group == NULL) {
-    rc = list_all(s, &lo[n + 2]);
-    all_names[n + 2] =
+    local = list_all(s, &lo[n + 3]);
+    all_names[n + 3] =
         "the members of the group (one joined or left as "
         "they started: call again)";
     count++;
   }
   memcpy(hi, lo, count * sizeof(double));
+  if (local != 0) {
+    lo[n + 3] = -INFINITY;
+    hi[n + 3] = INFINITY;
+  }
+  char mine[768];
+  snprintf(mine, sizeof mine, "%s", st_comm_error(c));
+  int rc = local == -ENOTCONN ? local : 0; /* no node: nothing to tell */
   if (rc == 0)
     rc = st_comm_all_reduce(c, s->group, lo, count, ST_COMM_F64, ST_COMM_MIN,
                             timeout_s);
   if (rc == 0)
     rc = st_comm_all_reduce(c, s->group, hi, count, ST_COMM_F64, ST_COMM_MAX,
                             timeout_s);
+  if (rc == 0 && local != 0) {
+    st__comm_set_error(c, mine); /* the others fail on the list's slot */
+    rc = local;
+  }
   for (size_t i = 0; rc == 0 && i < count; i++)
     if (lo[i] != hi[i] && all_names[i] != NULL) {
       char text[512];
@@ -129,6 +147,14 @@ static int session_open(session_t* s, st_comm_t* c, const char* group,
       st__comm_set_error(c, text);
       rc = -EINVAL;
     }
+  if (rc == 0 && lo[n + 2] != 1) {
+    st__comm_set_error(c, finite ? "a member's rows hold a NaN or an "
+                                   "infinity (not this member's): nothing "
+                                   "was computed"
+                                 : "this member's rows hold a NaN or an "
+                                   "infinity: nothing was computed");
+    rc = -EINVAL;
+  }
   if (rc != 0)
     return rc;
   st_comm_last_group(c, &s->rank, &s->size);
@@ -148,6 +174,16 @@ static void session_close(session_t* s) {
 static void algo_failed(const session_t* s, int rc, const char* err) {
   if (!s->sum_failed)
     st__comm_set_error(s->c, err[0] ? err : strerror(-rc));
+}
+
+/* Whether every value of the rows is finite. */
+static bool rows_finite(const float* x, const float* y, size_t n, size_t dim) {
+  bool ok = true;
+  for (size_t i = 0; i < n * dim; i++)
+    ok &= isfinite(x[i]) != 0;
+  for (size_t i = 0; y != NULL && i < n; i++)
+    ok &= isfinite(y[i]) != 0;
+  return ok;
 }
 
 static double rows_fingerprint(const float* x, const float* y, size_t n,
@@ -197,7 +233,8 @@ int st_comm_kmeans(st_comm_t* c, const char* group, const float* x, size_t n,
                                "the seed", "max_iter", "tol"};
   session_t s;
   int rc = session_open(&s, c, group, timeout_s, v, names, 5, dim,
-                        rows_fingerprint(x, NULL, n, dim), n > 0);
+                        rows_fingerprint(x, NULL, n, dim), n > 0,
+                        rows_finite(x, NULL, n, dim));
   if (rc != 0) {
     session_close(&s);
     return rc;
@@ -302,7 +339,8 @@ int st_comm_lstsq(st_comm_t* c, const char* group, const float* x,
                                "max_iter",   "tol",           "alpha"};
   session_t s;
   int rc = session_open(&s, c, group, timeout_s, v, names, 6, dim,
-                        rows_fingerprint(x, y, n, dim), n > 0);
+                        rows_fingerprint(x, y, n, dim), n > 0,
+                        rows_finite(x, y, n, dim));
   if (rc != 0) {
     session_close(&s);
     return rc;

@@ -259,12 +259,15 @@ static int wait_buckets(st__sync_t* s) {
 
 /* One vector of the model's size on the backend (parameters, momentum,
  * second moment) from rank 0 to every member, through s->host on a device
- * backend. */
+ * backend (read from the device on rank 0 only: the others' is
+ * overwritten). A device error is -EIO, which ends the run (reform). */
 static int broadcast_vector(st__sync_t* s, float* v) {
   st_model_t* m = &s->t->model;
   float* p = v;
   if (s->host != NULL) {
-    if (st_copy_to_host(m->be, s->host, v, m->n_params) != 0)
+    bool root = s->self[0] == '\0' || s->size == 0 ||
+                strcmp(s->group[0], s->self) == 0; /* unknown: stage */
+    if (root && st_copy_to_host(m->be, s->host, v, m->n_params) != 0)
       return -EIO;
     p = s->host;
   }
@@ -308,7 +311,8 @@ static int broadcast_state(st__sync_t* s) {
             "goes on from rank 0's\n",
             t->step, step);
     s->stats.moved_steps++;
-    st_trainer_set_position(t, step);
+    if (st_trainer_set_position(t, step) != 0)
+      return -EINVAL;
   }
   t->optim.t = (uint64_t) pos[1];
   return 0;
@@ -335,6 +339,12 @@ static int reform(st__sync_t* s) {
               "%zu) after: %s\n",
               s->size, s->rank, s->failure);
       return 0;
+    }
+    if (rc == -EIO) { /* the device, not the group: say so and stop */
+      snprintf(s->failure, sizeof s->failure,
+               "cannot move the state through the device: %s",
+               st_backend_last_error(s->t->model.be));
+      return rc;
     }
     if (rc == -ENOTCONN || rc == -ECANCELED || st_now_s() - start >= RECOVER_S)
       return rc;

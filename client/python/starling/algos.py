@@ -73,7 +73,9 @@ def _refuse(what: str) -> CollectiveError:
 
 
 def _rows(x: Any, name: str, dims: int) -> Any:
-    """x as a C-contiguous float32 numpy array of dims dimensions."""
+    """x as a C-contiguous float32 numpy array of dims dimensions. (A NaN
+    or an infinity in it is the library's to refuse, on every member
+    alike: refused here, the others would wait for this member.)"""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
         x = x.detach().cpu().numpy()
     a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
@@ -82,8 +84,6 @@ def _rows(x: Any, name: str, dims: int) -> Any:
             f"{name}: {a.ndim} dimensions, want {dims} "
             f"({'rows x features' if dims == 2 else 'one value a row'})"
         )
-    if not np.all(np.isfinite(a)):
-        raise _refuse(f"{name}: holds NaN or infinity")
     return a
 
 

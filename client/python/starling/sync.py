@@ -100,10 +100,11 @@ class SyncDataParallel:
     ``settle``, ``detect_timeout``, ``recover_timeout``: how a failed step
     waits for the failure detector (see ``wait``). ``optimizer``: the
     optimizer whose state (momentum, Adam's moments and step) is made
-    equal with the parameters, at construction and at every re-forming;
-    ``step(optimizer)`` sets it too. Without it a step that succeeded on
-    one member and failed on another (the last segment of an all-reduce
-    reached one before its sender died) leaves their momenta apart.
+    equal with the parameters, at construction and at every re-forming
+    (every member gives one, or none does: it is part of the check at
+    construction). Without it a step that succeeded on one member and
+    failed on another (the last segment of an all-reduce reached one
+    before its sender died) leaves their momenta apart.
 
     Construction is itself collective: every member of the group must make
     its SyncDataParallel at about the same time; it checks that every
@@ -420,10 +421,9 @@ class SyncDataParallel:
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """``wait()``, then ``optimizer.step()`` when the step succeeded.
-        Returns what wait() returned. The optimizer's state is made equal
-        with the parameters when the group re-forms (``optimizer``)."""
-        if self.optimizer is None:
-            self.optimizer = optimizer
+        Returns what wait() returned. (The optimizer whose state re-forming
+        makes equal is the one given at construction: a member that
+        learned of one only here would make calls the others do not.)"""
         ok = self.wait()
         if ok:
             optimizer.step()
@@ -588,7 +588,9 @@ class SyncDataParallel:
     def _optimizer_layout(self) -> Any:
         """The optimizer's state for the parameters, in parameter order:
         its layout as text (each entry's key, kind, dtype and shape), the
-        float tensors, and the plain numbers (key path, value)."""
+        float32 and float64 tensors, and the plain numbers (key path,
+        value). Tensors of other dtypes and other entries are left as they
+        are (their layout must still agree)."""
         assert self.optimizer is not None
         state = self.optimizer.state
         words: List[str] = []
@@ -605,8 +607,8 @@ class SyncDataParallel:
                 elif isinstance(v, (int, float)) and not isinstance(v, bool):
                     words.append(f"{i}.{key}:{type(v).__name__}")
                     numbers.append((st, key))
-                else:
-                    words.append(f"{i}.{key}:{v!r}")
+                else:  # kept as it is: its type, not its value, must agree
+                    words.append(f"{i}.{key}:{type(v).__name__}")
         return ";".join(words), tensors, numbers
 
     def _sync_optimizer(self, group: List[str]) -> None:
