@@ -376,6 +376,20 @@ def test_push_pull_failures(members: Members) -> None:
     assert out[1] == [5.0], out
 
 
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """n bytes from s. (recv with MSG_WAITALL may return fewer on a socket
+    with a timeout, which Python makes non-blocking: a test that took them
+    as all once answered before the request had all come, and the library
+    met a closed socket.)"""
+    out = b""
+    while len(out) < n:
+        got = s.recv(n - len(out))
+        if not got:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += got
+    return out
+
+
 def raw_session(path: str) -> socket.socket:
     """A collectives session on the control socket, without the library
     (docs/collectives.md, "The control-socket protocol")."""
@@ -383,17 +397,17 @@ def raw_session(path: str) -> socket.socket:
     s.settimeout(10 * SLOW)
     s.connect(path)
     s.sendall(b"collectives\n")
-    assert s.recv(6) == b"ready\n"
+    assert recv_exact(s, 6) == b"ready\n"
     return s
 
 
 def raw_request(s: socket.socket, req: Any, payload: bytes = b"") -> Dict[str, Any]:
     head = req if isinstance(req, bytes) else json.dumps(req).encode()
     s.sendall(struct.pack("<I", len(head)) + head + payload)
-    n = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
-    reply = json.loads(s.recv(n, socket.MSG_WAITALL))
+    n = struct.unpack("<I", recv_exact(s, 4))[0]
+    reply = json.loads(recv_exact(s, n))
     if reply.get("bytes"):
-        s.recv(reply["bytes"], socket.MSG_WAITALL)
+        recv_exact(s, reply["bytes"])
     return reply
 
 
@@ -598,10 +612,10 @@ def test_shared_segment(members: Members) -> None:
         assert reply["ok"] is False and "without a shared segment" in reply["error"]
         head = json.dumps({**req, "bytes": 4 * n}).encode()
         s.sendall(struct.pack("<I", len(head)) + head + x.tobytes())
-        m = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
-        reply = json.loads(s.recv(m, socket.MSG_WAITALL))
+        m = struct.unpack("<I", recv_exact(s, 4))[0]
+        reply = json.loads(recv_exact(s, m))
         assert reply["ok"] is True and reply["bytes"] == 4 * n, reply
-        got = np.frombuffer(s.recv(4 * n, socket.MSG_WAITALL), dtype=np.float32)
+        got = np.frombuffer(recv_exact(s, 4 * n), dtype=np.float32)
         assert np.array_equal(got, x)
     assert node.status()["collectives"]["shm_ops"] == before + 2
 
@@ -1100,10 +1114,10 @@ def test_library_falls_back_to_a_node_without_the_segment(
         c.settimeout(10)
         seen["second"] = line(c)
         c.sendall(b"ready\n")
-        n = struct.unpack("<I", c.recv(4, socket.MSG_WAITALL))[0]
-        req = json.loads(c.recv(n, socket.MSG_WAITALL))
+        n = struct.unpack("<I", recv_exact(c, 4))[0]
+        req = json.loads(recv_exact(c, n))
         seen["req"] = req
-        data = np.frombuffer(c.recv(req["bytes"], socket.MSG_WAITALL), np.float32)
+        data = np.frombuffer(recv_exact(c, req["bytes"]), np.float32)
         head = json.dumps({"ok": True, "bytes": req["bytes"], "rank": 0, "n": 1})
         c.sendall(struct.pack("<I", len(head)) + head.encode() + (2 * data).tobytes())
         c.close()
