@@ -218,6 +218,47 @@ static int lstsq_moments(run_t* r) {
   return rc;
 }
 
+/* Rank 0 solves the summed normal equations; its solution and how it went
+ * (solved or not, the solver, rcond, rank) reach every member in one sum
+ * to which the others add zeros: every member ends with the same weights
+ * and the same account, or fails alike (a solve on each member could fail
+ * on one only, and leave it out of that sum). */
+static int solve_on_rank0(run_t* r, const double* stats,
+                          st_lstsq_result_t* res) {
+  size_t dim = r->dim;
+  enum { INFO = 5 }; /* failed, solver, rcond, positive definite, rank */
+  double* out = calloc(dim + INFO, sizeof(double));
+  if (out == NULL)
+    return -ENOMEM;
+  if (r->comm->rank == 0) {
+    int solved = st_lstsq_solve(stats, stats + dim * dim, dim, r->cfg->ridge,
+                                res->weight, &res->solve);
+    if (solved == 0)
+      memcpy(out, res->weight, dim * sizeof(double));
+    out[dim] = solved != 0;
+    out[dim + 1] = (double) res->solve.solver;
+    out[dim + 2] = res->solve.rcond;
+    out[dim + 3] = res->solve.positive_definite;
+    out[dim + 4] = (double) res->solve.rank;
+  }
+  int rc = reduce(r, out, dim + INFO, "the solution (broadcast)");
+  if (rc == 0 && out[dim] != 0) {
+    st_set_err(r->err, r->err_len,
+               "LAPACK could not solve the %zu x %zu normal equations", dim,
+               dim);
+    rc = -EDOM;
+  }
+  if (rc == 0) {
+    memcpy(res->weight, out, dim * sizeof(double));
+    res->solve.solver = (st_lstsq_solver_t) out[dim + 1];
+    res->solve.rcond = out[dim + 2];
+    res->solve.positive_definite = out[dim + 3] != 0;
+    res->solve.rank = (size_t) out[dim + 4];
+  }
+  free(out);
+  return rc;
+}
+
 static int lstsq_normal(run_t* r, st_lstsq_result_t* res) {
   size_t dim = r->dim, len = st_lstsq_stats_len(dim);
   double* stats = malloc(len * sizeof(double));
@@ -228,20 +269,8 @@ static int lstsq_normal(run_t* r, st_lstsq_result_t* res) {
     st_set_err(r->err, r->err_len, "out of memory summing X^T X");
   else
     rc = reduce(r, stats, len, "X^T X and X^T y");
-  if (rc == 0) {
-    rc = st_lstsq_solve(stats, stats + dim * dim, dim, r->cfg->ridge,
-                        res->weight, &res->solve);
-    if (rc != 0)
-      st_set_err(r->err, r->err_len,
-                 "LAPACK could not solve the %zu x %zu "
-                 "normal equations",
-                 dim, dim);
-  }
-  if (rc == 0) { /* rank 0's solution everywhere */
-    if (r->comm->rank != 0)
-      memset(res->weight, 0, dim * sizeof(double));
-    rc = reduce(r, res->weight, dim, "the solution (broadcast)");
-  }
+  if (rc == 0)
+    rc = solve_on_rank0(r, stats, res);
   free(stats);
   return rc;
 }
