@@ -548,7 +548,7 @@ int st__sync_open(st__sync_t** out, const char* socket, const char* group,
   s->started = 1;
   fprintf(log,
           "sync: %zu members (this one rank %zu), the mean gradient every "
-          "step in %d buckets (one a layer), rank 0's parameters to start\n",
+          "step in %d buckets (one a layer), rank 0's state to start\n",
           s->size, s->rank, t->model.spec.n_layers);
   return 0;
 }
